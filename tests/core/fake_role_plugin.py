@@ -1,0 +1,29 @@
+"""A third-party role that is not installed: loaded by module name in the plugin tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from xcecore.hookspecs import hookimpl
+from xcecore.records import ConfigSection, Field, RoleSpec
+from xcecore.runtime import RoleContext
+
+
+async def main(ctx: RoleContext) -> None:
+    """Write proof that it ran, with its config, then return."""
+    out = Path(ctx.section["out"])
+    out.write_text(f"{ctx.role} {ctx.identity} {ctx.section['greeting']} {os.getpid()}\n")
+
+
+@hookimpl
+def xce_roles() -> Iterable[RoleSpec]:
+    """The fake role."""
+    return [RoleSpec("fakerole", main, "a test role", client=False)]
+
+
+@hookimpl
+def xce_config_sections() -> Iterable[ConfigSection]:
+    """Its config section."""
+    return [ConfigSection("fakerole", {"out": Field((str,), required=True), "greeting": Field((str,), "hi")})]

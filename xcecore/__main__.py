@@ -1,0 +1,5 @@
+"""``python -m xcecore`` is the ``xce`` command."""
+
+from xcecore.cli import cli
+
+cli()

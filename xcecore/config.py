@@ -1,0 +1,190 @@
+"""One TOML config file, validated against the sections that the core and the plugins declare.
+
+Every key has a declared type and default (:class:`xcecore.records.Field`); an unknown key or
+a wrong type is an error that names the key path (``cluster.port: expected int, got str``).
+Sections owned by a plugin that is installed but disabled are skipped, so one file can serve
+several plugin sets.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from xcecore.records import ConfigSection, Field
+
+ENV_CONFIG = "XCE_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or invalid; the message names the key path."""
+
+
+_S = (str,)
+_I = (int,)
+_F = (float, int)
+_B = (bool,)
+_L = (list,)
+
+CORE_SECTIONS: tuple[ConfigSection, ...] = (
+    ConfigSection(
+        "cluster",
+        {
+            "name": Field(_S, "xce", "cluster name"),
+            "peers": Field((str, list), None, "controller candidates, 'h1:7600,h2:7600,h3:7600'"),
+            "address": Field(_S, None, "single controller address (when no peers)"),
+            "port": Field(_I, None, "single controller port (when no peers)"),
+            "key": Field(_S, None, "cluster key (shared secret); keyless is loopback-only"),
+            "key_file": Field(_S, None, "file holding the cluster key"),
+            "state_dir": Field(_S, None, "controller state directory (shared by candidates)"),
+            "max_frame": Field(_I, 16 * 1024 * 1024, "largest accepted wire frame, bytes"),
+            "allow_unlisted_redirect": Field(_B, False, "follow redirects to unlisted hosts"),
+            "resources": Field(_L, [], "site resources: [{name, type, consumable?, ...}]"),
+        },
+        "where the controller candidates are and how to reach them",
+    ),
+    ConfigSection(
+        "client",
+        {
+            "connect_timeout": Field(_F, 1.0, "seconds per candidate for connect + handshake"),
+            "liveness_timeout": Field(_F, 2.0, "seconds without a frame before a link is dead"),
+            "heartbeat_interval": Field(_F, 0.5, "seconds between heartbeats"),
+            "backoff_base": Field(_F, 0.02, "first back-off after a failed pass, seconds"),
+            "backoff_cap": Field(_F, 2.0, "largest back-off, seconds"),
+        },
+        "connection manager tuning shared by every client role",
+    ),
+    ConfigSection(
+        "plugins",
+        {
+            "enable": Field(_L, [], "only these plugins (plus built-ins) are loaded, if set"),
+            "disable": Field(_L, [], "plugins never loaded (blocked by name)"),
+            "modules": Field(_L, [], "importable modules to register as plugins, uninstalled"),
+        },
+        "which installed plugins are loaded",
+    ),
+    ConfigSection(
+        "log",
+        {
+            "level": Field(_S, "INFO", "TRACE, DEBUG, INFO, WARNING, ERROR"),
+            "json": Field(_B, False, "one JSON object per line, for machines"),
+            "file": Field(_S, None, "also log to this file"),
+        },
+        "logging",
+    ),
+)
+
+
+def read_file(path: str | os.PathLike[str] | None) -> tuple[Path | None, dict[str, Any]]:
+    """Read the TOML file named by ``path`` or ``$XCE_CONFIG``; no file means an empty config."""
+    if path is None:
+        path = os.environ.get(ENV_CONFIG) or None
+    if path is None:
+        return None, {}
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return p, tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Parse ``section.key=value`` (value in TOML syntax, or a bare string)."""
+    name, eq, raw = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not eq or not dot or not section or not key:
+        raise ConfigError(f"override {text!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return section, key, value
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
+def _check_value(path: str, spec: Field, value: Any) -> Any:
+    # bool is an int subclass in Python; a TOML `true` is never a valid port.
+    if isinstance(value, bool) and bool not in spec.types:
+        raise ConfigError(f"{path}: expected {_type_name(spec.types)}, got bool")
+    if not isinstance(value, spec.types):
+        raise ConfigError(f"{path}: expected {_type_name(spec.types)}, got {type(value).__name__}")
+    if float in spec.types and isinstance(value, int):
+        return float(value)
+    return value
+
+
+class Config:
+    """A validated configuration: every declared section, with defaults filled in."""
+
+    def __init__(self, sections: dict[str, dict[str, Any]], path: Path | None = None) -> None:
+        self._sections = sections
+        self.path = path
+
+    def section(self, name: str) -> dict[str, Any]:
+        """The named section with defaults applied (an empty dict if nobody declared it)."""
+        return self._sections.get(name, {})
+
+    @property
+    def cluster(self) -> dict[str, Any]:
+        """The ``[cluster]`` section."""
+        return self.section("cluster")
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """All sections, for display and for passing to child processes."""
+        return {k: dict(v) for k, v in self._sections.items()}
+
+
+def validate(
+    raw: Mapping[str, Any],
+    sections: Iterable[ConfigSection],
+    *,
+    skip: Iterable[str] = (),
+    path: Path | None = None,
+) -> Config:
+    """Validate ``raw`` against ``sections``; ``skip`` names sections of disabled plugins."""
+    known = {s.name: s for s in sections}
+    skipped = set(skip)
+    out: dict[str, dict[str, Any]] = {}
+    for name, body in raw.items():
+        if name in skipped and name not in known:
+            continue
+        if name not in known:
+            choices = ", ".join(sorted(known))
+            raise ConfigError(f"unknown config section [{name}]; known sections: {choices}")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{name}: must be a table ([{name}]), got {type(body).__name__}")
+    for name, spec in known.items():
+        body = raw.get(name, {})
+        values: dict[str, Any] = {}
+        for key, value in body.items():
+            fspec = spec.fields.get(key)
+            if fspec is None:
+                if spec.open:
+                    values[key] = value
+                    continue
+                choices = ", ".join(sorted(spec.fields)) or "none"
+                raise ConfigError(f"unknown key {name}.{key}; keys of [{name}]: {choices}")
+            values[key] = _check_value(f"{name}.{key}", fspec, value)
+        for key, fspec in spec.fields.items():
+            if key not in values:
+                if fspec.required:
+                    raise ConfigError(f"{name}.{key} is required: {fspec.doc}")
+                # Copy mutable defaults so one Config never leaks into another.
+                d = fspec.default
+                values[key] = list(d) if isinstance(d, list) else dict(d) if isinstance(d, dict) else d
+        if spec.check is not None:
+            try:
+                spec.check(values)
+            except ValueError as exc:
+                raise ConfigError(f"[{name}]: {exc}") from None
+        out[name] = values
+    return Config(out, path)

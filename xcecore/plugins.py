@@ -1,0 +1,256 @@
+"""The plugin manager: which plugins load, and a typed facade over their hooks.
+
+Plugins come from two places: built-ins that ship in ``xcecore`` (registered like any other
+plugin, and blockable by name) and the ``xce.plugins`` entry-point group, where each role
+distribution and each third party declares its plugin module. The config file's
+``[plugins] enable``/``disable`` lists and ``XCE_DISABLE_PLUGIN_AUTOLOAD=1`` select the set.
+
+The rest of xce calls hooks only through :class:`PluginManager`'s methods, so every call is
+typed and hooks asked once are asked in one place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+from loguru import logger
+
+from xcecore import hookspecs
+from xcecore.records import ConfigSection, Monitor, RoleSpec
+
+if TYPE_CHECKING:
+    import click
+
+    from xcecore.candidates import Candidate
+    from xcecore.config import Config
+    from xcecore.runtime import RoleContext
+
+ENTRY_POINT_GROUP = "xce.plugins"
+ENV_NO_AUTOLOAD = "XCE_DISABLE_PLUGIN_AUTOLOAD"
+ENV_PLUGINS = "XCE_PLUGINS"
+ENV_TRACE = "XCE_TRACE_HOOKS"
+ENV_MODULES = "XCE_PLUGIN_MODULES"
+
+# Built-in plugins: name -> module. They are plugins like any other, so a site can block one
+# (``disable = ["resreq"]``) and register its own replacement.
+BUILTINS: dict[str, str] = {
+    "rejoin": "xcecore.rejoin",
+    "resreq": "xcecore.resreq.plugin",
+}
+
+
+class PluginError(Exception):
+    """A plugin is unknown, fails to import, or conflicts with another; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginInfo:
+    """What ``xce plugins`` shows for one loaded plugin."""
+
+    name: str
+    distribution: str
+    version: str
+    hooks: tuple[str, ...]
+
+
+def _installed() -> dict[str, EntryPoint]:
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in found or ep.name in BUILTINS:
+            raise PluginError(
+                f"plugin name {ep.name!r} is declared twice ({ep.value} and "
+                f"{found[ep.name].value if ep.name in found else BUILTINS[ep.name]})"
+            )
+        found[ep.name] = ep
+    return found
+
+
+def _names(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PluginError(f"plugins.{what} must be a list of plugin names, got {value!r}")
+    return list(value)
+
+
+def select_plugins(
+    plugins_section: Mapping[str, Any], available: Iterable[str], *, autoload: bool
+) -> list[str]:
+    """The names to load, in order, from the ``[plugins]`` section and the autoload switch.
+
+    ``enable`` (when non-empty) keeps only the named entry-point plugins; with autoload off
+    only named plugins load at all. ``disable`` blocks plugins, built-ins included. A name
+    that is neither installed nor built in is an error listing the choices.
+    """
+    names = list(available)
+    known = [*BUILTINS, *names]
+    enable = _names(plugins_section.get("enable", []), "enable")
+    disable = _names(plugins_section.get("disable", []), "disable")
+    env_named = [n.strip() for n in os.environ.get(ENV_PLUGINS, "").split(",") if n.strip()]
+    for name in [*enable, *disable, *env_named]:
+        if name not in known:
+            raise PluginError(
+                f"unknown plugin {name!r}; choose one of: {', '.join(sorted(known))}"
+            )
+    wanted = enable + [n for n in env_named if n not in enable]
+    if not autoload:
+        chosen = [n for n in names if n in wanted]
+    elif enable:
+        chosen = [n for n in names if n in wanted]
+    else:
+        chosen = names
+    builtins = [n for n in BUILTINS if n not in disable]
+    return builtins + [n for n in chosen if n not in disable]
+
+
+class PluginManager:
+    """A pluggy manager with xce's hook specs and a typed method per hook."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self._dists: dict[str, tuple[str, str]] = {}
+        self.skipped: list[str] = []
+        if os.environ.get(ENV_TRACE):
+            self.pm.trace.root.setwriter(lambda msg: logger.debug("hook: {}", msg.rstrip()))
+            self.pm.enable_tracing()
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, plugins_section: Mapping[str, Any] | None = None) -> PluginManager:
+        """Build a manager from the installed plugins, selected by ``[plugins]`` and the env."""
+        self = cls()
+        installed = _installed()
+        autoload = os.environ.get(ENV_NO_AUTOLOAD, "") not in ("1", "true", "yes")
+        section = plugins_section or {}
+        chosen = select_plugins(section, installed, autoload=autoload)
+        for name in chosen:
+            if name in BUILTINS:
+                self.register(_import(name, BUILTINS[name]), name, ("xce", _version("xce")))
+            else:
+                ep = installed[name]
+                try:
+                    module = ep.load()
+                except Exception as exc:
+                    raise PluginError(
+                        f"plugin {name!r} ({ep.value}) failed to import: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                dist = ep.dist.name if ep.dist else "?"
+                self.register(module, name, (dist, ep.dist.version if ep.dist else "?"))
+        # Modules named in [plugins] modules (or $XCE_PLUGIN_MODULES) load without installing:
+        # how a plugin author tries a plugin before packaging it.
+        env_modules = [m for m in os.environ.get(ENV_MODULES, "").split(",") if m.strip()]
+        for module in [*_names(section.get("modules", []), "modules"), *env_modules]:
+            self.register(_import(module.strip(), module.strip()), module.strip(), ("-", "-"))
+        self.skipped = [n for n in installed if n not in chosen]
+        return self
+
+    def register(
+        self, plugin: object, name: str, dist: tuple[str, str] = ("-", "-")
+    ) -> None:
+        """Register ``plugin`` under ``name``; tests use this to add mocks or fakes."""
+        if self.pm.has_plugin(name):
+            raise PluginError(f"a plugin named {name!r} is already registered")
+        self.pm.register(plugin, name)
+        self._dists[name] = dist
+
+    def info(self) -> list[PluginInfo]:
+        """Every loaded plugin with its distribution, version and implemented hooks."""
+        out = []
+        for name, plugin in self.pm.list_name_plugin():
+            hooks = tuple(sorted(c.name for c in self.pm.get_hookcallers(plugin) or ()))
+            dist, version = self._dists.get(name, ("-", "-"))
+            out.append(PluginInfo(name, dist, version, hooks))
+        return out
+
+    # ---------------------------------------------------------------- registration hooks
+    def roles(self) -> dict[str, RoleSpec]:
+        """Every registered role by name; a name registered twice is an error."""
+        roles: dict[str, RoleSpec] = {}
+        for impl in self.pm.hook.xce_roles.get_hookimpls():
+            for spec in impl.function() or ():
+                if spec.name in roles:
+                    raise PluginError(f"role {spec.name!r} is registered twice (again by plugin {impl.plugin_name!r})")
+                roles[spec.name] = spec
+        return roles
+
+    def config_sections(self) -> list[ConfigSection]:
+        """Sections declared by the loaded plugins; duplicates are an error."""
+        seen: dict[str, ConfigSection] = {}
+        for group in self.pm.hook.xce_config_sections():
+            for sec in group or ():
+                if sec.name in seen:
+                    raise PluginError(f"config section [{sec.name}] is declared twice")
+                seen[sec.name] = sec
+        return list(seen.values())
+
+    def cli_commands(self, group: click.Group) -> None:
+        """Let every plugin add subcommands."""
+        self.pm.hook.xce_cli_commands(group=group)
+
+    # ---------------------------------------------------------------- client sessions
+    def join_attributes(self, role: str, config: Config) -> dict[str, Any]:
+        """The join attributes of ``role`` (asked once at start)."""
+        attrs = self.pm.hook.xce_join_attributes(role=role, config=config)
+        return dict(attrs or {})
+
+    def rejoin_points(self, role: str) -> frozenset[str]:
+        """The union of every plugin's rejoin points for ``role`` (asked once at start)."""
+        points: set[str] = set()
+        for answer in self.pm.hook.xce_rejoin_points(role=role):
+            points.update(answer or ())
+        return frozenset(points)
+
+    def reconnected(self, client: Any, candidate: Candidate) -> list[Any]:
+        """Call ``xce_reconnected``; returns the implementations' results (awaitables too)."""
+        return list(self.pm.hook.xce_reconnected(client=client, candidate=candidate))
+
+    def connection_state(self, client: Any, state: str, candidate: Candidate | None, detail: str) -> None:
+        """Tell observers that a client's connection changed state."""
+        self.pm.hook.xce_connection_state(client=client, state=state, candidate=candidate, detail=detail)
+
+    def push(self, client: Any, role: str, event: str, seq: int, data: Any) -> None:
+        """Deliver one push to the plugins."""
+        self.pm.hook.xce_push(client=client, role=role, event=event, seq=seq, data=data)
+
+    def monitors(self, role: str, ctx: RoleContext) -> list[Monitor]:
+        """Every monitor for ``role``."""
+        return [m for group in self.pm.hook.xce_monitors(role=role, ctx=ctx) for m in group or ()]
+
+    # ---------------------------------------------------------------- pluggable parts
+    def resreq_evaluator(self, registry: Any) -> Any:
+        """The resource-requirement evaluator for ``registry``."""
+        ev = self.pm.hook.xce_resreq_evaluator(registry=registry)
+        if ev is None:
+            raise PluginError("no plugin provides a resource-requirement evaluator (is 'resreq' disabled?)")
+        return ev
+
+    def controller_election(self, state_dir: str, advertise: str) -> Any:
+        """The controller's election object."""
+        return self.pm.hook.xce_controller_election(state_dir=state_dir, advertise=advertise)
+
+    def controller_store(self, state_dir: str) -> Any:
+        """The controller's durable store."""
+        return self.pm.hook.xce_controller_store(state_dir=state_dir)
+
+
+def _import(name: str, module: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:
+        raise PluginError(f"plugin {name!r} ({module}) failed to import: {exc}") from exc
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "?"

@@ -1,0 +1,188 @@
+"""The wire: length-prefixed orjson frames, message shapes and error codes.
+
+Each frame is a 4-byte big-endian length followed by that many bytes holding one orjson
+object. Any byte sequence a peer can send either decodes into a dict or raises
+:class:`WireError`; a frame longer than the configured maximum is refused before a single byte
+of its body is buffered, so a hostile length costs nothing.
+
+Message shapes (all JSON objects)::
+
+    request  {"id": n, "op": "<name>", "args": {...}, "rid": "<idempotency key>"?}
+    reply    {"id": n, "ok": true, "result": ...}
+             {"id": n, "ok": false, "error": {"code": ..., "message": ..., ...}}
+    push     {"push": "<event>", "seq": n, "data": ...}
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+import orjson
+
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+PROTO_VERSION = 1
+_LEN = struct.Struct(">I")
+
+
+class ErrorCode(StrEnum):
+    """Error codes carried in ``reply.error.code``."""
+
+    REDIRECT = "REDIRECT"  # a standby: "primary" names the primary's address
+    NO_PRIMARY = "NO_PRIMARY"  # a standby that knows of no primary
+    NOT_JOINED = "NOT_JOINED"  # the op needs a joined member; join first
+    INVALID = "INVALID"  # malformed request, unknown op, bad arguments
+    NOT_FOUND = "NOT_FOUND"
+    DENIED = "DENIED"  # the caller's role or identity may not do this
+    CONFLICT = "CONFLICT"  # the state forbids it (job not pending, queue closed, ...)
+    INTERNAL = "INTERNAL"
+
+
+class WireError(Exception):
+    """A frame or message that cannot be decoded; the connection should be closed."""
+
+
+class FrameTooLarge(WireError):
+    """A frame's announced length exceeds the maximum frame size."""
+
+
+class RemoteError(Exception):
+    """An error reply from the peer, raised at the caller of the request."""
+
+    def __init__(self, code: str, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data or {}
+
+    def to_error(self) -> dict[str, Any]:
+        """The ``error`` object of a reply carrying this exception."""
+        return {**self.data, "code": self.code, "message": self.message}
+
+
+def encode(obj: Any) -> bytes:
+    """Encode one message as a frame: length prefix plus orjson body."""
+    body = orjson.dumps(obj)
+    return _LEN.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """Decode one frame body, which must be a JSON object."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"frame is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise WireError(f"frame must hold a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+class FrameDecoder:
+    """Incremental, I/O-free decoder: feed bytes, get whole messages.
+
+    Used by tests and by anything that reads from a raw buffer; the stream helpers below use
+    the same checks.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Append ``data`` and return every message now complete, in order."""
+        self._buf += data
+        out: list[dict[str, Any]] = []
+        while len(self._buf) >= 4:
+            (size,) = _LEN.unpack_from(self._buf)
+            check_size(size, self.max_frame)
+            if len(self._buf) < 4 + size:
+                break
+            body = bytes(self._buf[4 : 4 + size])
+            del self._buf[: 4 + size]
+            out.append(decode_body(body))
+        return out
+
+
+def check_size(size: int, max_frame: int) -> None:
+    """Refuse a frame whose announced size is over the maximum (or zero, which is no object)."""
+    if size > max_frame:
+        raise FrameTooLarge(f"frame of {size} bytes exceeds the maximum of {max_frame}")
+    if size == 0:
+        raise WireError("empty frame")
+
+
+class _Receiver(Protocol):
+    async def receive_exactly(self, nbytes: int) -> bytes: ...
+
+
+class _Sender(Protocol):
+    async def send(self, item: bytes) -> None: ...
+
+
+async def read_message(stream: _Receiver, max_frame: int = DEFAULT_MAX_FRAME) -> dict[str, Any]:
+    """Read one message from a buffered byte stream (``anyio.streams.buffered``).
+
+    Raises :class:`WireError` for a bad frame and lets anyio's end-of-stream errors through.
+    """
+    (size,) = _LEN.unpack(await stream.receive_exactly(4))
+    check_size(size, max_frame)
+    return decode_body(await stream.receive_exactly(size))
+
+
+async def write_message(stream: _Sender, obj: Any) -> None:
+    """Write one message as a frame."""
+    await stream.send(encode(obj))
+
+
+@dataclass(slots=True)
+class Request:
+    """A validated request."""
+
+    id: int
+    op: str
+    args: dict[str, Any] = field(default_factory=dict)
+    rid: str | None = None
+
+
+def parse_request(msg: dict[str, Any]) -> Request:
+    """Validate a request's shape; raises :class:`RemoteError` (INVALID) naming the bad field."""
+    rid_ = msg.get("id")
+    if not isinstance(rid_, int) or isinstance(rid_, bool):
+        raise RemoteError(ErrorCode.INVALID, "request 'id' must be an integer")
+    op = msg.get("op")
+    if not isinstance(op, str) or not op:
+        raise RemoteError(ErrorCode.INVALID, "request 'op' must be a non-empty string")
+    args = msg.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise RemoteError(ErrorCode.INVALID, f"request 'args' of op {op!r} must be an object")
+    key = msg.get("rid")
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 128):
+        raise RemoteError(ErrorCode.INVALID, "request 'rid' must be a string of 1-128 chars")
+    return Request(rid_, op, args, key)
+
+
+def request(id: int, op: str, args: dict[str, Any] | None = None, rid: str | None = None) -> dict[str, Any]:
+    """Build a request message."""
+    msg: dict[str, Any] = {"id": id, "op": op, "args": args or {}}
+    if rid is not None:
+        msg["rid"] = rid
+    return msg
+
+
+def reply_ok(id: int, result: Any) -> dict[str, Any]:
+    """Build a success reply."""
+    return {"id": id, "ok": True, "result": result}
+
+
+def reply_error(id: int | None, code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """Build an error reply; ``extra`` goes into the error object (e.g. ``primary``)."""
+    return {"id": id, "ok": False, "error": {**extra, "code": str(code), "message": message}}
+
+
+def push(event: str, seq: int, data: Any) -> dict[str, Any]:
+    """Build a push message."""
+    return {"push": event, "seq": seq, "data": data}
