@@ -61,10 +61,14 @@ def _early_config(argv: list[str]) -> str | None:
 @click.option("--config", "config_path", metavar="FILE", help="TOML config file (or $XCE_CONFIG).")
 @click.option("--log-level", default=None, help="TRACE, DEBUG, INFO, WARNING or ERROR.")
 @click.option("--json-logs", is_flag=True, default=None, help="Log one JSON object per line.")
+@click.option("--timeout", type=float, default=None, help="Seconds a command waits for the controller.")
 @click.pass_context
-def main(ctx: click.Context, config_path: str | None, log_level: str | None, json_logs: bool | None) -> None:
+def main(
+    ctx: click.Context, config_path: str | None, log_level: str | None, json_logs: bool | None, timeout: float | None
+) -> None:
     """xce: cluster workload management with controller high availability."""
     obj = ctx.ensure_object(dict)
+    obj["timeout"] = timeout
     obj.setdefault("config_path", config_path)
     obj["log_level"] = log_level
     obj["log_json"] = json_logs

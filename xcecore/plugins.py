@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pluggy
 from loguru import logger
@@ -174,7 +174,8 @@ class PluginManager:
         """Every registered role by name; a name registered twice is an error."""
         roles: dict[str, RoleSpec] = {}
         for impl in self.pm.hook.xce_roles.get_hookimpls():
-            for spec in impl.function() or ():
+            specs = cast("Iterable[RoleSpec]", impl.function() or ())
+            for spec in specs:
                 if spec.name in roles:
                     raise PluginError(f"role {spec.name!r} is registered twice (again by plugin {impl.plugin_name!r})")
                 roles[spec.name] = spec

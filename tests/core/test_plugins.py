@@ -125,7 +125,7 @@ def test_xce_run_fake_role_registered_through_the_role_hook(tmp_path: Path) -> N
     env = {"PYTHONPATH": str(HERE)}
     res = _xce("--config", str(cfg), "run", "fakerole", "--set", "fakerole.greeting=hello", env=env)
     assert res.returncode == 0, res.stderr
-    role, ident, greeting, pid = out.read_text().split()
+    role, ident, greeting, _pid = out.read_text().split()
     assert (role, greeting) == ("fakerole", "hello")
     assert ident.startswith("fakerole@")
     assert "starting role fakerole" in res.stderr

@@ -50,7 +50,9 @@ def test_oversized_frame_refused_before_buffering() -> None:
         dec.feed(struct.pack(">I", 2**31))
 
 
-@pytest.mark.parametrize(("body", "needle"), [(b"[1,2]", "JSON object"), (b"\xff\xfe", "not valid JSON"), (b"12", "JSON object")])
+@pytest.mark.parametrize(
+    ("body", "needle"), [(b"[1,2]", "JSON object"), (b"\xff\xfe", "not valid JSON"), (b"12", "JSON object")]
+)
 def test_non_object_frames(body: bytes, needle: str) -> None:
     with pytest.raises(wire.WireError, match=needle):
         wire.FrameDecoder().feed(struct.pack(">I", len(body)) + body)

@@ -1,0 +1,246 @@
+"""Run a whole xce cluster on this machine as real processes on loopback.
+
+Used by ``xce up`` (the embedded cluster), by the pytest fixtures in :mod:`xcecore.testing`,
+and by the benchmarks. The server role (the one registered with ``client=False``) runs as up
+to three candidates sharing a state directory; client roles run as ``xce run ROLE``
+processes with the same config file. Every process is started here and ended here, by pid.
+
+Which candidate is primary is read from the handshake each candidate answers with, so this
+module does not depend on the client library it is used to test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xcecore import auth, wire
+
+DEFAULT_KEY = "xce-test-key"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def probe(host: str, port: int, key: bytes | None, timeout: float = 1.0) -> dict[str, Any] | None:
+    """Handshake with a controller candidate; its answer (``state`` primary/standby) or None."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            dec = wire.FrameDecoder()
+
+            def read() -> dict[str, Any]:
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        raise ConnectionError("closed")
+                    msgs = dec.feed(chunk)
+                    if msgs:
+                        return msgs[0]
+
+            hello = read()
+            s.sendall(wire.encode(auth.client_answer(key, "probe@test", hello)))
+            return read()
+    except (OSError, ConnectionError, wire.WireError, auth.AuthError):
+        return None
+
+
+def find_server_role() -> str:
+    """The one installed role that serves instead of connecting (``RoleSpec.client=False``)."""
+    from xcecore.plugins import PluginManager
+
+    servers = [r.name for r in PluginManager.load().roles().values() if not r.client]
+    if len(servers) != 1:
+        raise RuntimeError(f"expected exactly one server role among the plugins, found {servers}")
+    return servers[0]
+
+
+@dataclass
+class Proc:
+    """A process the cluster started: its pid, log file and how it was started."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.popen.poll() is None
+
+    def text(self) -> str:
+        """Everything the process logged so far."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the process (SIGKILL by default) and reap it if it was killed."""
+        if self.alive():
+            os.kill(self.pid, sig)
+            if sig == signal.SIGKILL:
+                self.popen.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class LocalCluster:
+    """Controller candidates and roles as real processes on loopback, for tests."""
+
+    root: Path
+    ncandidates: int = 3
+    key: str | None = DEFAULT_KEY
+    extra_config: str = ""
+    ports: list[int] = field(default_factory=list)
+    procs: list[Proc] = field(default_factory=list)
+    candidates: dict[int, Proc] = field(default_factory=dict)
+    server_role: str = ""
+
+    def __post_init__(self) -> None:
+        self.server_role = self.server_role or find_server_role()
+        if not 1 <= self.ncandidates <= 3:
+            raise ValueError("a cluster has 1 to 3 controller candidates")
+        self.ports = self.ports or [free_port() for _ in range(self.ncandidates)]
+        self.state_dir = self.root / "state"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.root / "xce.toml"
+        self.config_path.write_text(self.config_text())
+
+    @property
+    def peers(self) -> str:
+        """The candidate list as a peers string."""
+        return ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def config_text(self) -> str:
+        """The config file every process of this cluster reads."""
+        key = f'key = "{self.key}"\n' if self.key else ""
+        return (
+            f'[cluster]\npeers = "{self.peers}"\nstate_dir = "{self.state_dir}"\n{key}'
+            "[client]\nliveness_timeout = 1.5\nheartbeat_interval = 0.2\n"
+            "connect_timeout = 0.5\nbackoff_base = 0.02\nbackoff_cap = 0.5\n"
+            f"{self.extra_config}"
+        )
+
+    def spawn(self, name: str, role: str, *overrides: str, env: dict[str, str] | None = None) -> Proc:
+        """Start ``xce run ROLE`` as a child process with this cluster's config."""
+        log = self.root / f"{name}.log"
+        cmd = [sys.executable, "-m", "xcecore", "--config", str(self.config_path), "run", role]
+        for o in overrides:
+            cmd += ["--set", o]
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        with log.open("ab") as fh:
+            popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=full_env,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def start_candidate(self, index: int) -> Proc:
+        """Start controller candidate ``index`` (0-based) on its port."""
+        role = self.server_role
+        proc = self.spawn(f"{role}{index}", role, f'{role}.listen="127.0.0.1:{self.ports[index]}"')
+        self.candidates[index] = proc
+        return proc
+
+    def start(self, timeout: float = 30.0) -> int:
+        """Start every candidate in order; return the index of the primary once there is one."""
+        first = self.start_candidate(0)
+        self.wait_primary(timeout)  # candidate 0 is primary: tests may rely on that
+        del first
+        for i in range(1, self.ncandidates):
+            self.start_candidate(i)
+        for i in range(1, self.ncandidates):
+            self.wait_state(i, "standby", timeout)
+        return 0
+
+    def state_of(self, index: int) -> str | None:
+        """``primary``, ``standby`` or None (down) for candidate ``index``."""
+        key = self.key.encode() if self.key else None
+        answer = probe("127.0.0.1", self.ports[index], key)
+        return answer.get("state") if answer and answer.get("ok") else None
+
+    def wait_state(self, index: int, state: str, timeout: float = 30.0) -> None:
+        """Wait until candidate ``index`` answers with ``state``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.state_of(index) == state:
+                return
+            proc = self.candidates.get(index)
+            if proc is not None and not proc.alive():
+                raise RuntimeError(f"candidate {index} exited:\n{proc.text()[-3000:]}")
+            time.sleep(0.02)
+        raise TimeoutError(f"candidate {index} not {state} after {timeout} s")
+
+    def primary(self) -> int | None:
+        """The index of the candidate that answers as primary, if any."""
+        for i in range(len(self.ports)):
+            if i in self.candidates and self.candidates[i].alive() and self.state_of(i) == "primary":
+                return i
+        return None
+
+    def wait_primary(self, timeout: float = 30.0, exclude: int | None = None) -> int:
+        """Wait for a primary (other than ``exclude``); its index."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.primary()
+            if found is not None and found != exclude:
+                return found
+            time.sleep(0.01)
+        raise TimeoutError(f"no primary after {timeout} s")
+
+    def kill_primary(self, timeout: float = 30.0) -> tuple[int, int]:
+        """SIGKILL the primary and wait for a standby to promote: (old index, new index)."""
+        old = self.wait_primary(timeout)
+        self.candidates[old].kill()
+        return old, self.wait_primary(timeout, exclude=old)
+
+    def start_role(self, role: str, *overrides: str, name: str | None = None,
+                   env: dict[str, str] | None = None) -> Proc:
+        """Start a client role process (``worker``, ``scheduler``, a third party's...)."""
+        return self.spawn(name or role, role, *overrides, env=env)
+
+    def close(self) -> None:
+        """Kill every process this cluster started, by pid."""
+        for proc in reversed(self.procs):
+            try:
+                proc.kill()
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+
+    def logs(self) -> str:
+        """Every process's log, for failure messages."""
+        return "\n".join(f"===== {p.name} (pid {p.pid}) =====\n{p.text()[-4000:]}" for p in self.procs)
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> Any:
+    """Poll ``cond`` until it returns something truthy; raise TimeoutError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what or cond}")
