@@ -106,10 +106,13 @@ def xce_connection_state(client: Client, state: str, candidate: Candidate | None
     """The client's connection changed state.
 
     ``state`` is one of ``connecting``, ``connected``, ``reconnecting``, ``rejoined``,
-    ``degraded``, ``closed``. Called on the event loop from the client's observer task, after
-    the failover lock is released, in the order the changes happened; calling the client from
-    here is allowed (await it). A slow observer delays later notifications but never the
-    connection itself. Must not block the loop: hand blocking work to a thread.
+    ``degraded``, ``closed``. Called on the event loop from the client's own observer task,
+    which never holds the failover lock: ``connected`` and ``rejoined`` arrive after the lock
+    is released; ``reconnecting`` and ``degraded`` arrive while a reconnect may still be in
+    progress, so that an observer hears of an outage while it lasts. Changes arrive in order
+    (a burst may be coalesced to the latest). Calling the client from here is allowed (schedule
+    it; it waits for the reconnect like any call). A slow observer delays later notifications
+    but never the connection itself. Must not block the loop: hand blocking work to a thread.
     """
 
 

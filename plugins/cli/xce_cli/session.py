@@ -42,7 +42,7 @@ class Session:
 
         body = {"user": self.user, **(args or {})}
         try:
-            return self._client.call(op, body, deadline=time.monotonic() + self.timeout)
+            return self._client.call(op, body, deadline=self.timeout)
         except RemoteError as exc:
             raise click.ClickException(f"{op}: {exc.message} ({exc.code})") from None
         except BackendUnavailable as exc:

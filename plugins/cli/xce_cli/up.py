@@ -92,7 +92,7 @@ class Embedded:
 
     def call(self, op: str, args: dict[str, Any] | None = None, timeout: float = 20.0) -> Any:
         """Call the controller as the invoking user."""
-        return self.client().call(op, {"user": self.user, **(args or {})}, deadline=time.monotonic() + timeout)
+        return self.client().call(op, {"user": self.user, **(args or {})}, deadline=timeout)
 
     def members(self) -> dict[str, float]:
         """Identity -> joined_at of every member joined to the primary."""

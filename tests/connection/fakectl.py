@@ -1,0 +1,361 @@
+"""A scripted fake xce controller on real loopback sockets, for connection-manager tests.
+
+It speaks docs/protocol.md (handshake, requests, replies, pushes) and can be told to behave
+as a primary, a standby redirecting to another candidate or knowing no primary, a black hole
+(``hang``), or to misbehave on the Nth request (drop the connection, send garbage, hold the
+reply forever). It records every request, answers ``join`` (then pushes ``state``), and can be
+killed (listener and every connection closed) and restarted on the same port.
+
+Candidates of one fake cluster share a :class:`SharedStore` -- the "state directory" -- so a
+write retried on a new primary under the same rid is applied exactly once.
+
+Run it standalone (for benchmarks): ``python fakectl.py --modes standby,primary`` prints one
+``host:port`` per line, the standbys redirecting to the first primary, and serves until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+from anyio.abc import SocketAttribute, TaskGroup
+from anyio.streams.buffered import BufferedByteStream
+
+from xcecore import auth, wire
+
+Mode = Literal["primary", "standby", "hang"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port with nothing listening on it (a "refused" candidate)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Recorded:
+    """One request as the fake received it."""
+
+    server: str
+    conn: int
+    op: str
+    args: dict[str, Any]
+    rid: str | None
+    sender: str
+
+
+@dataclass
+class SharedStore:
+    """The candidates' shared durable state: ``rid -> result`` and every applied write."""
+
+    results: dict[str, Any] = field(default_factory=dict)
+    applied: list[Recorded] = field(default_factory=list)
+
+    def apply(self, rec: Recorded) -> Any:
+        """Apply ``rec`` once per rid; a repeated rid returns the stored result."""
+        if rec.rid is not None and rec.rid in self.results:
+            return self.results[rec.rid]
+        self.applied.append(rec)
+        result = {"op": rec.op, "applied_by": rec.server, "n": len(self.applied)}
+        if rec.rid is not None:
+            self.results[rec.rid] = result
+        return result
+
+
+class _Session:
+    def __init__(self, number: int, sender: str, stream: BufferedByteStream) -> None:
+        self.number = number
+        self.sender = sender
+        self.stream = stream
+        self.joined = False
+        self.seq = 0
+        self.send_lock = anyio.Lock()
+
+    async def send(self, msg: dict[str, Any] | bytes) -> None:
+        data = msg if isinstance(msg, bytes) else wire.encode(msg)
+        async with self.send_lock:
+            await self.stream.send(data)
+
+    async def push(self, event: str, data: Any, *, skip: int = 0,
+                   before: dict[str, Any] | None = None) -> None:
+        """Send a push (after ``before``, atomically): seq is taken in send order."""
+        async with self.send_lock:
+            if before is not None:
+                await self.stream.send(wire.encode(before))
+            self.seq += 1 + skip
+            await self.stream.send(wire.encode(wire.push(event, self.seq, data)))
+
+
+STATELESS_OPS = frozenset({"join", "heartbeat", "hello"})
+
+
+class FakeController:
+    """One fake controller candidate; use ``async with FakeController(...) as ctl``.
+
+    Scripting knobs (plain attributes, change them at any time):
+
+    - ``mode``: ``primary``, ``standby`` (redirect to ``primary`` or, if None, NO_PRIMARY),
+      ``hang`` (accept, then never answer: a black hole; live sessions go silent too)
+    - ``drop_on_op``: on the Nth request since start (1-based), close the connection without
+      replying; with ``apply_before_drop`` a write is applied first (the reply is "lost"),
+      with ``kill_on_drop`` the whole controller dies there
+    - ``garbage_on_op``: on the Nth request, answer with a frame that is not JSON
+    - ``hold_ops``: requests of these ops are recorded and never answered
+    - ``require_join``: ops that answer NOT_JOINED on a connection that has not joined
+    - ``handlers``: op -> function(args) returning the result (or raising RemoteError)
+    """
+
+    def __init__(
+        self,
+        name: str = "ctl",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        mode: Mode = "primary",
+        primary: str | None = None,
+        store: SharedStore | None = None,
+        key: bytes | None = None,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.port = port
+        self.mode: Mode = mode
+        self.primary = primary
+        self.store = store if store is not None else SharedStore()
+        self.key = key
+        self.drop_on_op: int | None = None
+        self.apply_before_drop = False
+        self.kill_on_drop = False
+        self.garbage_on_op: int | None = None
+        self.hold_ops: set[str] = set()
+        self.require_join: set[str] = set()
+        self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {}
+        self.requests: list[Recorded] = []
+        self.joins: list[Recorded] = []
+        self.op_count = 0
+        self.connections = 0
+        self.running = False
+        self._sessions: dict[int, _Session] = {}
+        self._streams: set[BufferedByteStream] = set()
+        self._tg: TaskGroup | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+        self.changed = anyio.Event()  # set (and replaced) on every request: tests wait on it
+
+    # ------------------------------------------------------------------ life cycle
+    @property
+    def address(self) -> str:
+        """The advertised ``host:port``."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    async def __aenter__(self) -> FakeController:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        await self.kill()
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        return await self._tg.__aexit__(*exc)
+
+    async def start(self) -> None:
+        """Listen (again) on ``port`` (a fresh one the first time if 0)."""
+        assert self._tg is not None and not self.running
+        listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
+        self.port = listener.extra(SocketAttribute.local_port)
+        self._scope = anyio.CancelScope()
+        self._stopped = anyio.Event()
+        self.running = True
+        self._tg.start_soon(self._serve, listener, self._scope, self._stopped)
+
+    async def kill(self) -> None:
+        """Die like a crashed process: close the listener and every connection at once."""
+        if not self.running:
+            return
+        self.running = False
+        for stream in list(self._streams):
+            await anyio.aclose_forcefully(stream)
+        assert self._scope is not None
+        self._scope.cancel()
+        await self._stopped.wait()
+
+    async def _die(self) -> None:
+        self.running = True
+        await self.kill()
+
+    async def restart(self) -> None:
+        """Kill (if running) and start again on the same port."""
+        await self.kill()
+        await self.start()
+
+    # ------------------------------------------------------------------ pushes
+    async def push(self, event: str, data: Any = None, *, skip: int = 0) -> int:
+        """Push ``event`` to every joined session; ``skip`` leaves a seq gap. Returns count."""
+        sent = 0
+        for sess in list(self._sessions.values()):
+            if not sess.joined:
+                continue
+            try:
+                await sess.push(event, data, skip=skip)
+                sent += 1
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+        return sent
+
+    def ops(self, op: str) -> list[Recorded]:
+        """Recorded requests of ``op``."""
+        return [r for r in self.requests if r.op == op]
+
+    async def wait_for(self, pred: Callable[[], bool], timeout: float = 5.0) -> None:
+        """Wait until ``pred()`` holds (checked after every request, and every 10 ms)."""
+        with anyio.fail_after(timeout):
+            while not pred():
+                with anyio.move_on_after(0.01):
+                    await self.changed.wait()
+
+    # ------------------------------------------------------------------ serving
+    async def _serve(self, listener: Any, scope: anyio.CancelScope, stopped: anyio.Event) -> None:
+        try:
+            with scope:
+                async with listener:
+                    await listener.serve(self._handle)
+        finally:
+            stopped.set()
+
+    async def _handle(self, raw: Any) -> None:
+        self.connections += 1
+        number = self.connections
+        stream = BufferedByteStream(raw)
+        self._streams.add(stream)
+        try:
+            if self.mode == "hang":
+                await anyio.sleep_forever()
+            challenge, hello = auth.server_hello()
+            await wire.write_message(stream, hello)
+            answer = await wire.read_message(stream)
+            try:
+                sender = auth.check_client_answer(self.key, challenge, answer)
+            except auth.AuthError as exc:
+                await wire.write_message(stream, {"ok": False, "error": {
+                    "code": "DENIED", "message": str(exc)}})
+                return
+            status: dict[str, Any] = {"ok": True, "server": self.address, "state": self.mode}
+            if self.mode == "standby":
+                status["primary"] = self.primary
+            await wire.write_message(stream, status)
+            sess = _Session(number, sender, stream)
+            self._sessions[number] = sess
+            while True:
+                msg = await wire.read_message(stream)
+                await self._dispatch(sess, msg)
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
+                anyio.ClosedResourceError, wire.WireError, OSError):
+            pass
+        finally:
+            self._sessions.pop(number, None)
+            self._streams.discard(stream)
+            await anyio.aclose_forcefully(stream)
+
+    def _record(self, sess: _Session, req: wire.Request) -> Recorded:
+        rec = Recorded(self.name, sess.number, req.op, req.args, req.rid, sess.sender)
+        self.requests.append(rec)
+        self.changed.set()
+        self.changed = anyio.Event()
+        return rec
+
+    async def _dispatch(self, sess: _Session, msg: dict[str, Any]) -> None:
+        try:
+            req = wire.parse_request(msg)
+        except wire.RemoteError as exc:
+            await sess.send(wire.reply_error(msg.get("id"), exc.code, exc.message))
+            return
+        self.op_count += 1
+        n = self.op_count
+        rec = self._record(sess, req)
+        if self.mode == "hang":  # recorded, then silence: a black hole
+            await anyio.sleep_forever()
+        if self.mode == "standby":
+            if self.primary:
+                await sess.send(wire.reply_error(req.id, "REDIRECT", "I am a standby",
+                                                 primary=self.primary))
+            else:
+                await sess.send(wire.reply_error(req.id, "NO_PRIMARY", "no primary"))
+            return
+        if n == self.drop_on_op:
+            if self.apply_before_drop:
+                self.store.apply(rec)
+            if self.kill_on_drop:
+                assert self._tg is not None
+                self.running = False  # refuse at once, like a dead process
+                self._tg.start_soon(self._die)
+            await anyio.aclose_forcefully(sess.stream)
+            return
+        if n == self.garbage_on_op:
+            await sess.send(b"\x00\x00\x00\x05{nope")
+            return
+        if req.op in self.hold_ops:
+            return
+        if req.op == "join":
+            sess.joined = True
+            self.joins.append(rec)
+            state = {"server": self.name, "role": req.args.get("role")}
+            await sess.push("state", state,
+                            before=wire.reply_ok(req.id, {"joined": req.args.get("role")}))
+            return
+        if req.op in self.require_join and not sess.joined:
+            await sess.send(wire.reply_error(req.id, "NOT_JOINED", f"join before {req.op}"))
+            return
+        try:
+            if req.op in self.handlers:
+                result = self.handlers[req.op](req.args)
+            elif req.op in STATELESS_OPS:
+                result = {"server": self.name}
+            else:
+                result = self.store.apply(rec)
+        except wire.RemoteError as exc:
+            await sess.send(wire.reply_error(req.id, exc.code, exc.message))
+            return
+        await sess.send(wire.reply_ok(req.id, result))
+
+
+async def _main(modes: list[str]) -> None:
+    store = SharedStore()
+    async with anyio.create_task_group() as tg:
+        ctls = [FakeController(f"c{i}", store=store, mode="primary" if m == "primary" else
+                               "standby") for i, m in enumerate(modes)]
+        for ctl in ctls:
+            ctl._tg = tg
+            await ctl.start()
+        primary = next((c.address for c in ctls if c.mode == "primary"), None)
+        for ctl in ctls:
+            ctl.primary = primary
+            # Benchmarks hammer one op: do not keep every request.
+            ctl.requests = _Discard()
+            print(ctl.address, flush=True)
+        await anyio.sleep_forever()
+
+
+class _Discard(list[Recorded]):
+    def append(self, item: Recorded) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default="primary", help="e.g. standby,primary")
+    ns = parser.parse_args()
+    try:
+        anyio.run(_main, ns.modes.split(","))
+    except KeyboardInterrupt:
+        sys.exit(0)

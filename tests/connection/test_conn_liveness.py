@@ -1,0 +1,51 @@
+"""Liveness: a black-holed primary is detected in about liveness_timeout, not TCP's minutes."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from clientkit import make_config
+from fakectl import FakeController, SharedStore
+
+from xcecore.candidates import parse_address
+from xcecore.connection import Client
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+async def test_black_holed_primary_mid_call_fails_over(logs, hooks):
+    store = SharedStore()
+    async with FakeController("a", store=store) as a, FakeController("b", store=store) as b:
+        cfg = make_config(a.address, b.address, liveness_timeout=0.4, connect_timeout=0.3)
+        async with Client(cfg, role="w", hooks=hooks) as c:
+            await c.connect()
+            a.mode = "hang"  # stops answering; the TCP connection stays up
+            with anyio.fail_after(10):
+                result = await c.call("jobsubmit", {"x": 1})
+            assert result["applied_by"] == "b"
+            assert c.candidate == parse_address(b.address)
+        assert a.ops("jobsubmit")[0].rid == b.ops("jobsubmit")[0].rid
+    assert logs.find("liveness timeout", "WARNING")
+    assert logs.find(f"candidate {a.address} did not answer within 0.3 s", "WARNING")
+
+
+async def test_black_hole_detected_by_heartbeats_when_idle(logs):
+    async with FakeController("a") as a:
+        cfg = make_config(a.address, liveness_timeout=0.3, heartbeat_interval=0.05)
+        async with Client(cfg, role="w") as c:
+            await c.connect()
+            a.mode = "hang"
+            with anyio.fail_after(10):
+                while c.connected:
+                    await anyio.sleep(0.02)
+    assert logs.find(f"lost connection to {a.address} (no frame for 0.3 s", "WARNING")
+
+
+async def test_idle_connection_without_heartbeats_is_not_declared_dead():
+    async with FakeController("a") as a:
+        async with Client(make_config(a.address, liveness_timeout=0.1), role="w") as c:
+            await c.connect()
+            await anyio.sleep(0.4)  # silence with nothing owed is fine
+            assert c.connected
+            assert await c.call("hello") == {"server": "a"}
+            assert a.connections == 1

@@ -1,0 +1,47 @@
+"""Jittered exponential back-off between failed passes over the controller candidates.
+
+Pure and I/O-free: it only computes delays. "Full jitter" (a uniform draw between zero and the
+exponential ceiling) spreads a herd of clients that lost the same primary at the same instant,
+so a freshly promoted standby is not hit by all of them at once.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+_MAX_EXPONENT = 62  # 2**62 * any sane base is far past any cap; stops float overflow
+
+
+class Backoff:
+    """Delays for successive failed passes: ``uniform(0, min(cap, base * 2**n))``.
+
+    ``uniform`` is injectable so tests can pin the draw.
+    """
+
+    def __init__(
+        self,
+        base: float,
+        cap: float,
+        uniform: Callable[[float, float], float] = random.uniform,
+    ) -> None:
+        if base <= 0 or cap <= 0:
+            raise ValueError(f"back-off base and cap must be positive, got {base} and {cap}")
+        self.base = base
+        self.cap = max(cap, base)
+        self.failures = 0
+        self._uniform = uniform
+
+    def ceiling(self) -> float:
+        """The largest delay the next :meth:`next_delay` may return."""
+        return min(self.cap, self.base * 2.0 ** min(self.failures, _MAX_EXPONENT))
+
+    def next_delay(self) -> float:
+        """Record one more failed pass and return how long to sleep before the next one."""
+        delay = self._uniform(0.0, self.ceiling())
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        """Forget past failures (after a success)."""
+        self.failures = 0

@@ -1,0 +1,231 @@
+"""One established connection to a controller candidate: the layer under the failover logic.
+
+:func:`open_link` dials a candidate and runs the handshake; a :class:`Link` then carries many
+requests at once (matched to replies by id; one reader task), hands pushes to a callback, and
+runs a liveness watchdog: no frame for ``liveness_timeout`` while a reply is owed kills the
+link. A link never reconnects: when it dies it tells its owner once (``on_lost``) and fails
+its outstanding requests with :class:`LinkLost`; :mod:`xcecore.connection` decides the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.streams.buffered import BufferedByteStream
+
+from xcecore import auth, wire
+from xcecore.candidates import Candidate
+from xcecore.connstate import classify_handshake, liveness_expired
+
+LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError,
+               anyio.EndOfStream, anyio.IncompleteRead)
+"""What a dying TCP connection raises (as opposed to a peer speaking garbage)."""
+
+
+class LinkLost(Exception):
+    """The link a request was on died before its reply arrived; retry after a reconnect."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """A short operator-facing cause for a link error ("connection refused", ...)."""
+    if isinstance(exc, anyio.EndOfStream | anyio.IncompleteRead):
+        return "closed by the controller"
+    seen: BaseException | None = exc
+    for _ in range(4):  # anyio wraps the OS error ("All connection attempts failed")
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno:
+            return os.strerror(seen.errno).lower()
+        seen = seen.__cause__ or seen.__context__
+    return str(exc) or type(exc).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class Dialed:
+    """The outcome of :func:`open_link`.
+
+    ``stream`` is set only when the candidate is the primary; ``redirect`` is the primary a
+    standby named; otherwise ``failure`` says what went wrong, for the log.
+    """
+
+    stream: BufferedByteStream | None = None
+    redirect: str | None = None
+    failure: str = ""
+
+
+async def open_link(
+    cand: Candidate, *, sender: str, key: bytes | None, timeout: float, max_frame: int
+) -> Dialed:
+    """Connect to ``cand`` and run the client side of the handshake within ``timeout``."""
+    stream: BufferedByteStream | None = None
+    status: dict[str, Any] | None = None
+    failure = ""
+    with anyio.move_on_after(timeout) as scope:
+        try:
+            stream = BufferedByteStream(await anyio.connect_tcp(cand.host, cand.port))
+            hello = await wire.read_message(stream, max_frame)
+            await wire.write_message(stream, auth.client_answer(key, sender, hello))
+            status = await wire.read_message(stream, max_frame)
+        except LINK_ERRORS as exc:
+            failure = f"refused or closed the connection ({describe_error(exc)})"
+        except (wire.WireError, auth.AuthError) as exc:
+            failure = f"broke the handshake ({exc})"
+    if scope.cancelled_caught:
+        failure = f"did not answer within {timeout:g} s"
+    redirect: str | None = None
+    if status is not None and not failure:
+        shake = classify_handshake(status)
+        if shake.kind == "primary" and stream is not None:
+            return Dialed(stream=stream)
+        redirect = shake.primary
+        failure = {
+            "redirect": f"is a standby; primary is {shake.primary}",
+            "no_primary": "is a standby that knows no primary",
+            "denied": f"denied the handshake ({shake.message}); check cluster.key",
+        }.get(shake.kind, f"broke the handshake ({shake.message})")
+    if stream is not None:
+        with anyio.CancelScope(shield=True):
+            await anyio.aclose_forcefully(stream)
+    return Dialed(redirect=redirect, failure=failure)
+
+
+class _Pending:
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.reply: dict[str, Any] | None = None
+
+
+class Link:
+    """A live, handshaken connection and its outstanding requests.
+
+    ``on_push(link, msg)`` runs on the reader for every push (it may raise
+    :class:`xcecore.wire.WireError` to reject a malformed one); ``on_lost(link, reason)`` runs
+    once when the link dies, whoever notices. ``joined`` and ``next_seq`` are the owner's
+    per-connection bookkeeping.
+    """
+
+    __slots__ = ("_ids", "_on_lost", "_on_push", "alive", "candidate", "joined",
+                 "liveness_timeout", "max_frame", "next_seq", "pending", "reason", "rx",
+                 "scope", "send_lock", "stream")
+
+    def __init__(
+        self,
+        candidate: Candidate,
+        stream: BufferedByteStream,
+        *,
+        max_frame: int,
+        liveness_timeout: float,
+        on_push: Callable[[Link, dict[str, Any]], None],
+        on_lost: Callable[[Link, str], None],
+    ) -> None:
+        self.candidate = candidate
+        self.stream = stream
+        self.max_frame = max_frame
+        self.liveness_timeout = liveness_timeout
+        self.pending: dict[int, _Pending] = {}
+        self.send_lock = anyio.Lock(fast_acquire=True)  # one frame at a time on the socket
+        self.scope = anyio.CancelScope()
+        self.alive = True
+        self.reason = ""
+        self.rx = 0  # frames received; the watchdog only compares it
+        self.next_seq = 1
+        self.joined = False
+        self._ids = itertools.count(1)
+        self._on_push = on_push
+        self._on_lost = on_lost
+
+    def kill(self, reason: str) -> int | None:
+        """Mark the link dead and fail its requests; how many were in flight (None: was dead)."""
+        if not self.alive:
+            return None
+        self.alive = False
+        self.reason = reason
+        pending, self.pending = self.pending, {}
+        for p in pending.values():
+            p.event.set()
+        self.scope.cancel()
+        return len(pending)
+
+    async def request(self, op: str, args: dict[str, Any], rid: str | None) -> dict[str, Any]:
+        """Send one request and return its reply; :class:`LinkLost` if the link dies first."""
+        if not self.alive:
+            raise LinkLost(f"lost connection to {self.candidate} ({self.reason})")
+        n = next(self._ids)
+        msg: dict[str, Any] = {"id": n, "op": op, "args": args}
+        if rid is not None:
+            msg["rid"] = rid
+        frame = wire.encode(msg)
+        pending = _Pending()
+        self.pending[n] = pending
+        try:
+            try:
+                async with self.send_lock:
+                    await self.stream.send(frame)
+            except LINK_ERRORS as exc:
+                self._on_lost(self, describe_error(exc))
+            await pending.event.wait()
+        finally:
+            if pending.reply is None:
+                self.pending.pop(n, None)
+        if pending.reply is None:
+            raise LinkLost(f"lost connection to {self.candidate} ({self.reason})")
+        return pending.reply
+
+    async def serve(self) -> None:
+        """Run the reader and the watchdog until the link dies; then close the socket."""
+        try:
+            with self.scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._watchdog)
+                    self._on_lost(self, await self._read_loop())
+        finally:
+            self._on_lost(self, "closed")  # a no-op unless cancelled from outside
+            with anyio.CancelScope(shield=True):
+                await anyio.aclose_forcefully(self.stream)
+
+    async def _read_loop(self) -> str:
+        """Hand replies to their callers and pushes to ``on_push``; return why it ended."""
+        stream, max_frame, pending = self.stream, self.max_frame, self.pending
+        try:
+            while True:
+                msg = await wire.read_message(stream, max_frame)
+                self.rx += 1
+                mid = msg.get("id")
+                waiter = pending.pop(mid, None) if type(mid) is int else None
+                if waiter is not None:
+                    waiter.reply = msg
+                    waiter.event.set()
+                elif "push" in msg:
+                    self._on_push(self, msg)
+                # else: the reply to a request whose caller gave up (cancelled); drop it
+        except wire.WireError as exc:
+            return f"protocol error: {exc}"
+        except LINK_ERRORS as exc:
+            return describe_error(exc)
+
+    async def _watchdog(self) -> None:
+        timeout = self.liveness_timeout
+        tick = timeout / 4
+        rx = self.rx
+        last_rx = anyio.current_time()
+        owed_since: float | None = None
+        while self.alive:
+            await anyio.sleep(tick)
+            now = anyio.current_time()
+            if self.rx != rx:
+                rx, last_rx = self.rx, now
+            if not self.pending:
+                owed_since = None
+                continue
+            if owed_since is None:
+                owed_since = now
+            if liveness_expired(now, last_rx, owed_since, timeout):
+                self._on_lost(self, f"no frame for {timeout:g} s with {len(self.pending)} "
+                                    "request(s) outstanding: liveness timeout")

@@ -1,0 +1,102 @@
+"""The blocking facade of :class:`xcecore.connection.Client`, for threads and the CLI.
+
+A :class:`SyncClient` forwards each call to the client's event loop through an anyio blocking
+portal and waits for the answer, so any number of threads may share one connection. Either it
+owns its loop (``with SyncClient.open(config, role=...) as c:``, which starts a loop thread)
+or it wraps a client that runs on an existing loop (``SyncClient(client, portal)``).
+
+It must never be used on the client's own event-loop thread (that would block the loop it
+waits on); such a call raises :class:`xcecore.connection.HookContractError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+if TYPE_CHECKING:  # connection re-exports this module: import it lazily at run time
+    from xcecore.candidates import Candidate
+    from xcecore.connection import Client, ClientConfig, ClientHooks
+
+
+class SyncClient:
+    """Thread-safe blocking calls on a :class:`~xcecore.connection.Client`."""
+
+    def __init__(self, client: Client, portal: BlockingPortal) -> None:
+        self.client = client
+        self.portal = portal
+
+    @classmethod
+    @contextmanager
+    def open(
+        cls,
+        config: ClientConfig,
+        *,
+        role: str,
+        hooks: ClientHooks | None = None,
+        join_attrs: dict[str, Any] | None = None,
+        rejoin_points: Iterable[str] = (),
+        connect: bool = True,
+        backend: str = "asyncio",
+    ) -> Iterator[SyncClient]:
+        """A client on its own event-loop thread; connected first unless ``connect=False``.
+
+        Everything (loop thread, connection, background tasks) is closed on exit.
+        """
+        from xcecore.connection import Client
+
+        client = Client(config, role=role, hooks=hooks, join_attrs=join_attrs,
+                        rejoin_points=rejoin_points)
+        with start_blocking_portal(backend) as portal, portal.wrap_async_context_manager(client):
+            sync = cls(client, portal)
+            if connect:
+                sync.connect()
+            yield sync
+
+    def call(
+        self,
+        op: str,
+        args: dict[str, Any] | None = None,
+        *,
+        deadline: float | None = None,
+        retry_budget: int | None = None,
+    ) -> Any:
+        """Blocking :meth:`Client.call <xcecore.connection.Client.call>`; same errors."""
+        self.client._check_sync_caller()
+        return self.portal.call(
+            partial(self.client.call, op, args, deadline=deadline, retry_budget=retry_budget)
+        )
+
+    def join(self, *, deadline: float | None = None, retry_budget: int | None = None) -> Any:
+        """Blocking :meth:`Client.join <xcecore.connection.Client.join>`."""
+        self.client._check_sync_caller()
+        return self.portal.call(
+            partial(self.client.join, deadline=deadline, retry_budget=retry_budget)
+        )
+
+    def connect(
+        self, *, deadline: float | None = None, retry_budget: int | None = None
+    ) -> Candidate:
+        """Blocking :meth:`Client.connect <xcecore.connection.Client.connect>`."""
+        self.client._check_sync_caller()
+        return self.portal.call(
+            partial(self.client.connect, deadline=deadline, retry_budget=retry_budget)
+        )
+
+    def heartbeat(self) -> bool:
+        """Blocking :meth:`Client.heartbeat <xcecore.connection.Client.heartbeat>`."""
+        self.client._check_sync_caller()
+        return self.portal.call(self.client.heartbeat)
+
+    def post_latest(self, key: str, op: str, args: dict[str, Any]) -> None:
+        """:meth:`Client.post_latest <xcecore.connection.Client.post_latest>`; never blocks."""
+        self.client.post_latest(key, op, args)
+
+    def close(self) -> None:
+        """Close the client (idempotent); an owned loop thread stops when ``open`` exits."""
+        self.client._check_sync_caller()
+        self.portal.call(self.client.aclose)
