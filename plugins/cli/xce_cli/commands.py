@@ -233,8 +233,8 @@ def run_job(ctx: click.Context, jobid: int, hostlist: str) -> None:
             raise click.ClickException(f"job {jobid} not found")
         ntasks = int(rec[0]["ntasks"])
         share, extra = divmod(ntasks, len(names))
-        alloc = [{"host": h, "ntasks": share + (1 if i < extra else 0)} for i, h in enumerate(names)]
-        alloc = [a for a in alloc if a["ntasks"] > 0]
+        counts = [share + (1 if i < extra else 0) for i in range(len(names))]
+        alloc = [{"host": h, "ntasks": n} for h, n in zip(names, counts, strict=True) if n > 0]
         res = s.call("jobdispatch", {"jobid": jobid, "alloc": alloc, "force": True})
     click.echo(f"Job <{jobid}> is being forced to run on {', '.join(a['host'] for a in res['alloc'])}.")
 
