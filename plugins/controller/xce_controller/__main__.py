@@ -1,0 +1,71 @@
+"""``python -m xce_controller``: run one controller candidate without the ``xce`` command.
+
+    python -m xce_controller --listen 127.0.0.1:7601 --state-dir /srv/xce [--key-file F]
+
+SIGTERM or SIGINT stops it cleanly (pending writes are committed, the lock is released).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+import anyio
+from loguru import logger
+
+from xce_controller.server import serve
+from xce_controller.settings import settings_from_config
+from xcecore import auth
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m xce_controller", description=__doc__.splitlines()[0])
+    p.add_argument("--listen", default="127.0.0.1:7600", help="host:port (port 0: any free port)")
+    p.add_argument("--advertise", default=None, help="address clients are redirected to")
+    p.add_argument("--state-dir", required=True, help="state directory shared by the candidates")
+    p.add_argument("--key", default=None, help="cluster key (prefer --key-file)")
+    p.add_argument("--key-file", default=None, help="file holding the cluster key")
+    p.add_argument("--admins", default="", help="comma-separated administrator user names")
+    p.add_argument("--host-timeout", type=float, default=30.0)
+    p.add_argument("--max-subscriber-queue", type=int, default=10000)
+    p.add_argument("--peers", default=None, help="the candidate list, for status")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+async def _run(args: argparse.Namespace) -> None:
+    key = auth.load_key(args.key, args.key_file)
+    cluster = {"state_dir": args.state_dir, "peers": args.peers}
+    section = {
+        "listen": args.listen,
+        "advertise": args.advertise,
+        "admins": [a for a in args.admins.split(",") if a],
+        "host_timeout": args.host_timeout,
+        "max_subscriber_queue": args.max_subscriber_queue,
+    }
+    settings = settings_from_config(cluster, section, key)
+    async with anyio.create_task_group() as tg:
+
+        async def on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    logger.info("controller: got signal {}; stopping", signal.Signals(signum).name)
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(on_signal)
+        await serve(settings)
+        tg.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m xce_controller``."""
+    args = parse_args(argv)
+    logger.remove()
+    logger.add(sys.stderr, level=args.log_level.upper())
+    anyio.run(_run, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,513 @@
+"""The controller server: listener, handshake, per-connection reader and writer, HA roles.
+
+A candidate starts as a standby: it listens, answers handshakes with ``state: standby`` and
+every request with REDIRECT (or NO_PRIMARY), while a thread waits on the election. When the
+election is won it promotes: loads the store, starts the writer thread, and serves as primary.
+
+Each request is applied to the in-memory state on the event loop, in arrival order; a write's
+rows go to the store's writer thread, and its reply (like every push and every later reply)
+waits, in its connection's outbox, for that commit to be durable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import orjson
+from anyio.abc import SocketAttribute, SocketStream, TaskStatus
+from anyio.streams.buffered import BufferedByteReceiveStream
+from loguru import logger
+
+from xce_controller.election import Election, FileLockElection
+from xce_controller.ops import Caller, check_call, now
+from xce_controller.pushes import Fanout, Gate, Outbox, Subscriber, encode_rows, reply_frame
+from xce_controller.settings import ControllerSettings, format_address, parse_listen
+from xce_controller.state import Changes, ClusterState, Event
+from xce_controller.store import SQLiteStore, Write
+from xcecore import auth, wire
+from xcecore.wire import ErrorCode, RemoteError
+
+ElectionFactory = Callable[[str, str], Any]
+StoreFactory = Callable[[str], Any]
+HANDSHAKE_MAX_FRAME = 64 * 1024
+
+
+class Connection:
+    """One client connection: its identity, outbox, and the scope that closes it."""
+
+    def __init__(self, cid: int, caller: Caller, peer: str, outbox: Outbox) -> None:
+        self.cid = cid
+        self.caller = caller
+        self.peer = peer
+        self.outbox = outbox
+        self.scope: anyio.CancelScope | None = None
+
+    def close(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+class Controller:
+    """One controller candidate."""
+
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        election_factory: ElectionFactory = FileLockElection,
+        store_factory: StoreFactory = SQLiteStore,
+    ) -> None:
+        self.settings = settings
+        self._election_factory = election_factory
+        self._store_factory = store_factory
+        self.address = ""
+        self.port = 0
+        self.role = "standby"  # standby -> promoting -> primary -> stopping
+        self.since = time.time()
+        self.state = ClusterState(settings.conf)
+        self.election: Election | None = None
+        self.store: Any = None
+        self.fanout = Fanout("")
+        self.conns: dict[int, Connection] = {}
+        self.idem: dict[str, bytes] = {}
+        self._idem_times: deque[tuple[float, str]] = deque()
+        self.pending: dict[str, tuple[bytes, Gate]] = {}
+        self.last_gate: Gate | None = None
+        self.promoted = anyio.Event()
+        self.stopped = anyio.Event()
+        self.promote_ms: float | None = None
+        self._cids = itertools.count(1)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._writer_done = anyio.Event()
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[Controller] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Listen, stand by, promote when elected, serve until shutdown or cancellation."""
+        host, port = parse_listen(self.settings.listen)
+        auth.check_keyless(self.settings.key, [host])
+        if self.settings.key is None:
+            logger.warning("controller: no cluster key configured; accepting loopback peers only")
+        listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+        self.port = int(listener.extra(SocketAttribute.local_port))
+        self.address = self.settings.advertise or format_address(host, self.port)
+        self.fanout.server = self.address
+        self.election = self._election_factory(self.settings.state_dir, self.address)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(listener.serve, self._handle, tg)
+                self.election.register("standby")
+                logger.info(
+                    "controller {}: candidate started (state dir {}); standby until it holds the lock",
+                    self.address, self.settings.state_dir,
+                )
+                task_status.started(self)
+                # Import SQLite now, while standing by, so promotion does not pay for it.
+                await anyio.to_thread.run_sync(importlib.import_module, "sqlite3")
+                await self._wait_for_lock()
+                await self._promote()
+                await self.stopped.wait()
+                await self._stop_primary()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await listener.aclose()
+                await self._cleanup()
+
+    async def _wait_for_lock(self) -> None:
+        """Block on the election in a daemon thread (a blocked flock cannot be cancelled)."""
+        election = self.election
+        assert election is not None
+        won = anyio.Event()
+        token = anyio.lowlevel.current_token()
+
+        def waiter() -> None:
+            ok = election.wait()
+            if ok:
+                try:
+                    anyio.from_thread.run_sync(won.set, token=token)
+                except Exception:  # the loop ended while we waited: let the lock go
+                    election.release()
+
+        if election.try_acquire():
+            return
+        primary = election.current_primary()
+        logger.info(
+            "controller {}: standby; primary is {}; waiting on the state-dir lock",
+            self.address, primary or "not known",
+        )
+        threading.Thread(target=waiter, name="xce-election-wait", daemon=True).start()
+        await won.wait()
+
+    async def _promote(self) -> None:
+        assert self.election is not None and self._tg is not None
+        t0 = time.perf_counter()
+        self.role = "promoting"
+        self.election.publish()
+        store = self._store_factory(self.settings.state_dir)
+        ttl = self.settings.idem_ttl
+
+        def open_and_load() -> Any:
+            store.open()
+            return store.load(ttl)
+
+        loaded = await anyio.to_thread.run_sync(open_and_load)
+        state = ClusterState(self.settings.conf)
+        t = now()
+        state.load(loaded, t)
+        self.state, self.store = state, store
+        self.idem = dict(loaded.idem)
+        self._idem_times = deque((t, rid) for rid in self.idem)
+        self._tg.start_soon(self._run_writer, store)
+        self._tg.start_soon(self._expire_hosts)
+        self.role = "primary"
+        self.since = time.time()
+        self.promote_ms = (time.perf_counter() - t0) * 1000
+        self.election.register("primary")
+        self.promoted.set()
+        logger.info(
+            "controller {}: acquired the state-dir lock; promoted to primary "
+            "(loaded {} jobs, {} hosts, {} queues, {} idempotency keys in {:.1f} ms)",
+            self.address, len(state.jobs), len(state.hosts), len(state.queues), len(self.idem),
+            self.promote_ms,
+        )
+
+    async def _run_writer(self, store: SQLiteStore) -> None:
+        """Run the store's writer loop on a worker thread until the store is stopped."""
+
+        def on_done(batch: list[Write]) -> None:
+            anyio.from_thread.run_sync(self._committed, batch)
+
+        async def stop_on_cancel() -> None:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                store.stop()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_on_cancel)
+                await anyio.to_thread.run_sync(store.run_writer, on_done)
+                tg.cancel_scope.cancel()
+        finally:
+            self._writer_done.set()
+
+    def _committed(self, batch: list[Write]) -> None:
+        """On the loop, after a commit: record results, open the gates (replies and pushes go)."""
+        failed = batch[0].error
+        if failed is not None:
+            logger.critical(
+                "controller {}: commit of {} writes failed ({}); giving up the primary role so a "
+                "standby takes over from the last durable state",
+                self.address, len(batch), failed,
+            )
+            for conn in list(self.conns.values()):
+                conn.close()
+            self.stopped.set()
+            return
+        t = time.time()
+        for w in batch:
+            if w.rid is not None:
+                self.pending.pop(w.rid, None)
+                self.idem[w.rid] = w.result
+                self._idem_times.append((t, w.rid))
+            w.extra.open()
+
+    async def _expire_hosts(self) -> None:
+        """Mark hosts unavail past ``host_timeout``; prune old idempotency keys."""
+        period = max(0.05, min(1.0, self.settings.conf.host_timeout / 4))
+        while True:
+            await anyio.sleep(period)
+            t = now()
+            ch = self.state.expire_hosts(t)
+            for row in ch.rows:
+                logger.warning(
+                    "controller {}: host {} sent no heartbeat for {:g} s; marked unavail "
+                    "(its worker's re-join makes it ok again)",
+                    self.address, row[1], self.settings.conf.host_timeout,
+                )
+            self.apply(ch, None)
+            limit = time.time() - self.settings.idem_ttl
+            while self._idem_times and self._idem_times[0][0] < limit:
+                self.idem.pop(self._idem_times.popleft()[1], None)
+
+    async def _stop_primary(self) -> None:
+        """Commit what is queued, let connections flush, then give up the lock."""
+        self.role = "stopping"
+        if self.store is not None:
+            self.store.stop()
+            with anyio.move_on_after(10):
+                await self._writer_done.wait()
+        with anyio.move_on_after(1):
+            for conn in list(self.conns.values()):
+                conn.outbox.close()
+            while self.conns:
+                await anyio.sleep(0.01)
+
+    async def _cleanup(self) -> None:
+        if self.store is not None:
+            self.store.stop()
+            with anyio.move_on_after(10):
+                await self._writer_done.wait()
+        if self.election is not None:
+            self.election.abandon()
+            was = self.role
+            self.election.release()
+            if was in ("primary", "stopping", "promoting"):
+                logger.info("controller {}: gave up the primary role and the state-dir lock", self.address)
+        if self.store is not None:
+            await anyio.to_thread.run_sync(self.store.close)
+        self.role = "stopped"
+
+    def request_shutdown(self, by: str) -> None:
+        """``shutdown`` op: tell every member, then stop after the reply is flushed."""
+        logger.warning("controller {}: shutdown requested by {}; stopping", self.address, by)
+        self.apply(Changes(events=[Event("shutdown", {"server": self.address}, workers_only_hosts=False)]), None)
+        self.stopped.set()
+
+    # -- applying changes --------------------------------------------------------------------
+
+    def apply(self, ch: Changes, rid: str | None) -> Gate | None:
+        """Queue ``ch``'s rows for commit and its events for the members; return the gate
+        every reply and push must now wait behind (None when nothing is uncommitted)."""
+        encoded: dict[int, bytes] = {}
+        gate: Gate | None
+        if ch.rows:
+            gate = Gate()
+            result = orjson.dumps(ch.result)
+            w = Write(encode_rows(ch.rows, encoded), rid, result, extra=gate)
+            self.store.submit(w)
+            if rid is not None:
+                self.pending[rid] = (result, gate)
+            self.last_gate = gate
+        gate = self.last_gate
+        if gate is not None and gate.is_open():
+            gate = self.last_gate = None
+        if ch.events:
+            self.fanout.publish(ch.events, gate, encoded)
+        return gate
+
+    # -- ServerView (used by op handlers) -------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        assert self.election is not None
+        return {
+            "server": self.address, "state": self.role, "primary": self.address,
+            "since": self.since, "candidates": self.election.candidates(),
+            "jobs": len(self.state.jobs), "hosts": len(self.state.hosts),
+            "members": len(self.state.members),
+            "member_list": sorted(self.state.members.values(), key=lambda m: m["identity"]),
+        }
+
+    def subscribe(self, caller: Caller) -> None:
+        conn = self.conns.get(caller.cid)
+        if conn is None:
+            return
+        self.fanout.remove(conn.cid)
+        view = self.state.full_state(self.address, caller.worker_host)
+        sub = Subscriber(caller.identity, conn.outbox, caller.worker_host, conn.close)
+        self.fanout.add(conn.cid, sub)
+        data = orjson.dumps(view)
+        if len(data) > self.settings.max_frame:
+            logger.error(
+                "controller {}: full state for {} is {} bytes, over the maximum frame {}; "
+                "raise cluster.max_frame", self.address, caller.identity, len(data),
+                self.settings.max_frame,
+            )
+        conn.outbox.push("state", data, self._open_gate())
+
+    def replace_worker(self, caller: Caller, host: str) -> None:
+        entry = self.fanout.workers.get(host)
+        if entry is not None and entry[0] != caller.cid:
+            old = self.conns.get(entry[0])
+            self.fanout.remove(entry[0])
+            if old is not None:
+                logger.info(
+                    "controller {}: worker of host {} re-joined from {}; closing its old connection",
+                    self.address, host, caller.identity,
+                )
+                old.close()
+
+    # -- connections --------------------------------------------------------------------------
+
+    async def _handle(self, stream: SocketStream, *_: Any) -> None:
+        try:
+            raw = stream.extra(SocketAttribute.remote_address)
+            peer = f"{raw[0]}:{raw[1]}" if isinstance(raw, tuple) else str(raw)
+        except Exception:
+            peer = "?"
+        async with stream:
+            reader = BufferedByteReceiveStream(stream)
+            caller = await self._handshake(stream, reader, peer)
+            if caller is None:
+                return
+            outbox = Outbox(self.settings.max_subscriber_queue, self.settings.max_inflight)
+            conn = Connection(next(self._cids), caller, peer, outbox)
+            caller.cid = conn.cid
+            self.conns[conn.cid] = conn
+            try:
+                async with anyio.create_task_group() as tg:
+                    conn.scope = tg.cancel_scope
+                    tg.start_soon(self._write_loop, conn, stream)
+                    await self._read_loop(conn, reader)
+                    outbox.close()  # the writer flushes what is queued, then the group ends
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+            finally:
+                self.conns.pop(conn.cid, None)
+                self.fanout.remove(conn.cid)
+                same = any(c.caller.joined and c.caller.identity == caller.identity for c in self.conns.values())
+                if caller.joined and self.role == "primary" and not same:
+                    self.apply(self.state.remove_member(caller.identity), None)
+                logger.debug("controller {}: {} ({}) disconnected", self.address, caller.identity, peer)
+
+    async def _write_loop(self, conn: Connection, stream: SocketStream) -> None:
+        try:
+            await conn.outbox.run_writer(stream)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            conn.close()
+
+    async def _handshake(self, stream: SocketStream, reader: BufferedByteReceiveStream, peer: str) -> Caller | None:
+        challenge, hello = auth.server_hello()
+        try:
+            with anyio.fail_after(self.settings.handshake_timeout):
+                await wire.write_message(stream, hello)
+                answer = await wire.read_message(reader, HANDSHAKE_MAX_FRAME)
+                identity = auth.check_client_answer(self.settings.key, challenge, answer)
+                role, sep, _ = identity.partition("@")
+                if not sep or not role:
+                    raise auth.AuthError(f"identity {identity!r} is not role@host")
+                if self.role == "promoting":
+                    await self.promoted.wait()
+        except auth.AuthError as exc:
+            logger.warning("controller {}: handshake from {} refused: {}; closing", self.address, peer, exc)
+            err = {"ok": False, "error": {"code": "DENIED", "message": f"handshake refused: {exc}"}}
+            with anyio.move_on_after(1), _quiet():
+                await wire.write_message(stream, err)
+            return None
+        except TimeoutError:
+            logger.warning("controller {}: handshake from {} timed out; closing", self.address, peer)
+            return None
+        except (wire.WireError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
+                anyio.ClosedResourceError, OSError) as exc:
+            logger.warning("controller {}: bad handshake from {}: {}; closing", self.address, peer, exc)
+            return None
+        if self.role == "primary":
+            status: dict[str, Any] = {"ok": True, "server": self.address, "state": "primary"}
+        else:
+            status = {"ok": True, "server": self.address, "state": "standby", "primary": self._primary()}
+        try:
+            await wire.write_message(stream, status)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return None
+        return Caller(identity=identity, role=role)
+
+    def _primary(self) -> str | None:
+        """The primary a standby redirects to (never itself)."""
+        if self.election is None:
+            return None
+        primary = self.election.current_primary()
+        return None if primary == self.address else primary
+
+    async def _read_loop(self, conn: Connection, reader: BufferedByteReceiveStream) -> None:
+        while True:
+            try:
+                msg = await wire.read_message(reader, self.settings.max_frame)
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
+                    anyio.ClosedResourceError, OSError):
+                return
+            except wire.WireError as exc:
+                logger.warning(
+                    "controller {}: bad frame from {} ({}): {}; closing the connection",
+                    self.address, conn.caller.identity, conn.peer, exc,
+                )
+                conn.outbox.reply(wire.encode(wire.reply_error(None, ErrorCode.INVALID, str(exc))), None)
+                return
+            await conn.outbox.wait_reply_space()
+            self.handle_message(conn, msg)
+
+    def handle_message(self, conn: Connection, msg: dict[str, Any]) -> None:
+        """Answer one request (synchronously: applied in arrival order)."""
+        try:
+            req = wire.parse_request(msg)
+        except RemoteError as exc:
+            mid = msg.get("id")
+            mid = mid if isinstance(mid, int) and not isinstance(mid, bool) else None
+            self._refused(conn, str(msg.get("op"))[:64], exc)
+            conn.outbox.reply(wire.encode(wire.reply_error(mid, exc.code, exc.message, **exc.data)), None)
+            return
+        if self.role != "primary":
+            primary = self._primary()
+            if primary is None:
+                err = wire.reply_error(req.id, ErrorCode.NO_PRIMARY, "standby; no primary known", primary=None)
+            else:
+                err = wire.reply_error(req.id, ErrorCode.REDIRECT, f"standby; primary is {primary}", primary=primary)
+            conn.outbox.reply(wire.encode(err), None)
+            return
+        if req.rid is not None:
+            stored = self.idem.get(req.rid)
+            if stored is not None:
+                conn.outbox.reply(reply_frame(req.id, stored), self._open_gate())
+                return
+            pending = self.pending.get(req.rid)
+            if pending is not None:
+                conn.outbox.reply(reply_frame(req.id, pending[0]), pending[1])
+                return
+        try:
+            spec, args = check_call(req.op, conn.caller, req.args, self.state)
+            ch = spec.handler(self, conn.caller, args, now())
+        except RemoteError as exc:
+            self._refused(conn, req.op, exc)
+            conn.outbox.reply(wire.encode(wire.reply_error(req.id, exc.code, exc.message, **exc.data)), None)
+            return
+        except Exception as exc:
+            logger.exception("controller {}: op {} from {} failed", self.address, req.op, conn.caller.identity)
+            err = wire.reply_error(req.id, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            conn.outbox.reply(wire.encode(err), None)
+            return
+        gate = self.apply(ch, req.rid if spec.dedupe else None)
+        data = wire.encode(wire.reply_ok(req.id, ch.result))
+        if len(data) - 4 > self.settings.max_frame:
+            text = (f"{req.op}: the result ({len(data)} bytes) exceeds the maximum frame; "
+                    "narrow the query (filters, limit)")
+            data = wire.encode(wire.reply_error(req.id, ErrorCode.INVALID, text))
+        conn.outbox.reply(data, gate)
+        if ch.after is not None:
+            ch.after()
+
+    def _open_gate(self) -> Gate | None:
+        gate = self.last_gate
+        return gate if gate is not None and not gate.is_open() else None
+
+    def _refused(self, conn: Connection, op: str, exc: RemoteError) -> None:
+        expected = exc.code in (ErrorCode.NOT_FOUND, ErrorCode.CONFLICT, ErrorCode.NOT_JOINED)
+        log = logger.info if expected else logger.warning
+        log("controller {}: {} from {} refused: {} {}", self.address, op, conn.caller.identity, exc.code, exc.message)
+
+
+def _quiet() -> contextlib.suppress:
+    """Suppress connection errors while writing a last message."""
+    return contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+async def serve(
+    settings: ControllerSettings,
+    *,
+    election_factory: ElectionFactory = FileLockElection,
+    store_factory: StoreFactory = SQLiteStore,
+    task_status: TaskStatus[Controller] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one controller candidate until it is shut down or cancelled.
+
+    ``task_status.started`` receives the :class:`Controller` once it listens (as a standby; wait
+    on ``controller.promoted`` for the primary role).
+    """
+    await Controller(settings, election_factory, store_factory).run(task_status=task_status)

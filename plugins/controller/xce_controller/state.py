@@ -1,0 +1,448 @@
+"""The cluster state in memory, and the transitions that change it.
+
+Every transition checks everything first and raises :class:`~xcecore.wire.RemoteError` before
+touching anything, so a refused request never changes state. A successful one mutates the
+state and returns :class:`Changes`: the rows to commit, the events to push, and the result.
+No I/O happens here: the server commits the rows and fans the events out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xce_controller.store import Loaded
+from xcecore.wire import ErrorCode, RemoteError
+
+JOB_STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT")
+ACTIVE = frozenset({"RUN", "USUSP", "SSUSP"})
+FINISHED = frozenset({"DONE", "EXIT"})
+
+Record = dict[str, Any]
+Row = tuple[str, Any, Record | None]  # (table, key, record or None to delete)
+
+
+@dataclass(slots=True)
+class Event:
+    """A push to fan out: non-worker members get every event; workers only ``hosts``'s."""
+
+    name: str
+    data: Any
+    hosts: frozenset[str] = frozenset()
+    workers_only_hosts: bool = True  # False: every worker gets it too (shutdown)
+
+
+@dataclass(slots=True)
+class Changes:
+    """What a transition did: rows to commit, events to push, the op's result."""
+
+    result: Any = None
+    rows: list[Row] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    after: Callable[[], None] | None = None  # run by the server once the reply is queued
+
+
+@dataclass(slots=True)
+class ClusterConf:
+    """The static configuration the state needs."""
+
+    name: str = "xce"
+    resources: dict[str, Any] = field(default_factory=dict)
+    admins: frozenset[str] = frozenset()
+    default_queue: str = "normal"
+    host_timeout: float = 30.0
+    host_groups: dict[str, Any] = field(default_factory=dict)
+    user_groups: dict[str, Any] = field(default_factory=dict)
+    queues: tuple[dict[str, Any], ...] = ()
+
+
+def conflict(message: str) -> RemoteError:
+    return RemoteError(ErrorCode.CONFLICT, message)
+
+
+def not_found(what: str, name: Any) -> RemoteError:
+    return RemoteError(ErrorCode.NOT_FOUND, f"no such {what}: {name}", {"what": what, "name": name})
+
+
+def queue_record(cfg: dict[str, Any]) -> Record:
+    """A queue record from its config table."""
+    q: Record = {
+        "name": cfg["name"],
+        "priority": int(cfg.get("priority", 30)),
+        "description": str(cfg.get("description", "")),
+        "open": bool(cfg.get("open", True)),
+        "active": bool(cfg.get("active", True)),
+    }
+    return _queue_status(q)
+
+
+def _queue_status(q: Record) -> Record:
+    q["status"] = ("Open" if q["open"] else "Closed") + ":" + ("Active" if q["active"] else "Inact")
+    return q
+
+
+def _host_state(h: Record) -> Record:
+    h["state"] = "unavail" if not h["available"] else "closed" if h["closed"] else "ok"
+    return h
+
+
+class ClusterState:
+    """Jobs, hosts, queues and members of one primary."""
+
+    def __init__(self, conf: ClusterConf) -> None:
+        self.conf = conf
+        self.jobs: dict[int, Record] = {}
+        self.hosts: dict[str, Record] = {}
+        self.queues: dict[str, Record] = {}
+        self.members: dict[str, Record] = {}
+        self.last_seen: dict[str, float] = {}  # host -> last worker heartbeat/join
+        self.next_jobid = 1
+        for qcfg in conf.queues:
+            self.queues[qcfg["name"]] = queue_record(qcfg)
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def load(self, loaded: Loaded, now: float) -> None:
+        """Take over the durable state; queue runtime state (open/active) survives restarts,
+        priorities and descriptions come from the configuration."""
+        self.jobs = dict(loaded.jobs)
+        self.hosts = dict(loaded.hosts)
+        for name, stored in loaded.queues.items():
+            q = self.queues.get(name)
+            if q is None:
+                self.queues[name] = stored  # a queue removed from config keeps its jobs' home
+            else:
+                q["open"], q["active"] = bool(stored["open"]), bool(stored["active"])
+                _queue_status(q)
+        self.next_jobid = max(int(loaded.meta.get("next_jobid", 1)), max(self.jobs, default=0) + 1)
+        used: dict[str, int] = {}
+        for job in self.jobs.values():
+            if job["state"] in ACTIVE:
+                for a in job["alloc"]:
+                    used[a["host"]] = used.get(a["host"], 0) + a["ntasks"]
+        for name, host in self.hosts.items():
+            host["used_slots"] = used.get(name, 0)
+            self.last_seen[name] = now  # every worker gets a full timeout to re-join
+
+    # -- views ------------------------------------------------------------------------------
+
+    def clusterconf(self) -> Record:
+        c = self.conf
+        return {
+            "name": c.name,
+            "resources": c.resources,
+            "admins": sorted(c.admins),
+            "default_queue": c.default_queue,
+            "host_timeout": c.host_timeout,
+            "host_groups": c.host_groups,
+            "user_groups": c.user_groups,
+            "queues": [q["name"] for q in self.sorted_queues()],
+        }
+
+    def sorted_queues(self) -> list[Record]:
+        return sorted(self.queues.values(), key=lambda q: (-q["priority"], q["name"]))
+
+    def full_state(self, server: str, worker_host: str | None = None) -> Record:
+        """The ``state`` push; a worker's view holds only its host and its active jobs."""
+        if worker_host is None:
+            hosts = [self.hosts[n] for n in sorted(self.hosts)]
+            jobs = list(self.jobs.values())
+            members = list(self.members.values())
+        else:
+            hosts = [self.hosts[worker_host]] if worker_host in self.hosts else []
+            jobs = [
+                j for j in self.jobs.values()
+                if j["state"] in ACTIVE and any(a["host"] == worker_host for a in j["alloc"])
+            ]
+            members = []
+        return {
+            "server": server,
+            "cluster": self.clusterconf(),
+            "resources": self.conf.resources,
+            "queues": self.sorted_queues(),
+            "hosts": hosts,
+            "jobs": jobs,
+            "members": members,
+        }
+
+    def job(self, jobid: int) -> Record:
+        job = self.jobs.get(jobid)
+        if job is None:
+            raise not_found("job", jobid)
+        return job
+
+    def host(self, name: str) -> Record:
+        host = self.hosts.get(name)
+        if host is None:
+            raise not_found("host", name)
+        return host
+
+    def queue(self, name: str) -> Record:
+        q = self.queues.get(name)
+        if q is None:
+            raise not_found("queue", name)
+        return q
+
+    def is_admin(self, role: str, user: str | None) -> bool:
+        return role == "admin" or (user is not None and user in self.conf.admins)
+
+    # -- helpers for transitions -------------------------------------------------------------
+
+    def _job_changed(self, ch: Changes, job: Record, extra_hosts: Iterable[str] = ()) -> None:
+        hosts = frozenset(a["host"] for a in job["alloc"]) | frozenset(extra_hosts)
+        ch.rows.append(("jobs", job["jobid"], job))
+        ch.events.append(Event("job", job, hosts))
+
+    def _host_changed(self, ch: Changes, host: Record) -> None:
+        ch.rows.append(("hosts", host["name"], host))
+        ch.events.append(Event("host", host, frozenset({host["name"]})))
+
+    def _signal(self, ch: Changes, job: Record, signal: str) -> None:
+        job["signal"] = signal
+        hosts = [a["host"] for a in job["alloc"]]
+        data = {"jobid": job["jobid"], "signal": signal, "hosts": hosts, "attempt": job["attempt"]}
+        ch.events.append(Event("signal", data, frozenset(hosts)))
+
+    def _release_slots(self, ch: Changes, job: Record) -> None:
+        for a in job["alloc"]:
+            host = self.hosts.get(a["host"])
+            if host is not None:
+                host["used_slots"] = max(0, host["used_slots"] - a["ntasks"])
+                self._host_changed(ch, host)
+
+    # -- members -----------------------------------------------------------------------------
+
+    def add_member(self, identity: str, role: str, now: float) -> Changes:
+        member = {"identity": identity, "role": role, "joined_at": now}
+        self.members[identity] = member
+        data = {"identity": identity, "role": role, "joined": True}
+        return Changes(events=[Event("member", data)])
+
+    def remove_member(self, identity: str) -> Changes:
+        member = self.members.pop(identity, None)
+        if member is None:
+            return Changes()
+        data = {"identity": identity, "role": member["role"], "joined": False}
+        return Changes(events=[Event("member", data)])
+
+    def join_worker(self, attrs: dict[str, Any], now: float) -> Changes:
+        """A worker joined: create or refresh its host and make it available."""
+        name = attrs["hname"]
+        ncpus = attrs.get("ncpus")
+        max_slots = attrs.get("max_slots", ncpus if isinstance(ncpus, int) else 1)
+        if not isinstance(max_slots, int) or isinstance(max_slots, bool) or max_slots < 1:
+            raise RemoteError(ErrorCode.INVALID, "join: attrs 'max_slots'/'ncpus' must be int >= 1")
+        host = self.hosts.get(name)
+        if host is None:
+            host = {
+                "name": name, "available": True, "closed": False, "comment": "",
+                "max_slots": max_slots, "used_slots": 0, "attrs": attrs, "resvals": {},
+                "joined_at": now,
+            }
+            self.hosts[name] = host
+        else:
+            host.update(available=True, max_slots=max_slots, attrs=attrs, joined_at=now)
+        self.last_seen[name] = now
+        ch = Changes()
+        self._host_changed(ch, _host_state(host))
+        return ch
+
+    def heartbeat(self, host: str, now: float) -> Changes:
+        """A worker's heartbeat; an unavailable host it names becomes available again."""
+        self.last_seen[host] = now
+        h = self.hosts.get(host)
+        ch = Changes()
+        if h is not None and not h["available"]:
+            h["available"] = True
+            self._host_changed(ch, _host_state(h))
+        return ch
+
+    def expire_hosts(self, now: float) -> Changes:
+        """Hosts whose worker was silent longer than ``host_timeout`` become unavail."""
+        ch = Changes()
+        limit = now - self.conf.host_timeout
+        for name, host in self.hosts.items():
+            if host["available"] and self.last_seen.get(name, now) < limit:
+                host["available"] = False
+                self._host_changed(ch, _host_state(host))
+        return ch
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def submit(self, args: dict[str, Any], now: float) -> Changes:
+        """Add a pending job (``args`` validated by the op table)."""
+        qname = args.get("queue") or self.conf.default_queue
+        q = self.queue(qname)
+        if not q["open"]:
+            raise conflict(f"queue {qname} is closed: it accepts no new jobs")
+        jobid = self.next_jobid
+        self.next_jobid += 1
+        job: Record = {
+            "jobid": jobid, "name": args.get("name", ""), "user": args["user"],
+            "project": args.get("project", "default"), "queue": qname,
+            "command": args["command"], "cwd": args.get("cwd", ""), "env": args.get("env", {}),
+            "resreq": args.get("resreq", ""), "ntasks": args.get("ntasks", 1),
+            "state": "PEND", "submit_time": now, "start_time": None, "end_time": None,
+            "alloc": [], "pid": None, "exit_status": None, "pend_reason": None, "reason": None,
+            "signal": None, "attempt": 0, "forced": False, "usage": {},
+        }
+        self.jobs[jobid] = job
+        ch = Changes(result={"jobid": jobid, "queue": qname, "state": "PEND"})
+        self._job_changed(ch, job)
+        return ch
+
+    def control(self, jobid: int, action: str, now: float) -> Changes:
+        """``jobctrl``: kill, stop, resume, checkpoint, requeue (permission checked by caller)."""
+        job = self.job(jobid)
+        st = job["state"]
+        ch = Changes()
+        old_hosts = [a["host"] for a in job["alloc"]]
+        if action == "kill" and st in ("PEND", "PSUSP"):
+            job.update(state="EXIT", end_time=now, reason="killed", pend_reason=None)
+        elif action == "kill" and st in ACTIVE:
+            self._signal(ch, job, "kill")
+        elif action == "stop" and st == "PEND":
+            job["state"] = "PSUSP"
+        elif action == "stop" and st in ("RUN", "SSUSP"):
+            job["state"] = "USUSP"
+            self._signal(ch, job, "stop")
+        elif action == "resume" and st == "PSUSP":
+            job["state"] = "PEND"
+        elif action == "resume" and st in ("USUSP", "SSUSP"):
+            job["state"] = "RUN"
+            self._signal(ch, job, "resume")
+        elif action == "checkpoint" and st == "RUN":
+            self._signal(ch, job, "checkpoint")
+        elif action == "requeue" and st in ACTIVE:
+            self._signal(ch, job, "kill")
+            self._release_slots(ch, job)
+            job.update(state="PEND", alloc=[], pid=None, start_time=None, end_time=None,
+                       exit_status=None, reason=None, signal=None, forced=False,
+                       attempt=job["attempt"] + 1)
+        elif action == "requeue" and st in FINISHED:
+            job.update(state="PEND", alloc=[], pid=None, start_time=None, end_time=None,
+                       exit_status=None, reason=None, signal=None, forced=False,
+                       attempt=job["attempt"] + 1)
+        else:
+            raise conflict(f"job {jobid} is {st}: cannot {action} it")
+        self._job_changed(ch, job, old_hosts)
+        ch.result = job
+        return ch
+
+    def dispatch(self, jobid: int, alloc: list[dict[str, Any]], force: bool) -> Changes:
+        """``jobdispatch``: run a pending job on ``alloc`` (validated shape)."""
+        job = self.job(jobid)
+        if job["state"] != "PEND":
+            raise conflict(f"job {jobid} is {job['state']}, not PEND: cannot dispatch it")
+        q = self.queues.get(job["queue"])
+        if q is not None and not q["active"]:
+            raise conflict(f"queue {job['queue']} is inactive: it dispatches no jobs")
+        total = sum(a["ntasks"] for a in alloc)
+        if total != job["ntasks"]:
+            raise RemoteError(
+                ErrorCode.INVALID,
+                f"jobdispatch: alloc gives {total} tasks, job {jobid} needs {job['ntasks']}",
+            )
+        for a in alloc:
+            host = self.hosts.get(a["host"])
+            if host is None:
+                raise conflict(f"host {a['host']} is unknown: cannot dispatch job {jobid} to it")
+            if not host["available"]:
+                raise conflict(f"host {a['host']} is unavail: cannot dispatch job {jobid} to it")
+            if force:
+                continue
+            if host["closed"]:
+                raise conflict(f"host {a['host']} is closed: cannot dispatch job {jobid} to it")
+            free = host["max_slots"] - host["used_slots"]
+            if a["ntasks"] > free:
+                raise conflict(
+                    f"host {a['host']} has {free} free slots, job {jobid} needs {a['ntasks']}"
+                )
+        ch = Changes()
+        job.update(state="RUN", alloc=[{"host": a["host"], "ntasks": a["ntasks"]} for a in alloc],
+                   pend_reason=None, forced=force, signal=None)
+        for a in alloc:
+            host = self.hosts[a["host"]]
+            host["used_slots"] += a["ntasks"]
+            self._host_changed(ch, host)
+        self._job_changed(ch, job)
+        ch.result = {"jobid": jobid, "state": "RUN", "alloc": job["alloc"]}
+        return ch
+
+    def notify(self, host: str, args: dict[str, Any], now: float) -> Changes:
+        """``notify_job`` from the worker of ``host``."""
+        jobid, event = args["jobid"], args["event"]
+        job = self.job(jobid)
+        if not any(a["host"] == host for a in job["alloc"]):
+            raise RemoteError(ErrorCode.DENIED, f"job {jobid} does not run on host {host}")
+        attempt = args.get("attempt")
+        if attempt is not None and attempt != job["attempt"]:
+            raise conflict(f"job {jobid} report is for attempt {attempt}, job is at {job['attempt']}")
+        st = job["state"]
+        ch = Changes()
+        if event in ("finish", "fail") and st in FINISHED:
+            ch.result = job
+            return ch
+        if event == "start" and st in ACTIVE:
+            job.update(pid=args["pid"], start_time=now)
+        elif event == "finish" and st in ACTIVE:
+            code = args["exit_status"]
+            job.update(state="DONE" if code == 0 else "EXIT", exit_status=code, end_time=now,
+                       signal=None, reason=None if code == 0 else f"exit status {code}")
+            self._release_slots(ch, job)
+        elif event == "fail" and st in ACTIVE:
+            job.update(state="EXIT", exit_status=args.get("exit_status"), end_time=now,
+                       signal=None, reason="failed: " + args.get("reason", "failed"))
+            self._release_slots(ch, job)
+        elif event == "stop" and st in ACTIVE:
+            if st == "RUN":
+                job["state"] = "SSUSP"
+        elif event == "resume" and st in ("USUSP", "SSUSP"):
+            job["state"] = "RUN"
+        else:
+            raise conflict(f"job {jobid} is {st}: cannot record {event!r}")
+        self._job_changed(ch, job)
+        ch.result = job
+        return ch
+
+    def set_reasons(self, reasons: dict[int, str | None]) -> Changes:
+        """Set (or clear, with None) pend reasons of pending jobs; volatile."""
+        changed: dict[str, str | None] = {}
+        for jobid, reason in reasons.items():
+            job = self.jobs.get(jobid)
+            if job is not None and job["state"] in ("PEND", "PSUSP") and job["pend_reason"] != reason:
+                job["pend_reason"] = reason
+                changed[str(jobid)] = reason
+        ch = Changes(result=len(changed))
+        if changed:
+            ch.events.append(Event("pend_reasons", {"reasons": changed}))
+        return ch
+
+    def queue_control(self, name: str, action: str) -> Changes:
+        q = self.queue(name)
+        key, value = {"open": ("open", True), "close": ("open", False),
+                      "activate": ("active", True), "inactivate": ("active", False)}[action]
+        q[key] = value
+        _queue_status(q)
+        return Changes(result=q, rows=[("queues", name, q)], events=[Event("queue", q)])
+
+    def host_control(self, name: str, action: str, comment: str) -> Changes:
+        host = self.host(name)
+        host["closed"] = action == "close"
+        host["comment"] = comment
+        ch = Changes(result=host)
+        self._host_changed(ch, _host_state(host))
+        return ch
+
+    def set_resvals(self, name: str, values: dict[str, Any]) -> Changes:
+        host = self.host(name)
+        host["resvals"] = values
+        return Changes(result={"host": name}, events=[Event("resvals", {"host": name, "values": values})])
+
+    def set_jusage(self, host: str, jobid: int, usage: dict[str, Any]) -> Changes:
+        job = self.job(jobid)
+        if not any(a["host"] == host for a in job["alloc"]):
+            raise RemoteError(ErrorCode.DENIED, f"job {jobid} does not run on host {host}")
+        job["usage"] = usage
+        return Changes(result={"jobid": jobid}, events=[Event("jusage", {"jobid": jobid, "usage": usage})])

@@ -1,0 +1,197 @@
+"""Helpers for the controller tests: a tiny raw client (xcecore.wire + xcecore.auth only),
+an in-process controller, and controller subprocesses that are always killed by pid."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+from xce_controller.server import Controller, serve
+from xce_controller.settings import ControllerSettings, settings_from_config
+
+from xcecore import auth, wire
+
+KEY = b"test-cluster-key"
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RawClient:
+    """One connection: handshake, requests by id, pushes collected in order."""
+
+    def __init__(self, stream: SocketStream, hello: dict[str, Any]) -> None:
+        self.stream = stream
+        self.reader = BufferedByteReceiveStream(stream)
+        self.hello = hello
+        self.ids = itertools.count(1)
+        self.replies: dict[int, dict[str, Any]] = {}
+        self.pushes: list[dict[str, Any]] = []
+
+    @classmethod
+    async def connect(
+        cls, address: str, identity: str = "cli@test", key: bytes | None = KEY
+    ) -> RawClient:
+        host, _, port = address.rpartition(":")
+        stream = await anyio.connect_tcp(host.strip("[]"), int(port))
+        reader = BufferedByteReceiveStream(stream)
+        hello = await wire.read_message(reader)
+        await wire.write_message(stream, auth.client_answer(key, identity, hello))
+        status = await wire.read_message(reader)
+        client = cls(stream, status)
+        client.reader = reader
+        return client
+
+    async def send(self, op: str, args: dict[str, Any] | None = None, rid: str | None = None) -> int:
+        n = next(self.ids)
+        await wire.write_message(self.stream, wire.request(n, op, args, rid))
+        return n
+
+    async def _read_one(self) -> None:
+        msg = await wire.read_message(self.reader)
+        if "push" in msg:
+            self.pushes.append(msg)
+        else:
+            self.replies[msg["id"]] = msg
+
+    async def reply(self, n: int, timeout: float = 10) -> dict[str, Any]:
+        with anyio.fail_after(timeout):
+            while n not in self.replies:
+                await self._read_one()
+        return self.replies.pop(n)
+
+    async def call(self, op: str, args: dict[str, Any] | None = None, rid: str | None = None) -> dict[str, Any]:
+        """Send and wait for the reply (the whole reply message)."""
+        return await self.reply(await self.send(op, args, rid))
+
+    async def ok(self, op: str, args: dict[str, Any] | None = None, rid: str | None = None) -> Any:
+        """Call and return the result, failing the test on an error reply."""
+        msg = await self.call(op, args, rid)
+        assert msg["ok"], msg
+        return msg["result"]
+
+    async def push(self, event: str | None = None, timeout: float = 5) -> dict[str, Any]:
+        """The next push (of ``event`` if given), skipping others."""
+        with anyio.fail_after(timeout):
+            while True:
+                while self.pushes:
+                    p = self.pushes.pop(0)
+                    if event is None or p["push"] == event:
+                        return p
+                await self._read_one()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def settings(state_dir: Path, **controller: Any) -> ControllerSettings:
+    section: dict[str, Any] = {"listen": "127.0.0.1:0", "admins": ["root"], **controller}
+    return settings_from_config({"state_dir": str(state_dir)}, section, KEY)
+
+
+@asynccontextmanager
+async def running(state_dir: Path, *, wait_primary: bool = True, **controller: Any) -> AsyncIterator[Controller]:
+    """An in-process controller candidate on ``state_dir``, cancelled on exit."""
+    async with anyio.create_task_group() as tg:
+        ctl: Controller = await tg.start(serve, settings(state_dir, **controller))
+        if wait_primary:
+            with anyio.fail_after(10):
+                await ctl.promoted.wait()
+        try:
+            yield ctl
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A controller subprocess."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], address: str, log: Path) -> None:
+        self.popen = popen
+        self.address = address
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+
+def start_controller(state_dir: Path, log_dir: Path, port: int | None = None, *extra: str) -> Proc:
+    port = port or free_port()
+    address = f"127.0.0.1:{port}"
+    log = log_dir / f"ctl-{port}.log"
+    keyfile = log_dir / "key"
+    keyfile.write_bytes(KEY)
+    cmd = [sys.executable, "-m", "xce_controller", "--listen", address, "--state-dir", str(state_dir),
+           "--key-file", str(keyfile), "--admins", "root", *extra]
+    with open(log, "wb") as fh:
+        popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+    return Proc(popen, address, log)
+
+
+@contextmanager
+def controllers(state_dir: Path, log_dir: Path, n: int) -> Iterator[list[Proc]]:
+    """Start ``n`` candidates (the first one first, so it is the primary); kill all on exit."""
+    procs: list[Proc] = []
+    try:
+        for _ in range(n):
+            procs.append(start_controller(state_dir, log_dir))
+            if len(procs) == 1:
+                wait_listening(procs[0].address)
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def wait_listening(address: str, timeout: float = 15) -> None:
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, int(port)), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"controller at {address} is not listening after {timeout} s")
+
+
+async def handshake_state(address: str) -> dict[str, Any]:
+    """The handshake status of the candidate at ``address``."""
+    c = await RawClient.connect(address)
+    await c.aclose()
+    return c.hello
+
+
+async def find_primary(addresses: list[str], timeout: float = 10) -> str:
+    """Poll until one candidate answers the handshake as primary."""
+    with anyio.fail_after(timeout):
+        while True:
+            for a in addresses:
+                try:
+                    if (await handshake_state(a)).get("state") == "primary":
+                        return a
+                except (OSError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+                    pass
+            await anyio.sleep(0.01)

@@ -1,0 +1,145 @@
+"""The SQLite store, the election, and recovery of state by a new primary (in process)."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import orjson
+import pytest
+from ctl_testlib import RawClient, running
+from xce_controller.election import FileLockElection
+from xce_controller.state import ClusterConf, ClusterState
+from xce_controller.store import SQLiteStore, Write
+
+pytestmark = pytest.mark.anyio
+
+
+def test_group_commit_and_idempotency_keys(tmp_path):
+    store = SQLiteStore(str(tmp_path))
+    store.open()
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    for i in range(1, 501):
+        store.submit(Write([("jobs", i, orjson.dumps({"jobid": i}))], f"r{i}", orjson.dumps({"jobid": i})))
+    store.stop()
+    batches: list[int] = []
+    store.run_writer(lambda b: batches.append(len(b)))
+    assert sum(batches) == 500 and len(batches) == store.commits == 1  # one transaction
+    assert orjson.loads(store.lookup("r7") or b"") == {"jobid": 7}
+    store.close()
+    again = SQLiteStore(str(tmp_path))
+    again.open()
+    loaded = again.load()
+    assert len(loaded.jobs) == 500 and loaded.idem["r500"] == b'{"jobid":500}'
+    again.close()
+
+
+def test_failed_commit_marks_the_batch(tmp_path):
+    store = SQLiteStore(str(tmp_path))
+    store.open()
+    store.submit(Write([("nosuchtable", 1, b"{}")], "r1"))
+    done: list[list[Write]] = []
+    store.run_writer(done.append)  # returns after the failure
+    assert done[0][0].error and "unknown table" in done[0][0].error
+    assert store.lookup("r1") is None
+    store.close()
+
+
+def test_election_lock_and_address(tmp_path):
+    a, b = FileLockElection(str(tmp_path), "h:1"), FileLockElection(str(tmp_path), "h:2")
+    assert a.try_acquire() and not b.try_acquire()
+    a.publish()
+    assert b.current_primary() == "h:1"
+    got = threading.Event()
+    t = threading.Thread(target=lambda: b.wait() and got.set(), daemon=True)
+    t.start()
+    assert not got.wait(0.1)
+    a.release()
+    assert got.wait(2) and b.is_primary
+    assert b.current_primary() is None  # a released primary withdraws its address
+    b.release()
+
+
+def test_state_load_recomputes_slots(tmp_path):
+    st = ClusterState(ClusterConf(queues=({"name": "normal", "priority": 30},)))
+    st.join_worker({"hname": "n1", "ncpus": 4}, 0.0)
+    j = st.submit({"command": "x", "user": "u", "ntasks": 3}, 0.0).result["jobid"]
+    st.dispatch(j, [{"host": "n1", "ntasks": 3}], False)
+    from xce_controller.store import Loaded
+
+    st2 = ClusterState(st.conf)
+    st2.load(Loaded(jobs=st.jobs, hosts={"n1": {**st.hosts["n1"], "used_slots": 0}}), 1.0)
+    assert st2.hosts["n1"]["used_slots"] == 3 and st2.next_jobid == j + 1
+
+
+async def test_new_primary_recovers_everything(tmp_path):
+    async with running(tmp_path) as ctl:
+        w = await RawClient.connect(ctl.address, "worker@n1")
+        await w.ok("join", {"role": "worker", "attrs": {"hname": "n1", "ncpus": 4}})
+        admin = await RawClient.connect(ctl.address, "admin@x")
+        ids = [(await admin.ok("jobsubmit", {"command": f"c{i}", "user": "u"}, rid=f"k{i}"))["jobid"] for i in range(5)]
+        await admin.ok("jobdispatch", {"jobid": ids[0], "alloc": [{"host": "n1", "ntasks": 1}]})
+        await admin.ok("queuectrl", {"queue": "priority", "action": "close"}, rid="q1")
+        await admin.ok("hostctrl", {"host": "n1", "action": "close", "comment": "disk"})
+        before = await admin.ok("jobinfo")
+        hosts_before = await admin.ok("hostinfo")
+    async with running(tmp_path) as ctl2:
+        c = await RawClient.connect(ctl2.address, "admin@x")
+        assert await c.ok("jobinfo") == before
+        h = (await c.ok("hostinfo"))["hosts"][0]
+        assert h["closed"] and h["comment"] == "disk" and h["used_slots"] == 1
+        assert h == {**hosts_before["hosts"][0], "joined_at": h["joined_at"]}
+        assert (await c.ok("queueinfo", {"queues": ["priority"]}))["queues"][0]["open"] is False
+        # the stored result is returned, nothing is applied again
+        assert (await c.ok("jobsubmit", {"command": "c3", "user": "u"}, rid="k3"))["jobid"] == ids[3]
+        assert len((await c.ok("jobinfo"))["jobs"]) == 5
+        assert (await c.ok("jobsubmit", {"command": "new", "user": "u"}))["jobid"] == ids[-1] + 1
+
+
+async def test_duplicate_rid_while_first_copy_commits(tmp_path):
+    async with running(tmp_path) as ctl:
+        c = await RawClient.connect(ctl.address, "cli@x")
+        n = [await c.send("jobsubmit", {"command": "dup", "user": "u"}, rid="same") for _ in range(20)]
+        results = [await c.reply(i) for i in n]
+        assert all(r["ok"] and r["result"] == results[0]["result"] for r in results)
+        assert len((await c.ok("jobinfo"))["jobs"]) == 1
+
+
+async def test_pipelined_writes_are_grouped(tmp_path):
+    async with running(tmp_path) as ctl:
+        c = await RawClient.connect(ctl.address, "cli@x")
+        n = [await c.send("jobsubmit", {"command": "p", "user": "u"}, rid=f"p{i}") for i in range(300)]
+        with anyio.fail_after(10):
+            results = [await c.reply(i) for i in n]
+        assert [r["result"]["jobid"] for r in results] == list(range(1, 301))
+        assert ctl.store.commits < 300
+
+
+class NeverElected(FileLockElection):
+    """A swapped-in election (as a site's hook would return) that never wins."""
+
+    def try_acquire(self) -> bool:
+        return False
+
+    def wait(self) -> bool:
+        self._abandoned.wait()
+        return False
+
+
+async def test_standby_without_primary_answers_no_primary(tmp_path):
+    from ctl_testlib import settings
+    from xce_controller.server import serve
+
+    async with anyio.create_task_group() as tg:
+        ctl = await tg.start(lambda task_status: serve(settings(tmp_path), election_factory=NeverElected,
+                                                       task_status=task_status))
+        c = await RawClient.connect(ctl.address)
+        assert c.hello == {"ok": True, "server": ctl.address, "state": "standby", "primary": None}
+        e = (await c.call("jobinfo"))["error"]
+        assert e["code"] == "NO_PRIMARY" and e["primary"] is None
+        (tmp_path / "primary").write_text("10.0.0.9:7600\n")
+        assert (await c.call("hello"))["error"] == {
+            "primary": "10.0.0.9:7600", "code": "REDIRECT", "message": "standby; primary is 10.0.0.9:7600"}
+        await c.aclose()
+        tg.cancel_scope.cancel()
