@@ -72,10 +72,11 @@ def main(
     obj.setdefault("config_path", config_path)
     obj["log_level"] = log_level
     obj["log_json"] = json_logs
-    if log_level or json_logs:
-        from xcecore.log import setup_logging
+    # Commands print results, not logs: only warnings and errors unless asked (`xce run`
+    # sets up the role's own logging).
+    from xcecore.log import setup_logging
 
-        setup_logging("xce", log_level or "INFO", json=bool(json_logs))
+    setup_logging("xce", log_level or "WARNING", json=bool(json_logs))
 
 
 @main.command()

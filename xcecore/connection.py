@@ -279,7 +279,10 @@ class Client:
         await self.aclose()
         assert self._tg is not None
         try:
-            return await self._tg.__aexit__(*exc_info)
+            # The body's own exception is the caller's to see as it is: handing it to the task
+            # group would wrap it in an ExceptionGroup. Our tasks are cancelled by aclose().
+            await self._tg.__aexit__(None, None, None)
+            return None
         finally:
             self._latest_wake = None
             with anyio.move_on_after(1.0, shield=True):

@@ -1,0 +1,98 @@
+"""Runs uvicorn inside the role's anyio event loop, on a socket the role binds itself.
+
+Binding the socket here (not in uvicorn) means a bad ``listen`` address is a clear error
+rather than uvicorn's ``sys.exit``, and port 0 works: the real port is logged and written to
+``port_file``. Uvicorn's own signal handling is switched off: the role's runtime owns
+SIGTERM/SIGINT and stops the server through ``stop`` or cancellation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port); port 0 means any free port."""
+    text = listen.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+        if ":" in host:
+            raise ValueError(f"apiserver.listen {listen!r}: bracket IPv6 hosts, as [::1]:8080")
+    if not sep or not host:
+        raise ValueError(f"apiserver.listen {listen!r}: expected host:port, e.g. 127.0.0.1:8080")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"apiserver.listen {listen!r}: port {port!r} is not 0-65535")
+    return host, int(port)
+
+
+def bind(listen: str) -> socket.socket:
+    """A listening socket for ``host:port`` (``[::1]:0`` and port 0 allowed)."""
+    host, port = split_listen(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"apiserver: cannot listen on {listen}: {exc.strerror or exc}") from None
+    return sock
+
+
+def bound_address(sock: socket.socket) -> str:
+    """``host:port`` of a bound socket."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Write ``port`` atomically, so a reader never sees a half-written file."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{port}\n")
+    tmp.replace(target)
+
+
+async def serve(app: Any, sock: socket.socket, stop: threading.Event) -> None:
+    """Serve ``app`` on ``sock`` until ``stop`` is set or this task is cancelled."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            yield  # the role's runtime owns the signals
+
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=3)
+    server = _Server(config)
+
+    async def watch_stop() -> None:
+        while not stop.is_set() and not server.should_exit:
+            await anyio.sleep(0.1)
+        server.should_exit = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_stop)
+        try:
+            await server.serve(sockets=[sock])
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                server.should_exit = True
+                if server.started:
+                    await server.shutdown(sockets=[sock])
+            raise
+        finally:
+            tg.cancel_scope.cancel()
+            sock.close()

@@ -1,0 +1,158 @@
+"""The API server as a real ``xce run apiserver`` process against three real candidates."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from xce_apiserver.auth import hash_password
+
+from xcecore.config import Config
+from xcecore.connection import SyncClient
+from xcecore.runtime import client_config, load
+from xcecore.testing import LocalCluster, Proc, wait_for
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.e2e]
+
+ADMIN_CONFIG = '[controller]\nadmins = ["root"]\nhost_timeout = 60.0\n'
+
+
+class Running:
+    """A cluster plus one API server process and an HTTP client for it."""
+
+    def __init__(self, cluster: LocalCluster, proc: Proc, base: str) -> None:
+        self.cluster, self.proc, self.base = cluster, proc, base
+        self.http = httpx.Client(base_url=base, timeout=10.0)
+        r = self.http.post("/xce/v1/auth/logon", json={"username": "alice", "password": "pw"})
+        assert r.status_code == 200, r.text
+        self.hdr = {"Authorization": f"Bearer {r.json()['data']['token']}"}
+
+    def jobs(self) -> list[dict[str, Any]]:
+        r = self.http.get("/xce/v1/jobs", headers=self.hdr)
+        assert r.status_code == 200, r.text
+        return list(r.json()["data"])
+
+    def submit(self, name: str) -> httpx.Response:
+        return self.http.post("/xce/v1/jobs", json={"command": "true", "name": name}, headers=self.hdr)
+
+
+def _start(xce_cluster: Callable[..., LocalCluster], tmp_path: Path, **settings: Any) -> Running:
+    cluster = xce_cluster(3, extra_config=ADMIN_CONFIG)
+    p = cluster.ports
+    standby_first = f"127.0.0.1:{p[1]},127.0.0.1:{p[0]},127.0.0.1:{p[2]}"
+    port_file = tmp_path / "api.port"
+    users = (f'[{{name = "alice", password_hash = "{hash_password("pw", iterations=1000)}", '
+             'role = "user"}]')
+    overrides = [f'cluster.peers="{standby_first}"', 'apiserver.listen="127.0.0.1:0"',
+                 f'apiserver.port_file="{port_file}"', f"apiserver.users={users}",
+                 *(f"apiserver.{k}={v}" for k, v in settings.items())]
+    proc = cluster.start_role("apiserver", *overrides)
+    wait_for(lambda: (port_file.exists() and port_file.read_text().strip()) or not proc.alive(),
+             30, what="the API server's port file")
+    assert proc.alive(), proc.text()
+    base = f"http://127.0.0.1:{int(port_file.read_text())}"
+    wait_for(lambda: httpx.get(f"{base}/xce/v1/readyz").status_code == 200, 30, what="readyz")
+    return Running(cluster, proc, base)
+
+
+def _direct_client(cluster: LocalCluster) -> tuple[Config, Any]:
+    _, config = load(cluster.config_path)
+    return config, client_config(config, "cli@test")
+
+
+def test_registers_through_one_connect_with_redirect(xce_cluster: Any, tmp_path: Path) -> None:
+    run = _start(xce_cluster, tmp_path)
+    log = run.proc.text()
+    assert "following redirect" in log and "joined as apiserver" in log, log
+    assert "full state from" in log and "REST API listening" in log
+    r = run.submit("one")
+    env = r.json()
+    assert r.status_code == 200 and env["code"] == 201, env
+    jobid = env["data"]["jobid"]
+    seen = wait_for(lambda: [j for j in run.jobs() if j["jobid"] == jobid], 10, what="the job's push")
+    assert seen[0]["user"] == "alice" and seen[0]["state"] == "PEND"
+    r = run.http.post("/xce/v1/jobs", json={"command": "x", "queue": "nope"}, headers=run.hdr)
+    assert r.status_code == 404
+    run.http.close()
+
+
+def test_failover_during_submissions_is_exactly_once(xce_cluster: Any, tmp_path: Path) -> None:
+    run = _start(xce_cluster, tmp_path, backend_timeout=10)
+    pid = run.proc.pid
+    results: list[tuple[str, int, Any]] = []
+    stop = threading.Event()
+
+    def submitter() -> None:
+        with httpx.Client(base_url=run.base, timeout=30.0) as http:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                r = http.post("/xce/v1/jobs", json={"command": "true", "name": f"s{n}"}, headers=run.hdr)
+                results.append((f"s{n}", r.status_code, r.json()))
+
+    t = threading.Thread(target=submitter)
+    t.start()
+    try:
+        wait_for(lambda: len(results) >= 20, 20, what="submissions before the kill")
+        before = len(results)
+        old, new = run.cluster.kill_primary()
+        wait_for(lambda: len(results) >= before + 20, 30, what="submissions after the failover")
+    finally:
+        stop.set()
+        t.join(40)
+    assert old != new
+    bad = [r for r in results if r[1] != 200 or r[2]["code"] != 201]
+    assert not bad, bad[:3]
+    ids = {name: env["data"]["jobid"] for name, _, env in results}
+
+    def all_pushed() -> bool:
+        names = [j["name"] for j in run.jobs() if j["name"] in ids]
+        return len(names) == len(ids)
+
+    wait_for(all_pushed, 20, what="every submitted job in GET /jobs")
+    jobs = run.jobs()
+    names = [j["name"] for j in jobs if j["name"] in ids]
+    assert sorted(names) == sorted(ids), "a submission was lost or duplicated"
+    assert {j["name"]: j["jobid"] for j in jobs if j["name"] in ids} == ids
+    assert run.proc.alive() and run.proc.pid == pid
+    assert "re-joined as apiserver" in run.proc.text()
+    run.http.close()
+
+
+def test_idle_failover_rejoins_and_pushes_resume(xce_cluster: Any, tmp_path: Path) -> None:
+    run = _start(xce_cluster, tmp_path)
+    pid = run.proc.pid
+    run.cluster.kill_primary()
+    wait_for(lambda: "re-joined as apiserver" in run.proc.text(), 30, what="the heartbeat re-join")
+    _, cfg = _direct_client(run.cluster)
+    with SyncClient.open(cfg, role="cli") as direct:
+        got = direct.call("jobsubmit", {"command": "true", "user": "carol", "name": "direct"})
+    wait_for(lambda: [j for j in run.jobs() if j["jobid"] == got["jobid"]], 20,
+             what="the directly submitted job in GET /jobs")
+    assert run.proc.alive() and run.proc.pid == pid
+    run.http.close()
+
+
+def test_backend_down_fails_fast(xce_cluster: Any, tmp_path: Path) -> None:
+    run = _start(xce_cluster, tmp_path, backend_timeout=1.0, degraded_ttl=60)
+    for index, proc in list(run.cluster.candidates.items()):
+        proc.kill()
+        del index
+    first = run.submit("first")
+    assert first.status_code == 503, first.text
+    assert "backend unavailable" in first.json()["msg"] and int(first.headers["retry-after"]) >= 1
+    started = time.monotonic()
+    second = run.submit("second")
+    took = time.monotonic() - started
+    assert second.status_code == 503 and second.json()["code"] == 503
+    # The issue's requirement: "in well under a second" (a generous bound, not a benchmark).
+    assert took < 1.0, took
+    assert run.http.get("/xce/v1/readyz").status_code == 503
+    assert run.http.get("/xce/v1/jobs", headers=run.hdr).status_code == 200  # reads still served
+    assert run.proc.alive()
+    run.http.close()

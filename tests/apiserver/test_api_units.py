@@ -1,0 +1,234 @@
+"""Store, auth, hooks and config of the API server, without a controller."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from xce_apiserver import plugin
+from xce_apiserver.auth import (
+    AuthConfigError,
+    Authenticator,
+    hash_password,
+    parse_users,
+    verify_password,
+)
+from xce_apiserver.server import split_listen
+from xce_apiserver.session import find_session, session_for
+from xce_apiserver.store import Store
+
+from xcecore.candidates import CandidateError
+from xcecore.config import ConfigError
+from xcecore.runtime import client_config, load
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _state(**kw: Any) -> dict[str, Any]:
+    base = {"server": "a:1", "cluster": {"name": "c", "resources": []}, "resources": [],
+            "queues": [{"name": "normal", "priority": 30, "open": True}],
+            "hosts": [{"name": "n1", "state": "ok", "max_slots": 2, "used_slots": 0, "attrs": {}, "resvals": {}}],
+            "jobs": [{"jobid": 1, "user": "a", "state": "PEND"}],
+            "members": [{"identity": "scheduler@x", "role": "scheduler"}]}
+    return {**base, **kw}
+
+
+# ---------------------------------------------------------------------- store
+
+def test_state_replaces_everything() -> None:
+    s = Store()
+    assert not s.ready
+    s.apply("state", _state())
+    s.apply("job", {"jobid": 2, "user": "b", "state": "PEND"})
+    assert s.ready and sorted(s.jobs) == [1, 2]
+    s.apply("state", _state(jobs=[{"jobid": 7, "user": "c", "state": "RUN"}], hosts=[], server="b:2"))
+    assert sorted(s.jobs) == [7] and s.hosts == {} and s.server == "b:2"
+
+
+def test_deltas() -> None:
+    s = Store()
+    s.apply("state", _state())
+    hv = s.hosts_version
+    s.apply("resvals", {"host": "n1", "values": {"r1m": 1.5}})
+    assert s.hosts["n1"]["resvals"] == {"r1m": 1.5} and s.hosts_version == hv + 1
+    s.apply("host", {"name": "n2", "state": "ok", "max_slots": 1, "used_slots": 0})
+    assert list(s.hosts) == ["n1", "n2"]
+    s.apply("queue", {"name": "hi", "priority": 50, "open": True})
+    assert [q["name"] for q in s.snapshot_queues()] == ["hi", "normal"]
+    s.apply("jusage", {"jobid": 1, "usage": {"mem": 5}})
+    s.apply("pend_reasons", {"reasons": {"1": "no hosts", "99": "x"}})
+    s.apply("signal", {"jobid": 1, "signal": "stop", "hosts": [], "attempt": 0})
+    job = s.get_job(1)
+    assert job is not None and job["usage"] == {"mem": 5} and job["pend_reason"] == "no hosts"
+    assert job["signal"] == "stop"
+    s.apply("member", {"identity": "worker@n1", "role": "worker", "joined": True})
+    s.apply("member", {"identity": "scheduler@x", "role": "scheduler", "joined": False})
+    assert list(s.members) == ["worker@n1"]
+    s.apply("shutdown", {"server": "a:1"})
+    s.apply("mystery", {})
+
+
+def test_a_malformed_push_changes_nothing() -> None:
+    s = Store()
+    s.apply("state", _state())
+    before = (dict(s.jobs), dict(s.hosts), s.version)
+    s.apply("state", {"jobs": [{"nojobid": 1}], "hosts": []})
+    s.apply("job", {"user": "x"})
+    assert (dict(s.jobs), dict(s.hosts), s.version) == before
+
+
+# ---------------------------------------------------------------------- auth
+
+def test_hash_and_verify() -> None:
+    h = hash_password("s3cret", iterations=1000)
+    assert h.startswith("pbkdf2_sha256$1000$")
+    assert verify_password("s3cret", h) and not verify_password("s3cret ", h)
+    assert hash_password("a", iterations=1000) != hash_password("a", iterations=1000)  # salted
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [({"name": "a", "password_hash": "md5$x", "role": "user"}, "pbkdf2_sha256"),
+     ({"name": "a", "password_hash": "pbkdf2_sha256$x$a$b", "role": "user"}, "malformed"),
+     ({"name": "", "password_hash": "p", "role": "user"}, "'name'"),
+     ({"name": "a", "password_hash": None}, "password_hash"),
+     ({"name": "a", "password_hash": hash_password("x", iterations=1000), "role": "root"}, "'role'"),
+     ({"name": "a", "pw": "x"}, "unknown key"),
+     ("alice", "expected a table")],
+)
+def test_bad_users_are_named(entry: Any, needle: str) -> None:
+    with pytest.raises(AuthConfigError, match="apiserver.users\\[0\\]") as info:
+        parse_users([entry])
+    assert needle in str(info.value)
+
+
+def test_duplicate_user() -> None:
+    e = {"name": "a", "password_hash": hash_password("x", iterations=1000)}
+    with pytest.raises(AuthConfigError, match="twice"):
+        parse_users([e, e])
+
+
+def test_tokens_expire_and_revoke() -> None:
+    now = [0.0]
+    users = parse_users([{"name": "a", "password_hash": hash_password("pw", iterations=1000), "role": "admin"}])
+    auth = Authenticator(users, token_ttl=10, clock=lambda: now[0])
+    user = auth.check_password("a", "pw")
+    assert user is not None and user.is_admin
+    assert auth.check_password("a", "no") is None and auth.check_password("zz", "pw") is None
+    s1, s2 = auth.issue(user), auth.issue(user)
+    assert s1.token != s2.token and auth.lookup(s1.token) == s1
+    assert auth.revoke(s1.token) and auth.lookup(s1.token) is None and not auth.revoke(s1.token)
+    now[0] = 10.5
+    assert auth.lookup(s2.token) is None
+
+
+def test_hash_password_command() -> None:
+    import click
+
+    group = click.Group("xce")
+    plugin.xce_cli_commands(group)
+    result = CliRunner().invoke(group, ["apiserver", "hash-password", "--password-stdin",
+                                        "--iterations", "1000"], input="hunter2\n")
+    assert result.exit_code == 0, result.output
+    assert verify_password("hunter2", result.output.strip())
+    result = CliRunner().invoke(group, ["apiserver", "hash-password", "--iterations", "1000"],
+                                input="pw\npw\n")
+    assert result.exit_code == 0 and verify_password("pw", result.output.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------- hooks
+
+def test_registration_hooks() -> None:
+    roles = list(plugin.xce_roles())
+    assert roles[0].name == "apiserver" and roles[0].client
+    assert set(plugin.xce_rejoin_points("apiserver") or ()) == {
+        "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch"}
+    assert plugin.xce_rejoin_points("worker") is None
+    assert plugin.xce_join_attributes("worker", None) is None  # type: ignore[arg-type]
+
+
+def test_pushes_feed_the_session_store_and_other_roles_are_ignored() -> None:
+    client = object()
+    plugin.xce_push(client, "scheduler", "state", 1, _state())
+    assert find_session(client) is None
+    plugin.xce_push(client, "apiserver", "state", 1, _state())
+    plugin.xce_push(client, "apiserver", "job", 2, {"jobid": 5, "user": "u", "state": "PEND"})
+    assert sorted(session_for(client).store.jobs) == [1, 5]
+
+
+def test_connection_states_drive_health() -> None:
+    class C:
+        role = "apiserver"
+
+    client = C()
+    plugin.xce_connection_state(client, "degraded", None, "budget exhausted")
+    health = session_for(client).health
+    assert health.is_degraded() and "budget exhausted" in health.reason
+    plugin.xce_connection_state(client, "reconnecting", None, "")
+    assert health.is_degraded()
+    plugin.xce_connection_state(client, "rejoined", None, "heartbeats recovered")
+    assert not health.is_degraded()
+    other = object()
+    plugin.xce_connection_state(other, "degraded", None, "x")
+    assert find_session(other) is None
+
+
+@pytest.mark.parametrize(
+    ("listen", "ok"),
+    [("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:8080", ("::1", 8080)), ("h:65536", None),
+     ("h", None), ("::1:80", None), (":80", None), ("h:x", None)],
+)
+def test_listen(listen: str, ok: tuple[str, int] | None) -> None:
+    if ok is None:
+        with pytest.raises(ValueError, match="apiserver.listen"):
+            split_listen(listen)
+    else:
+        assert split_listen(listen) == ok
+
+
+def test_config_section_validates(tmp_path: Path) -> None:
+    cfg = tmp_path / "x.toml"
+    cfg.write_text('[cluster]\npeers = "127.0.0.1:7600"\n[apiserver]\nlisten = "nope"\n')
+    with pytest.raises(ConfigError, match="apiserver.listen"):
+        load(cfg)
+    cfg.write_text('[cluster]\npeers = "127.0.0.1:7600"\n[apiserver]\nusers = [{name = "a"}]\n')
+    with pytest.raises(ConfigError, match="password_hash"):
+        load(cfg)
+    cfg.write_text('[cluster]\npeers = "127.0.0.1:7600"\n[apiserver]\ndegraded_ttl = 0\n')
+    with pytest.raises(ConfigError, match="degraded_ttl"):
+        load(cfg)
+
+
+# ---------------------------------------------------------------------- candidate parity
+
+MALFORMED_PEERS = [
+    "", " ", "h1", "h1:", "h1:x", "h1:0", "h1:70000", ":7600", "h1:7600,", ",h1:7600",
+    "h1:7600,,h2:7600", "::1:7600", "[::1:7600", "::1]:7600", "[]:7600", "[h1]:7600",
+    "[::1]7600", "h 1:7600", "h1..x:7600", "h1:7600,h1:7600", "-h:7600",
+]
+
+
+def _reject(tmp_path: Path, role: str, peers: str) -> str | None:
+    cfg = tmp_path / f"{role}.toml"
+    cfg.write_text("[cluster]\nkey = \"k\"\n")
+    try:
+        _, config = load(cfg, [f'cluster.peers="{peers}"'])
+        client_config(config, f"{role}@test")
+    except (CandidateError, ConfigError) as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("peers", MALFORMED_PEERS)
+def test_candidate_list_parity(tmp_path: Path, peers: str) -> None:
+    """apiserver, worker and scheduler reject exactly the same malformed peers, the same way."""
+    answers = {role: _reject(tmp_path, role, peers) for role in ("apiserver", "worker", "scheduler")}
+    assert answers["apiserver"] is not None, f"apiserver accepted {peers!r}"
+    assert answers["apiserver"] == answers["worker"] == answers["scheduler"], answers
+
+
+def test_candidate_list_parity_accepts_the_same(tmp_path: Path) -> None:
+    for peers in ("127.0.0.1:7600", "127.0.0.1:1,127.0.0.1:2,[::1]:3"):
+        assert {_reject(tmp_path, r, peers) for r in ("apiserver", "worker", "scheduler")} == {None}
