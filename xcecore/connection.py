@@ -775,7 +775,9 @@ class Client:
     async def _heartbeat_loop(self) -> None:
         while True:
             await anyio.sleep(self.config.heartbeat_interval)
-            if self._ever_connected:
+            # Heartbeats keep a member alive and bring an idle member back; a client that never
+            # joined (a command, a script) has nothing to keep alive and only calls.
+            if self._ever_connected and self._joined_once:
                 try:
                     await self.heartbeat()
                 except Exception:

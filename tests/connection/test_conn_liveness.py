@@ -34,6 +34,7 @@ async def test_black_hole_detected_by_heartbeats_when_idle(logs):
         cfg = make_config(a.address, liveness_timeout=0.3, heartbeat_interval=0.05)
         async with Client(cfg, role="w") as c:
             await c.connect()
+            await c.join()  # heartbeats are a member's: a client that never joined sends none
             a.mode = "hang"
             with anyio.fail_after(10):
                 while c.connected:

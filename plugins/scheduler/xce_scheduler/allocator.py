@@ -1,0 +1,130 @@
+"""The allocator: an async task on the event loop that sends the picker's proposals.
+
+Each :class:`Dispatch` becomes one ``jobdispatch`` call (several in flight at once, up to
+``concurrency``); each :class:`ReasonBatch` one ``set_pend_reason``. The controller's answer is
+final: a refusal (CONFLICT: the job is no longer pending, a host is full or closed) means the
+view was stale, so the proposal is dropped and the next push corrects the view. Reconnects,
+redirects and the re-join after ``jobdispatch`` (the scheduler's rejoin point) happen inside
+the client's ``call``; while one waits, the picker thread keeps cycling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from loguru import logger
+
+from xce_scheduler.status import SchedulerStatus
+from xcecore.wire import RemoteError
+
+CallFn = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Run job ``jobid`` with ``alloc`` (``[{"host": name, "ntasks": n}]``)."""
+
+    jobid: int
+    alloc: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonBatch:
+    """Set these pend reasons (job id as a string -> reason)."""
+
+    reasons: dict[str, str]
+
+
+def describe_alloc(alloc: Sequence[dict[str, Any]]) -> str:
+    """``n1:2 n2:1`` for log lines."""
+    return " ".join(f"{a['host']}:{a['ntasks']}" for a in alloc)
+
+
+class Allocator:
+    """Sends proposals through ``call`` (``ctx.client.call``) and reports each answer.
+
+    ``on_answer(jobid, ok)`` tells the picker how a dispatch ended; ``on_reasons_lost(keys)``
+    that a reason batch was not delivered. :meth:`submit` is the thread-side entry point
+    (``Picker.submit``): it must run on the event loop, so the role wraps it in a portal call.
+    """
+
+    def __init__(
+        self,
+        call: CallFn,
+        *,
+        on_answer: Callable[[int, bool], None],
+        on_reasons_lost: Callable[[Iterable[str]], None],
+        status: SchedulerStatus | None = None,
+        concurrency: int = 32,
+    ) -> None:
+        self._call = call
+        self._on_answer = on_answer
+        self._on_reasons_lost = on_reasons_lost
+        self.status = status or SchedulerStatus()
+        self._slots = anyio.Semaphore(max(1, concurrency))
+        self._send: MemoryObjectSendStream[Any]
+        self._receive: MemoryObjectReceiveStream[Any]
+        # Unbounded: the picker must never block on the allocator; the queue is bounded by
+        # the number of pending jobs, since a job is proposed again only after its answer.
+        self._send, self._receive = anyio.create_memory_object_stream[Any](math.inf)
+
+    def submit(self, items: Iterable[Any]) -> None:
+        """Queue proposals; call on the event loop (never blocks)."""
+        for item in items:
+            self._send.send_nowait(item)
+
+    async def run(self) -> None:
+        """Serve proposals until cancelled."""
+        async with anyio.create_task_group() as tg, self._receive:
+            async for item in self._receive:
+                await self._slots.acquire()
+                tg.start_soon(self._handle, item)
+
+    async def _handle(self, item: Any) -> None:
+        self.status.add(allocator_busy=1)
+        try:
+            if isinstance(item, Dispatch):
+                await self._dispatch(item)
+            elif isinstance(item, ReasonBatch):
+                await self._reasons(item)
+            else:
+                logger.error("scheduler: allocator got an unknown item {!r}; dropped", item)
+        finally:
+            self.status.add(allocator_busy=-1)
+            self._slots.release()
+
+    async def _dispatch(self, item: Dispatch) -> None:
+        where = describe_alloc(item.alloc)
+        try:
+            await self._call("jobdispatch", {"jobid": item.jobid, "alloc": item.alloc})
+        except RemoteError as exc:
+            self.status.add(refused=1)
+            logger.info("scheduler: controller refused job {} on {} ({}: {}); dropped, the "
+                        "next push corrects the view", item.jobid, where, exc.code, exc.message)
+            self._on_answer(item.jobid, False)
+        except Exception as exc:
+            self.status.add(failed=1)
+            logger.warning("scheduler: jobdispatch of job {} on {} failed ({}: {}); the job "
+                           "stays pending for a later cycle", item.jobid, where,
+                           type(exc).__name__, exc)
+            self._on_answer(item.jobid, False)
+        else:
+            self.status.add(dispatched=1)
+            logger.info("scheduler: dispatched job {} to {}", item.jobid, where)
+            self._on_answer(item.jobid, True)
+
+    async def _reasons(self, item: ReasonBatch) -> None:
+        try:
+            result = await self._call("set_pend_reason", {"reasons": item.reasons})
+        except Exception as exc:
+            logger.warning("scheduler: set_pend_reason for {} job(s) failed ({}: {}); sent "
+                           "again next cycle", len(item.reasons), type(exc).__name__, exc)
+            self._on_reasons_lost(list(item.reasons))
+        else:
+            logger.debug("scheduler: pend reasons of {} job(s) sent ({})", len(item.reasons),
+                         result)

@@ -1,0 +1,70 @@
+"""Pend reasons: why a pending job was not dispatched, sent only when a job's reason changes.
+
+The controller keeps reasons in memory only (``set_pend_reason`` is volatile), so the truth
+of what it has is the ``pend_reason`` of the pushed job record. A reason is sent when the
+picker's reason differs from it and was not already requested; every full ``state`` (a new
+primary after a failover has no reasons) forgets what was requested, so the reasons are sent
+again. The controller clears a job's reason when it dispatches it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+NO_HOST: Final = "no host satisfies the resource requirement"
+NO_SLOTS: Final = "not enough free slots on matching hosts"
+QUEUE_INACTIVE: Final = "queue is inactive"
+HOSTS_UNUSABLE: Final = "all matching hosts are closed or unavailable"
+BAD_REQUIREMENT: Final = "bad resource requirement: "
+
+
+def bad_requirement(message: str) -> str:
+    """The reason for a requirement that does not compile (first line of the message)."""
+    first = message.strip().splitlines()[0] if message.strip() else "invalid"
+    return BAD_REQUIREMENT + first
+
+
+class PendReasons:
+    """Tracks which reason was last requested per job; turns a cycle's reasons into changes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requested: dict[int, str] = {}
+        self._epoch = -1
+
+    def changes(
+        self,
+        wanted: Mapping[int, str],
+        current: Mapping[int, str | None],
+        epoch: int,
+        pending: Iterable[int] | None = None,
+    ) -> dict[str, str]:
+        """The ``set_pend_reason`` batch for this cycle (job id as a string -> reason).
+
+        ``wanted`` holds this cycle's reason per unplaced job, ``current`` the reason the
+        controller last pushed for each job, ``epoch`` the view's full-state count (a new one
+        forgets what was requested), ``pending`` the ids still pending (others are forgotten; None keeps all).
+        """
+        out: dict[str, str] = {}
+        with self._lock:
+            if epoch != self._epoch:
+                self._requested.clear()
+                self._epoch = epoch
+            if pending is not None:
+                keep = set(pending)
+                for jobid in [j for j in self._requested if j not in keep]:
+                    del self._requested[jobid]
+            for jobid, reason in wanted.items():
+                if current.get(jobid) == reason or self._requested.get(jobid) == reason:
+                    continue
+                self._requested[jobid] = reason
+                out[str(jobid)] = reason
+        return out
+
+    def forget(self, jobids: Iterable[str]) -> None:
+        """Forget requests that were not delivered, so the next cycle sends them again."""
+        with self._lock:
+            for key in jobids:
+                self._requested.pop(int(key), None)

@@ -1,0 +1,105 @@
+"""What the scheduler is doing, for operators and tests: cycle count, last cycle, dispatches.
+
+The picker and the allocator update one :class:`SchedulerStatus` under its lock; the picker
+logs it at DEBUG every ``log_interval`` seconds and writes it as JSON to ``[scheduler]
+status_file`` (atomically, by rename) so process-level tests can watch the picker keep cycling
+while the allocator is blocked in a reconnect.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import orjson
+from loguru import logger
+
+
+@dataclass
+class SchedulerStatus:
+    """Counters of the picker and the allocator; read with :meth:`as_dict`.
+
+    ``cycles`` counts every picker cycle (``idle_cycles`` those that found the view unchanged),
+    ``inflight`` the proposals not yet seen leaving PEND, ``allocator_busy`` the controller
+    calls the allocator is waiting on (they wait through a reconnect).
+    """
+
+    pid: int = field(default_factory=os.getpid)
+    cycles: int = 0
+    idle_cycles: int = 0
+    last_cycle: float = 0.0
+    last_cycle_seconds: float = 0.0
+    pending: int = 0
+    hosts: int = 0
+    proposed: int = 0
+    dispatched: int = 0
+    refused: int = 0
+    failed: int = 0
+    inflight: int = 0
+    allocator_busy: int = 0
+    reasons_sent: int = 0
+    view_epoch: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def update(self, **values: Any) -> None:
+        """Set counters (``cycles=3``) under the lock."""
+        with self._lock:
+            for key, value in values.items():
+                setattr(self, key, value)
+
+    def add(self, **deltas: int) -> None:
+        """Add to counters (``dispatched=1``) under the lock."""
+        with self._lock:
+            for key, delta in deltas.items():
+                setattr(self, key, getattr(self, key) + delta)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-able copy of every counter."""
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+
+
+class StatusReporter:
+    """Writes the status file and the periodic DEBUG line, each at most at its own cadence."""
+
+    def __init__(self, status: SchedulerStatus, path: str | None, log_interval: float = 5.0,
+                 write_interval: float = 0.05) -> None:
+        self.status = status
+        self.path = Path(path) if path else None
+        self.log_interval = log_interval
+        self.write_interval = write_interval
+        self._last_log = 0.0
+        self._last_write = 0.0
+        self._warned = False
+
+    def tick(self, force: bool = False) -> None:
+        """Log and write the status if their intervals have passed (or ``force``)."""
+        now = time.monotonic()
+        if force or now - self._last_log >= self.log_interval:
+            self._last_log = now
+            s = self.status.as_dict()
+            logger.debug("scheduler: {} cycle(s), last {:.1f} ms ago; {} pending, {} host(s), "
+                         "{} proposed, {} dispatched, {} refused, {} in flight",
+                         s["cycles"], (time.time() - s["last_cycle"]) * 1000, s["pending"],
+                         s["hosts"], s["proposed"], s["dispatched"], s["refused"], s["inflight"])
+        if self.path is not None and (force or now - self._last_write >= self.write_interval):
+            self._last_write = now
+            self.write()
+
+    def write(self) -> None:
+        """Write the status file atomically; a failure is logged once, never raised."""
+        if self.path is None:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(orjson.dumps({**self.status.as_dict(), "time": time.time()}))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                logger.warning("scheduler: cannot write status file {} ({}); going on without",
+                               self.path, exc)

@@ -1,0 +1,140 @@
+"""The scheduler as a real ``xce run scheduler`` process against three controller candidates.
+
+Hosts are registered by joining as ``worker`` from the test (no worker process is needed for a
+job to reach RUN with its alloc); jobs are submitted as ``cli@test``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from xcecore.connection import SyncClient
+from xcecore.runtime import client_config, load
+from xcecore.testing import LocalCluster, Proc, wait_for
+
+pytestmark = pytest.mark.timeout(85)
+
+NO_SLOTS = "not enough free slots on matching hosts"
+
+
+@contextlib.contextmanager
+def client(cluster: LocalCluster, role: str, name: str, **join: Any) -> Iterator[SyncClient]:
+    """A SyncClient as ``role@name``, joined with ``join`` attributes when given."""
+    _, config = load(cluster.config_path)
+    cfg = client_config(config, f"{role}@{name}")
+    with SyncClient.open(cfg, role=role, join_attrs=join or None) as c:
+        if join:
+            c.join()
+        yield c
+
+
+def job(cli: SyncClient, jobid: int) -> dict[str, Any]:
+    return cli.call("jobinfo", {"jobids": [jobid]})["jobs"][0]  # type: ignore[no-any-return]
+
+
+def is_running(cli: SyncClient, jobid: int) -> bool:
+    rec = job(cli, jobid)
+    return rec["state"] == "RUN" and bool(rec["alloc"])
+
+
+def submit(cli: SyncClient, **kw: Any) -> int:
+    return int(cli.call("jobsubmit", {"command": "true", "user": "alice", **kw})["jobid"])
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    try:
+        return orjson.loads(path.read_bytes())  # type: ignore[no-any-return]
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+
+
+def start_scheduler(cluster: LocalCluster, status_file: Path, standby_first: bool) -> Proc:
+    p = cluster.ports
+    order = [1, 0, 2] if standby_first else [0, 1, 2]
+    peers = ",".join(f"127.0.0.1:{p[i]}" for i in order)
+    proc = cluster.start_role("scheduler", f'cluster.peers="{peers}"',
+                              f'scheduler.status_file="{status_file}"')
+    wait_for(lambda: "joined as scheduler" in proc.text(), 30, what="the scheduler's join")
+    return proc
+
+
+def test_join_via_standby_dispatch_reasons_failover(xce_cluster: Any, tmp_path: Path) -> None:
+    cluster: LocalCluster = xce_cluster(3)
+    status_file = tmp_path / "status.json"
+    sched = start_scheduler(cluster, status_file, standby_first=True)
+    log = sched.text()
+    assert "is a standby, following redirect" in log, log[-3000:]
+    pid = sched.pid
+    with client(cluster, "worker", "n1", hname="n1", ncpus=2) as _n1, \
+            client(cluster, "worker", "n2", hname="n2", ncpus=1, resources=["gpu"]) as _n2, \
+            client(cluster, "cli", "test") as cli:
+        # Three slots, four jobs: three run, one waits with a reason.
+        ids = [submit(cli) for _ in range(4)]
+        wait_for(lambda: sum(is_running(cli, j) for j in ids) == 3, 20, what="3 jobs RUN")
+        waiting = [j for j in ids if not is_running(cli, j)]
+        assert len(waiting) == 1
+        wait_for(lambda: job(cli, waiting[0])["pend_reason"] == NO_SLOTS, 10, what="pend reason")
+        hosts = {h["name"]: h for h in cli.call("hostinfo", {})["hosts"]}
+        assert hosts["n1"]["used_slots"] == 2 and hosts["n2"]["used_slots"] == 1
+        wait_for(lambda: read_status(status_file).get("dispatched") == 3, 5, what=f"status {read_status(status_file)}")
+
+        # Failover: the same scheduler process reconnects, re-joins and keeps dispatching.
+        cluster.kill_primary()
+        wait_for(lambda: "re-joined as scheduler" in sched.text(), 30, what="the re-join")
+        with client(cluster, "worker", "n3", hname="n3", ncpus=2) as _n3:
+            late = submit(cli)
+            wait_for(lambda: is_running(cli, late) and is_running(cli, waiting[0]), 30,
+                     what="dispatch after the failover")
+            assert {a["host"] for a in job(cli, late)["alloc"]} == {"n3"}
+            assert job(cli, waiting[0])["pend_reason"] is None
+    assert sched.alive() and sched.pid == pid
+    assert read_status(status_file)["pid"] == pid
+
+
+def test_picker_cycles_while_allocator_waits_in_reconnect(xce_cluster: Any, tmp_path: Path) -> None:
+    cluster: LocalCluster = xce_cluster(3)
+    status_file = tmp_path / "status.json"
+    sched = start_scheduler(cluster, status_file, standby_first=False)
+    with client(cluster, "worker", "n1", hname="n1", ncpus=1) as n1, \
+            client(cluster, "cli", "test") as cli:
+        first, second = submit(cli), submit(cli)
+        wait_for(lambda: is_running(cli, first), 20, what="the first job RUN")
+        wait_for(lambda: job(cli, second)["pend_reason"] == NO_SLOTS, 10, what="pend reason")
+        # Freeze the scheduler, free the slot (its pushes wait in the scheduler's socket),
+        # kill every candidate, thaw it: the picker proposes the second job and the
+        # allocator's jobdispatch can only wait in the reconnect.
+        os.kill(sched.pid, signal.SIGSTOP)
+        try:
+            n1.call("notify_job", {"jobid": first, "event": "finish", "exit_status": 0})
+            time.sleep(0.2)
+            for proc in list(cluster.candidates.values()):
+                proc.kill()
+        finally:
+            os.kill(sched.pid, signal.SIGCONT)
+        wait_for(lambda: read_status(status_file).get("inflight", 0) >= 1, 10,
+                 what="the second job proposed")
+        before = read_status(status_file)
+        wait_for(lambda: read_status(status_file)["cycles"] >= before["cycles"] + 10, 10,
+                 what="picker cycles during the reconnect")
+        during = read_status(status_file)
+        assert during["dispatched"] == before["dispatched"] == 1
+        assert during["refused"] == during["failed"] == 0 and during["inflight"] >= 1
+        assert during["allocator_busy"] >= 1, "the jobdispatch waits in the reconnect"
+        assert during["last_cycle"] > before["last_cycle"]
+        assert "lost connection" in sched.text()
+
+        for i in range(3):
+            cluster.start_candidate(i)
+        cluster.wait_primary(30)
+        wait_for(lambda: is_running(cli, second), 40, what="dispatch after the restart")
+        wait_for(lambda: read_status(status_file)["dispatched"] == 2, 10, what="status")
+    assert sched.alive()
