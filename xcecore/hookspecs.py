@@ -84,8 +84,9 @@ def xce_join_attributes(role: str, config: Config) -> dict[str, Any] | None:
 def xce_rejoin_points(role: str) -> Iterable[str] | None:
     """Return the ops after which role ``role`` re-joins when a rejoin is pending.
 
-    The answers of every plugin are united. Asked once when the client is made, never per
-    call. Return None (or nothing) for roles this plugin does not own.
+    The answers of every plugin are united. Called once, on the main thread, when the client
+    is made, never per call: the answer must not change afterwards. Return None (or nothing)
+    for roles this plugin does not own.
     """
 
 

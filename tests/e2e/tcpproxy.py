@@ -31,6 +31,8 @@ class Proxy:
                 # A partition swallows bytes: nothing is forwarded and nothing is closed.
                 if not self.partitioned:
                     await dst.send(chunk)
+        if self.partitioned:
+            await anyio.sleep_forever()  # a partition delivers no FIN either
         with contextlib.suppress(Exception):
             await dst.aclose()
 
