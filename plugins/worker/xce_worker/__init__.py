@@ -1,0 +1,3 @@
+"""The xce worker role."""
+
+__version__ = "0.1.0"
