@@ -61,7 +61,11 @@ class RoleContext:
         return self.config.section(self.role)
 
     def call(self, op: str, args: dict[str, Any] | None = None, **kw: Any) -> Any:
-        """Call the controller from a thread (never from the event loop)."""
+        """Call the controller from a thread (never from the event loop).
+
+        Raises ``xcecore.connection.ClientClosed`` once the role is stopping, instead of
+        waiting for a primary through an outage.
+        """
         if self._sync is None:
             raise RuntimeError(f"role {self.role!r} has no client to call through")
         return self._sync.call(op, args, **kw)
@@ -150,7 +154,7 @@ async def run_role_async(spec: RoleSpec, ctx: RoleContext) -> None:
                 Client(cfg, role=spec.name, hooks=ctx.pm, join_attrs=attrs, rejoin_points=points) as client,
                 BlockingPortal() as portal,
             ):
-                ctx.client, ctx.portal, ctx._sync = client, portal, SyncClient(client, portal)
+                ctx.client, ctx.portal, ctx._sync = client, portal, SyncClient(client, portal, stop=ctx.stop)
                 await client.connect()
                 await client.join()
                 monitors = ctx.pm.monitors(spec.name, ctx)

@@ -11,7 +11,9 @@ waits on); such a call raises :class:`xcecore.connection.HookContractError`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -22,13 +24,39 @@ if TYPE_CHECKING:  # connection re-exports this module: import it lazily at run 
     from xcecore.candidates import Candidate
     from xcecore.connection import Client, ClientConfig, ClientHooks
 
+_STOP_POLL = 0.1  # how often a waiting thread looks at the stop event
+
 
 class SyncClient:
     """Thread-safe blocking calls on a :class:`~xcecore.connection.Client`."""
 
-    def __init__(self, client: Client, portal: BlockingPortal) -> None:
+    def __init__(self, client: Client, portal: BlockingPortal, stop: threading.Event | None = None) -> None:
         self.client = client
         self.portal = portal
+        self.stop = stop
+
+    def _run(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` (a coroutine function) on the loop and wait for it.
+
+        With a ``stop`` event, a wait is abandoned (the call cancelled, ``ClientClosed``
+        raised) once the event is set: a role that is stopping must not keep a thread waiting
+        for a primary that may never come back, or its shutdown would hang.
+        """
+        self.client._check_sync_caller()
+        if self.stop is None:
+            return self.portal.call(fn)
+        from xcecore.connection import ClientClosed
+
+        if self.stop.is_set():
+            raise ClientClosed(f"{self.client.role}: stopping; call not sent")
+        future = self.portal.start_task_soon(fn)
+        while True:
+            try:
+                return future.result(timeout=_STOP_POLL)
+            except FutureTimeout:
+                if self.stop.is_set():
+                    future.cancel()
+                    raise ClientClosed(f"{self.client.role}: stopping; call abandoned") from None
 
     @classmethod
     @contextmanager
@@ -66,31 +94,22 @@ class SyncClient:
         retry_budget: int | None = None,
     ) -> Any:
         """Blocking :meth:`Client.call <xcecore.connection.Client.call>`; same errors."""
-        self.client._check_sync_caller()
-        return self.portal.call(
-            partial(self.client.call, op, args, deadline=deadline, retry_budget=retry_budget)
-        )
+        return self._run(partial(self.client.call, op, args, deadline=deadline, retry_budget=retry_budget))
 
     def join(self, *, deadline: float | None = None, retry_budget: int | None = None) -> Any:
         """Blocking :meth:`Client.join <xcecore.connection.Client.join>`."""
-        self.client._check_sync_caller()
-        return self.portal.call(
-            partial(self.client.join, deadline=deadline, retry_budget=retry_budget)
-        )
+        return self._run(partial(self.client.join, deadline=deadline, retry_budget=retry_budget))
 
     def connect(
         self, *, deadline: float | None = None, retry_budget: int | None = None
     ) -> Candidate:
         """Blocking :meth:`Client.connect <xcecore.connection.Client.connect>`."""
-        self.client._check_sync_caller()
-        return self.portal.call(
-            partial(self.client.connect, deadline=deadline, retry_budget=retry_budget)
-        )
+        result: Candidate = self._run(partial(self.client.connect, deadline=deadline, retry_budget=retry_budget))
+        return result
 
     def heartbeat(self) -> bool:
         """Blocking :meth:`Client.heartbeat <xcecore.connection.Client.heartbeat>`."""
-        self.client._check_sync_caller()
-        return self.portal.call(self.client.heartbeat)
+        return bool(self._run(self.client.heartbeat))
 
     def post_latest(self, key: str, op: str, args: dict[str, Any]) -> None:
         """:meth:`Client.post_latest <xcecore.connection.Client.post_latest>`; never blocks."""

@@ -108,3 +108,37 @@ async def test_sync_client_wrapping_a_running_client(anyio_backend):
                    for i in range(3)]
         assert [r["n"] for r in results] == [1, 2, 3]
         assert await anyio.to_thread.run_sync(sc.join) == {"joined": "w"}
+
+
+def test_sync_call_gives_up_when_the_role_stops() -> None:
+    """A thread's call waiting through an outage is cancelled once the role's stop is set."""
+    import threading
+
+    from anyio.from_thread import start_blocking_portal
+
+    from xcecore.connection import ClientClosed
+    from xcecore.syncclient import SyncClient
+
+    cancelled = threading.Event()
+
+    class StuckClient:
+        role = "w"
+
+        def _check_sync_caller(self) -> None:
+            pass
+
+        async def call(self, op: str, args: object, **kw: object) -> object:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                cancelled.set()
+
+    stop = threading.Event()
+    with start_blocking_portal() as portal:
+        sync = SyncClient(StuckClient(), portal, stop=stop)  # type: ignore[arg-type]
+        threading.Timer(0.3, stop.set).start()
+        with pytest.raises(ClientClosed, match="abandoned"):
+            sync.call("notify_job", {"jobid": 1})
+        assert cancelled.wait(5)
+        with pytest.raises(ClientClosed, match="not sent"):
+            sync.call("notify_job", {"jobid": 2})

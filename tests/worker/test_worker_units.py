@@ -303,30 +303,3 @@ def test_notifier_delivers_in_order_retries_and_drops_refusals(tmp_path: Path) -
     stop.set()
     t.join(2)
     assert sent == [1, 2, 4] and n.refused == 1 and n.delivered == 3
-
-
-def test_notify_call_gives_up_when_the_worker_stops(mocker: MockerFixture) -> None:
-    """A call stuck waiting for a primary is abandoned (and cancelled) once stop is set."""
-    import anyio
-    from anyio.from_thread import start_blocking_portal
-    from xce_worker.daemon import Worker, WorkerStopping
-
-    cancelled = threading.Event()
-
-    class StuckClient:
-        async def call(self, op: str, args: dict[str, Any]) -> Any:
-            try:
-                await anyio.sleep_forever()
-            finally:
-                cancelled.set()
-
-    with start_blocking_portal() as portal:
-        ctx = mocker.Mock(portal=portal, client=StuckClient(), stop=threading.Event())
-        worker = Worker.__new__(Worker)
-        worker.ctx = ctx
-        threading.Timer(0.3, ctx.stop.set).start()
-        with pytest.raises(WorkerStopping):
-            worker._notify_call("notify_job", {"jobid": 1})
-        assert cancelled.wait(5)
-        with pytest.raises(WorkerStopping):  # and none is sent once stopping
-            worker._notify_call("notify_job", {"jobid": 2})

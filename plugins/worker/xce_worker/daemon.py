@@ -9,7 +9,6 @@ push is handled, so a job is never started twice.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import anyio
 from loguru import logger
@@ -26,10 +25,6 @@ from xcecore.runtime import RoleContext
 HARDWARE_EVERY = 12  # hardware facts are re-read every 12 monitor intervals
 
 
-class WorkerStopping(Exception):
-    """A call abandoned because the worker is stopping (its note stays spooled)."""
-
-
 class Worker:
     """The parts of one worker and the threads that run them."""
 
@@ -43,33 +38,13 @@ class Worker:
                                       kill_grace=s.kill_grace, post=post)
         self.board = ResvalBoard(post, s.state_dir)
         self.pushes = PushHandler(s.hname, self.procman)
-        self.notifier = Notifier(s.hname, self.journal, self._notify_call)
+        # ctx.call gives up (ClientClosed) once the worker stops, so a report waiting through an
+        # outage never holds the worker's shutdown; the report stays spooled for the next start.
+        self.notifier = Notifier(s.hname, self.journal, ctx.call)
         logger.info("worker {}: state dir {}; {} spooled report(s), {} job(s) from a previous "
                     "run", s.hname, s.state_dir, len(self.journal.pending()),
                     len(self.journal.active()))
         self.procman.adopt()
-
-    def _notify_call(self, op: str, args: dict[str, Any]) -> Any:
-        """``ctx.call`` that gives up when the worker stops.
-
-        A blocking portal call submitted just after SIGTERM (when the runtime's cancellation
-        has already swept the task tree) is never cancelled, and during an outage it would
-        wait for a primary forever, holding the role's shutdown. So the thread waits on the
-        future itself and cancels it once ``ctx.stop`` is set.
-        """
-        ctx = self.ctx
-        if ctx.portal is None or ctx.client is None:
-            return ctx.call(op, args)
-        if ctx.stop.is_set():
-            raise WorkerStopping(f"worker stopping: {op} not sent")
-        future = ctx.portal.start_task_soon(ctx.client.call, op, args)
-        while True:
-            try:
-                return future.result(timeout=0.2)
-            except TimeoutError:
-                if ctx.stop.is_set():
-                    future.cancel()
-                    raise WorkerStopping(f"worker stopping: {op} abandoned") from None
 
     def monitors(self) -> list[Monitor]:
         """Every thread of the worker, as monitors the runtime starts and stops."""
