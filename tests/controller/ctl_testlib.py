@@ -151,30 +151,36 @@ def start_controller(state_dir: Path, log_dir: Path, port: int | None = None, *e
 
 
 @contextmanager
-def controllers(state_dir: Path, log_dir: Path, n: int) -> Iterator[list[Proc]]:
-    """Start ``n`` candidates (the first one first, so it is the primary); kill all on exit."""
+def controllers(state_dir: Path, log_dir: Path, n: int, expect: str = "primary") -> Iterator[list[Proc]]:
+    """Start ``n`` candidates, the first one first (waiting until it is ``expect``, normally
+    the primary); kill all on exit."""
     procs: list[Proc] = []
     try:
         for _ in range(n):
             procs.append(start_controller(state_dir, log_dir))
             if len(procs) == 1:
-                wait_listening(procs[0].address)
+                wait_listening(procs[0].address, state=expect)
         yield procs
     finally:
         for p in procs:
             p.kill()
 
 
-def wait_listening(address: str, timeout: float = 15) -> None:
+def wait_listening(address: str, timeout: float = 15, state: str | None = None) -> None:
+    """Wait until the candidate at ``address`` completes a handshake (as ``state``, if given).
+
+    A port that accepts is not enough: a candidate listens before it has taken the lock.
+    """
+    from xcecore.localcluster import probe
+
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, int(port)), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise TimeoutError(f"controller at {address} is not listening after {timeout} s")
+        answer = probe(host, int(port), KEY, timeout=0.5)
+        if answer and answer.get("ok") and (state is None or answer.get("state") == state):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"controller at {address} is not {state or 'answering'} after {timeout} s")
 
 
 async def handshake_state(address: str) -> dict[str, Any]:

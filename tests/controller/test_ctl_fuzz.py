@@ -80,7 +80,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, dict[
     base: Path = tmp_path_factory.mktemp("fuzz")
     proc = start_controller(base / "state", base)
     try:
-        wait_listening(proc.address)
+        wait_listening(proc.address, state="primary")
         c = SyncClient(proc.address, "admin@fuzz")
         w = SyncClient(proc.address, "worker@n1")
         assert w.call("join", {"role": "worker", "attrs": {"hname": "n1", "ncpus": 2}})["ok"]

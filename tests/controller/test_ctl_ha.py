@@ -60,7 +60,7 @@ async def test_candidate_on_held_state_dir_is_standby(tmp_path):
     logs.mkdir()
     with controllers(tmp_path / "state", logs, 1) as procs:
         primary = await find_primary([procs[0].address])
-        with controllers(tmp_path / "state", logs, 1) as late:
+        with controllers(tmp_path / "state", logs, 1, expect="standby") as late:
             wait_listening(late[0].address)
             hs = await handshake_state(late[0].address)
             assert hs == {"ok": True, "server": late[0].address, "state": "standby", "primary": primary}
