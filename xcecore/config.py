@@ -23,6 +23,14 @@ class ConfigError(ValueError):
     """The config file is unreadable or invalid; the message names the key path."""
 
 
+def _check_site_resources(resources: list[Any]) -> None:
+    """Site resources must be valid definitions: checked when the config loads, not at first use."""
+    if resources:
+        from xcecore.resreq.registry import ResourceRegistry
+
+        ResourceRegistry(resources)
+
+
 _S = (str,)
 _I = (int,)
 _F = (float, int)
@@ -45,6 +53,7 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
             "resources": Field(_L, [], "site resources: [{name, type, consumable?, ...}]"),
         },
         "where the controller candidates are and how to reach them",
+        check=lambda values: _check_site_resources(values["resources"]),
     ),
     ConfigSection(
         "client",

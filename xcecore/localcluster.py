@@ -114,6 +114,7 @@ class LocalCluster:
     ncandidates: int = 3
     key: str | None = DEFAULT_KEY
     extra_config: str = ""
+    cluster_extra: str = ""  # more keys of the [cluster] table, e.g. site resources
     ports: list[int] = field(default_factory=list)
     procs: list[Proc] = field(default_factory=list)
     candidates: dict[int, Proc] = field(default_factory=dict)
@@ -138,7 +139,7 @@ class LocalCluster:
         """The config file every process of this cluster reads."""
         key = f'key = "{self.key}"\n' if self.key else ""
         return (
-            f'[cluster]\npeers = "{self.peers}"\nstate_dir = "{self.state_dir}"\n{key}'
+            f'[cluster]\npeers = "{self.peers}"\nstate_dir = "{self.state_dir}"\n{key}{self.cluster_extra}'
             "[client]\nliveness_timeout = 1.5\nheartbeat_interval = 0.2\n"
             "connect_timeout = 0.5\nbackoff_base = 0.02\nbackoff_cap = 0.5\n"
             f"{self.extra_config}"

@@ -29,12 +29,17 @@ __all__ = ["DEFAULT_KEY", "LocalCluster", "Proc", "free_port", "probe", "wait_fo
 
 @pytest.fixture
 def xce_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalCluster]]:
-    """Factory: ``xce_cluster(ncandidates=3, start=True, extra_config="")`` -> LocalCluster."""
+    """Factory: ``xce_cluster(ncandidates=3, start=True, extra_config="", cluster_extra="")``.
+
+    ``extra_config`` is appended to the config file (whole tables); ``cluster_extra`` adds keys
+    to its ``[cluster]`` table (e.g. ``resources = [...]``).
+    """
     made: list[LocalCluster] = []
 
     def make(ncandidates: int = 3, *, start: bool = True, extra_config: str = "",
-             key: str | None = DEFAULT_KEY) -> LocalCluster:
-        cluster = LocalCluster(tmp_path / f"cluster{len(made)}", ncandidates, key, extra_config)
+             key: str | None = DEFAULT_KEY, cluster_extra: str = "") -> LocalCluster:
+        cluster = LocalCluster(tmp_path / f"cluster{len(made)}", ncandidates, key, extra_config,
+                               cluster_extra=cluster_extra)
         made.append(cluster)
         if start:
             cluster.start()

@@ -56,6 +56,8 @@ def submit(ctx: click.Context, queue: str | None, resreq: str, name: str, ntasks
     if project:
         args["project"] = project
     with session(ctx) as s:
+        if resreq:  # like bsub: a bad requirement is refused here, with its position
+            _select(ctx, resreq, [], s.call("clusterconf").get("resources", []))
         res = s.call("jobsubmit", args)
     if as_json:
         emit_json(res)

@@ -41,8 +41,8 @@ def run_demo(emb: Embedded, njobs: int, console: Console, job_timeout: float = 1
         if seq == kill_at:
             first_write_after_kill = time.time() - kill_time
             new = emb.cluster.wait_primary(10, exclude=old)
-            console.print(f"job {seq} (issued at the kill) acknowledged {first_write_after_kill * 1000:.0f} ms after it "
-                          f"by candidate {new}; candidate {old} is dead"
+            console.print(f"job {seq} (issued at the kill) acknowledged {first_write_after_kill * 1000:.0f} ms "
+                          f"after it by candidate {new}; candidate {old} is dead"
                           f" (submit took {(time.time() - t0) * 1000:.0f} ms)")
     rejoined = emb.wait_members(emb.expected_members(), 30, since=kill_time) if kill_time else {}
     table = Table("role", "re-joined the new primary after", title="re-joins after the kill", box=None)

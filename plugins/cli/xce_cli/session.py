@@ -35,8 +35,6 @@ class Session:
 
     def call(self, op: str, args: dict[str, Any] | None = None) -> Any:
         """Call ``op`` with the caller's user name; a controller error is one line and exit 1."""
-        import time
-
         from xcecore.connection import BackendUnavailable
         from xcecore.wire import RemoteError
 
@@ -65,7 +63,8 @@ def session(ctx: click.Context, role: str = "cli") -> Iterator[Session]:
         cfg = client_config(obj["config"], f"{role}@{socket.gethostname()}")
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    with SyncClient.open(cfg, role=role) as client:
+    # Connecting happens in the first call, inside its deadline: a command never waits forever.
+    with SyncClient.open(cfg, role=role, connect=False) as client:
         yield Session(client, user_name(), timeout)
 
 

@@ -109,7 +109,7 @@ def settings_from_config(
         peers = tuple(p.strip() for p in peers.split(",") if p.strip())
     conf = ClusterConf(
         name=str(cluster.get("name") or "xce"),
-        resources=dict(cluster.get("resources") or {}),
+        resources=[dict(r) for r in cluster.get("resources") or ()],
         admins=frozenset(c.get("admins") or ()),
         default_queue=c.get("default_queue") or "normal",
         host_timeout=float(c.get("host_timeout") or 30.0),

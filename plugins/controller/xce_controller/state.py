@@ -48,7 +48,7 @@ class ClusterConf:
     """The static configuration the state needs."""
 
     name: str = "xce"
-    resources: dict[str, Any] = field(default_factory=dict)
+    resources: list[dict[str, Any]] = field(default_factory=list)  # site resource definitions
     admins: frozenset[str] = frozenset()
     default_queue: str = "normal"
     host_timeout: float = 30.0
