@@ -109,6 +109,36 @@ def plugins(ctx: click.Context, as_json: bool) -> None:
     Console().print(table)
 
 
+@main.group()
+def config() -> None:
+    """Inspect configuration: the reference of every key, or a file checked and resolved."""
+
+
+@config.command("reference")
+@click.pass_context
+def config_reference(ctx: click.Context) -> None:
+    """Print the configuration reference (Markdown) for the installed plugins."""
+    from xcecore.config import CORE_SECTIONS, reference_markdown
+
+    root = ctx.find_root()
+    assert isinstance(root.command, XceGroup)
+    pm = root.command.plugin_manager(root)
+    click.echo(reference_markdown([*CORE_SECTIONS, *pm.config_sections()]), nl=False)
+
+
+@config.command("check")
+@click.pass_context
+def config_check(ctx: click.Context) -> None:
+    """Validate the config file and print it with every default filled in (JSON)."""
+    import orjson
+
+    root = ctx.find_root()
+    assert isinstance(root.command, XceGroup)
+    root.command.plugin_manager(root)
+    cfg = root.ensure_object(dict)["config"]
+    click.echo(orjson.dumps(cfg.as_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
+
+
 @main.command(context_settings={"ignore_unknown_options": False})
 @click.argument("role")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",

@@ -246,6 +246,7 @@ class Client:
         self._states = StateQueue()
         self._state_event = anyio.Event()
         self._rejoin_event = anyio.Event()
+        self._beat_now = anyio.Event()  # set when the link drops: try the heartbeat path at once
         self._rejoin_reason = ""
         self._push_tx: MemoryObjectSendStream[tuple[str, int, Any]]
         self._push_rx: MemoryObjectReceiveStream[tuple[str, int, Any]]
@@ -723,6 +724,7 @@ class Client:
             logger.warning("{}: lost connection to {} ({}); {}",
                            self._name, conn.candidate, reason, nxt)
             self._set_state(RECONNECTING, conn.candidate, reason)
+            self._beat_now.set()
 
     def _on_push(self, conn: Link, msg: dict[str, Any]) -> None:
         event, seq = msg.get("push"), msg.get("seq")
@@ -773,8 +775,19 @@ class Client:
                                                  self._name, state)
 
     async def _heartbeat_loop(self) -> None:
+        # While the link is down, beats come faster than the cadence, each one best-effort
+        # reconnect pass: at once when the link drops, then after jittered delays growing to
+        # the heartbeat interval. An idle member thus finds a freshly promoted standby in
+        # milliseconds, and a herd of members that lost the same primary is spread out.
+        quick = Backoff(self.config.backoff_base, self.config.heartbeat_interval)
         while True:
-            await anyio.sleep(self.config.heartbeat_interval)
+            conn = self._conn
+            down = self._joined_once and (conn is None or not conn.alive)
+            if not down:
+                quick.reset()
+            with anyio.move_on_after(quick.next_delay() if down else self.config.heartbeat_interval):
+                await self._beat_now.wait()
+            self._beat_now = anyio.Event()
             # Heartbeats keep a member alive and bring an idle member back; a client that never
             # joined (a command, a script) has nothing to keep alive and only calls.
             if self._ever_connected and self._joined_once:

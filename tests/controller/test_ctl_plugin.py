@@ -42,9 +42,9 @@ def test_plugin_import_is_light():
 
 
 def test_settings_and_config_checks():
-    s = settings_from_config({"state_dir": "/tmp/x", "name": "c1", "resources": {"gpu": {"type": "Numeric"}}},
+    s = settings_from_config({"state_dir": "/tmp/x", "name": "c1", "resources": [{"name": "gpu", "type": "bool"}]},
                              {"admins": ["root"], "queues": [{"name": "q", "priority": 5}], "default_queue": "q"}, None)
-    assert s.conf.admins == frozenset({"root"}) and s.conf.resources["gpu"]
+    assert s.conf.admins == frozenset({"root"}) and s.conf.resources == [{"name": "gpu", "type": "bool"}]
     (section,) = plugin.xce_config_sections()
     assert section.check is not None
     for bad, text in [

@@ -488,8 +488,14 @@ class Controller:
         return gate if gate is not None and not gate.is_open() else None
 
     def _refused(self, conn: Connection, op: str, exc: RemoteError) -> None:
-        expected = exc.code in (ErrorCode.NOT_FOUND, ErrorCode.CONFLICT, ErrorCode.NOT_JOINED)
-        log = logger.info if expected else logger.warning
+        # A member reconnected after a failover beats before it re-joins: that NOT_JOINED is the
+        # normal way it learns to re-join, not news for an operator.
+        if exc.code == ErrorCode.NOT_JOINED and op == "heartbeat":
+            log = logger.debug
+        elif exc.code in (ErrorCode.NOT_FOUND, ErrorCode.CONFLICT, ErrorCode.NOT_JOINED):
+            log = logger.info
+        else:
+            log = logger.warning
         log("controller {}: {} from {} refused: {} {}", self.address, op, conn.caller.identity, exc.code, exc.message)
 
 
