@@ -49,3 +49,12 @@ def test_doc_pages_exist_and_link_to_real_files(page: str) -> None:
     text = (ROOT / "docs" / page).read_text()
     for target in re.findall(r"\]\(([^)#:]+\.md)\)", text):
         assert (ROOT / "docs" / target).exists(), f"{page} links to missing {target}"
+
+
+@pytest.mark.parametrize("name", ["single.toml", "three-on-one-host.toml", "three-hosts.toml"])
+def test_example_configs_are_valid(name: str) -> None:
+    from xcecore.candidates import candidates_from_config
+    from xcecore.runtime import load
+
+    _, config = load(ROOT / "examples" / "configs" / name)
+    assert candidates_from_config(config.cluster)
