@@ -1,0 +1,59 @@
+"""`xce up` brings a whole cluster up, shows it, and Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose; check its state.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_up_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    state = tmp_path / "up"
+    proc = subprocess.Popen([sys.executable, "-m", "xcecore", "up", "--workers", "1", "--state-dir", str(state)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "160"})
+    assert proc.stdout is not None
+    seen = ""
+    try:
+        deadline = time.monotonic() + 120
+        while "Ctrl-C stops the cluster" not in seen and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen += line
+        assert "Ctrl-C stops the cluster" in seen, seen
+        assert "auth/logon" in seen and "xce submit" in seen
+        pids = [int(m) for log in state.glob("*.log") for m in re.findall(r"\(pid (\d+)", log.read_text())[:1]]
+        assert len(pids) == 3 + 1 + 2, pids  # three candidates, one worker, scheduler, API server
+        assert all(_alive(p) for p in pids)
+        time.sleep(1.5)  # let the live table draw at least once
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        seen += out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "all processes stopped" in seen, seen[-3000:]
+    assert not [p for p in pids if _alive(p)], "xce up left processes behind"
+    assert "primary" in seen and "node1" in seen
