@@ -15,10 +15,12 @@ evaluator answers, untouched.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xcecore.hookspecs import hookimpl
-from xcecore.resreq import CompiledReq, Evaluator, HostMatch, ResourceRegistry
+
+if TYPE_CHECKING:  # every `xce` command loads this module: the language loads when asked for
+    from xcecore.resreq import CompiledReq, HostMatch, ResourceRegistry
 
 NAME = "load_per_cpu"
 DECLARATION = {"name": NAME, "type": "numeric", "increasing": False}
@@ -65,6 +67,8 @@ class SiteEvaluator:
     """The built-in evaluator, over hosts that carry ``load_per_cpu``."""
 
     def __init__(self, registry: ResourceRegistry) -> None:
+        from xcecore.resreq import Evaluator
+
         self.registry = registry
         self._inner = Evaluator(registry)
 

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xce_controller.state import ClusterConf
 from xcecore.wire import DEFAULT_MAX_FRAME
+
+if TYPE_CHECKING:  # the state model loads only when a controller runs, not for every `xce` command
+    from xce_controller.state import ClusterConf
+
+
+def _default_conf() -> ClusterConf:
+    from xce_controller.state import ClusterConf
+
+    return ClusterConf(queues=DEFAULT_QUEUES)
 
 DEFAULT_LISTEN = "127.0.0.1:7600"
 DEFAULT_QUEUES: tuple[dict[str, Any], ...] = (
@@ -30,7 +38,7 @@ class ControllerSettings:
     advertise: str | None = None
     key: bytes | None = None
     max_frame: int = DEFAULT_MAX_FRAME
-    conf: ClusterConf = field(default_factory=lambda: ClusterConf(queues=DEFAULT_QUEUES))
+    conf: ClusterConf = field(default_factory=_default_conf)
     max_subscriber_queue: int = 10000
     max_inflight: int = 4096
     idem_ttl: float = 86400.0
@@ -98,6 +106,8 @@ def settings_from_config(
     cluster: Mapping[str, Any], controller: Mapping[str, Any], key: bytes | None
 ) -> ControllerSettings:
     """Build settings from the ``[cluster]`` and ``[controller]`` tables (defaults applied)."""
+    from xce_controller.state import ClusterConf
+
     c = dict(controller)
     check_controller_section(c)
     queues = check_queues(c.get("queues") or list(DEFAULT_QUEUES))
