@@ -35,7 +35,7 @@ class RoleError(Exception):
     """A role cannot start: unknown name, bad configuration."""
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: plugins key their per-role state on it
 class RoleContext:
     """What a role's main and its monitors get.
 

@@ -26,6 +26,10 @@ from xcecore.runtime import client_config, load
 pytestmark = pytest.mark.timeout(60)
 
 
+class FakeClient:
+    """A stand-in for the core client: hooks key per-client state on it."""
+
+
 def _state(**kw: Any) -> dict[str, Any]:
     base = {"server": "a:1", "cluster": {"name": "c", "resources": []}, "resources": [],
             "queues": [{"name": "normal", "priority": 30, "open": True}],
@@ -150,7 +154,7 @@ def test_registration_hooks() -> None:
 
 
 def test_pushes_feed_the_session_store_and_other_roles_are_ignored() -> None:
-    client = object()
+    client = FakeClient()
     plugin.xce_push(client, "scheduler", "state", 1, _state())
     assert find_session(client) is None
     plugin.xce_push(client, "apiserver", "state", 1, _state())
@@ -170,7 +174,7 @@ def test_connection_states_drive_health() -> None:
     assert health.is_degraded()
     plugin.xce_connection_state(client, "rejoined", None, "heartbeats recovered")
     assert not health.is_degraded()
-    other = object()
+    other = FakeClient()
     plugin.xce_connection_state(other, "degraded", None, "x")
     assert find_session(other) is None
 

@@ -113,8 +113,8 @@ def test_monitors_hook_gives_every_loop(xce_plugin_manager: Any, mocker: MockerF
     assert [m.name for m in monitors] == ["hardware", "system", "jobs", "pushes", "notifier"]
     assert all(isinstance(m, Monitor) and callable(m.run) for m in monitors)
     assert pm.monitors("scheduler", ctx) == []
-    from xce_worker.daemon import forget
-    forget(ctx)
+    from xce_worker.daemon import worker_for
+    worker_for.forget(ctx)
 
 
 def test_push_hook_only_queues(mocker: MockerFixture) -> None:

@@ -32,7 +32,19 @@ _WHERE = {
     "Resource": "registry", "ResourceRegistry": "registry",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_LENGTH",
+    "MAX_NODES",
+    "CompiledReq",
+    "Evaluator",
+    "HostMatch",
+    "Resource",
+    "ResourceRegistry",
+    "ResreqError",
+    "ResreqEvaluator",
+    "RusageAlternative",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,12 +7,12 @@ the session is found, or made, by client.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from xce_apiserver.health import BackendHealth
 from xce_apiserver.store import Store
+from xcecore.attached import Attached
 
 
 @dataclass
@@ -24,25 +24,19 @@ class ApiSession:
     degraded_ttl: float = 5.0
 
 
-_lock = threading.Lock()
-_sessions: dict[int, ApiSession] = {}
+_sessions: Attached[ApiSession] = Attached(lambda client: ApiSession())
 
 
 def session_for(client: Any) -> ApiSession:
     """The session of ``client``, made on first use."""
-    with _lock:
-        found = _sessions.get(id(client))
-        if found is None:
-            found = _sessions[id(client)] = ApiSession()
-        return found
+    return _sessions(client)
 
 
 def find_session(client: Any) -> ApiSession | None:
     """The session of ``client`` if it has one."""
-    return _sessions.get(id(client))
+    return _sessions.find(client)
 
 
 def drop_session(client: Any) -> None:
     """Forget the session of ``client`` (when the role stops)."""
-    with _lock:
-        _sessions.pop(id(client), None)
+    _sessions.forget(client)

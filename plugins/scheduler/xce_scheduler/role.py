@@ -8,7 +8,6 @@ whichever of the picker monitor and ``main`` asks first.
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,22 +18,12 @@ from xce_scheduler.matching import Requirements
 from xce_scheduler.picker import Picker
 from xce_scheduler.status import SchedulerStatus, StatusReporter
 from xce_scheduler.view import SchedulerView
+from xcecore.attached import Attached
 from xcecore.runtime import RoleContext
 
-# Two locks: building an app (under _apps_lock) asks for the view (under _views_lock).
-_views_lock = threading.Lock()
-_apps_lock = threading.Lock()
-_views: weakref.WeakKeyDictionary[Any, SchedulerView] = weakref.WeakKeyDictionary()
-_apps: dict[int, SchedulerApp] = {}
-
-
-def view_for(client: Any) -> SchedulerView:
-    """The view fed by ``client``'s pushes (made on first use)."""
-    with _views_lock:
-        view = _views.get(client)
-        if view is None:
-            view = _views[client] = SchedulerView()
-        return view
+# Building an app (under the apps' lock) asks for the view (under the views' own lock).
+view_for: Attached[SchedulerView] = Attached(lambda client: SchedulerView())
+"""The view fed by a client's pushes (made on first use)."""
 
 
 @dataclass
@@ -79,13 +68,8 @@ def build(ctx: RoleContext) -> SchedulerApp:
     return SchedulerApp(view, picker, allocator, status)
 
 
-def app_for(ctx: RoleContext) -> SchedulerApp:
-    """The scheduler of ``ctx`` (built on first use)."""
-    with _apps_lock:
-        app = _apps.get(id(ctx))
-        if app is None:
-            app = _apps[id(ctx)] = build(ctx)
-        return app
+app_for: Attached[SchedulerApp] = Attached(lambda ctx: build(ctx))
+"""The scheduler of a role context (built on first use)."""
 
 
 def run_picker(ctx: RoleContext, stop: threading.Event) -> None:
@@ -102,5 +86,4 @@ async def main(ctx: RoleContext) -> None:
     try:
         await app.allocator.run()
     finally:
-        with _apps_lock:
-            _apps.pop(id(ctx), None)
+        app_for.forget(ctx)

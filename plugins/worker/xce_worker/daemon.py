@@ -8,8 +8,6 @@ push is handled, so a job is never started twice.
 
 from __future__ import annotations
 
-import threading
-
 import anyio
 from loguru import logger
 
@@ -19,6 +17,7 @@ from xce_worker.procman import ProcessManager
 from xce_worker.pushes import PushHandler, inbox_for
 from xce_worker.settings import WorkerSettings
 from xce_worker.spool import Journal
+from xcecore.attached import Attached
 from xcecore.records import Monitor
 from xcecore.runtime import RoleContext
 
@@ -94,20 +93,6 @@ class Worker:
                     left, self.journal.path)
 
 
-_workers: dict[int, Worker] = {}
-_lock = threading.Lock()
+worker_for: Attached[Worker] = Attached(Worker)
+"""The worker of a role context, built on first use."""
 
-
-def worker_for(ctx: RoleContext) -> Worker:
-    """The worker of ``ctx``, built on first use."""
-    with _lock:
-        w = _workers.get(id(ctx))
-        if w is None:
-            w = _workers[id(ctx)] = Worker(ctx)
-        return w
-
-
-def forget(ctx: RoleContext) -> None:
-    """Drop the worker of ``ctx`` (after its main ended; its threads may still finish)."""
-    with _lock:
-        _workers.pop(id(ctx), None)

@@ -35,7 +35,7 @@ async def main(ctx: RoleContext) -> None:
 
     import anyio
 
-    from xce_worker.daemon import forget, worker_for
+    from xce_worker.daemon import worker_for
 
     # `kill -USR1 <worker pid>` prints every thread's stack to stderr: for a hung worker.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -45,7 +45,7 @@ async def main(ctx: RoleContext) -> None:
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(worker.shutdown)
-            forget(ctx)
+            worker_for.forget(ctx)
 
 
 @hookimpl

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import queue
 import threading
-import weakref
 from typing import Any
 
 from loguru import logger
 
 from xce_worker.procman import ProcessManager
+from xcecore.attached import Attached
 
 ACTIVE = frozenset({"RUN", "USUSP", "SSUSP"})
 
@@ -47,17 +47,8 @@ class PushInbox:
             return None
 
 
-_inboxes: weakref.WeakKeyDictionary[Any, PushInbox] = weakref.WeakKeyDictionary()
-_inbox_lock = threading.Lock()
-
-
-def inbox_for(client: Any) -> PushInbox:
-    """The inbox of ``client`` (one per client, so several workers can share a process)."""
-    with _inbox_lock:
-        box = _inboxes.get(client)
-        if box is None:
-            box = _inboxes[client] = PushInbox()
-        return box
+inbox_for: Attached[PushInbox] = Attached(lambda client: PushInbox())
+"""The inbox of a client (one per client, so several workers can share a process)."""
 
 
 def _hosts(job: dict[str, Any]) -> list[str]:
