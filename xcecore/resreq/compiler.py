@@ -20,12 +20,23 @@ import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import CodeType
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from xcecore.resreq.nodes import Arith, Compare, Defined, Logic, Name, Node, Num, Str, Unary
 from xcecore.resreq.registry import BOOL, NUMERIC, STRING, Resource
 
-__all__ = ["HostFilter", "build_fit", "build_key", "compile_select", "const_value"]
+__all__ = [
+    "UNKNOWN_STRING",
+    "HostFilter",
+    "build_fit",
+    "build_key",
+    "build_sorter",
+    "compile_select",
+    "const_value",
+    "fuse",
+    "generate_select",
+    "is_compiled",
+]
 
 HostFilter = Callable[[Sequence[Mapping[str, Any]]], list[Mapping[str, Any]]]
 _NUM: Final = (int, float)
@@ -220,6 +231,39 @@ def _keep_all(hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return list(hosts)
 
 
+UNKNOWN_STRING: Final = _Unknown()
+"""The default of an unreported string resource in ordering tests (always false)."""
+
+
+def generate_select(node: Node) -> tuple[str, dict[str, Any]]:
+    """Python source of the filter for a checked select tree, and its literal constants."""
+    gen = _Gen()
+    expr = gen.truth(node, True)
+    return f"def _filter(hosts):\n    return [h for h in hosts if {expr}]\n", gen.consts
+
+
+def is_compiled(source: str) -> bool:
+    """Whether ``source`` (from :func:`generate_select`) already has a cached code object."""
+    return source in _code_cache
+
+
+def fuse(source: str, consts: Mapping[str, Any]) -> HostFilter:
+    """The filter function of generated ``source`` (compile() unless its shape is cached)."""
+    namespace: dict[str, Any] = {
+        "__builtins__": {},
+        "_inst": isinstance,
+        "_NUM": _NUM,
+        "_STR": str,
+        "_NAN": math.nan,
+        "_UNKNOWN": UNKNOWN_STRING,
+        **consts,
+    }
+    # Safe: the source is generated from the checked tree, never pasted from user text.
+    exec(_code_for(source), namespace)
+    func: HostFilter = namespace["_filter"]
+    return func
+
+
 def compile_select(node: Node | None) -> tuple[HostFilter, str]:
     """Compile a checked select tree to ``(filter(hosts) -> qualifying hosts, source)``.
 
@@ -228,22 +272,8 @@ def compile_select(node: Node | None) -> tuple[HostFilter, str]:
     """
     if node is None:
         return _keep_all, ""
-    gen = _Gen()
-    expr = gen.truth(node, True)
-    source = f"def _filter(hosts):\n    return [h for h in hosts if {expr}]\n"
-    namespace: dict[str, Any] = {
-        "__builtins__": {},
-        "_inst": isinstance,
-        "_NUM": _NUM,
-        "_STR": str,
-        "_NAN": math.nan,
-        "_UNKNOWN": _Unknown(),
-        **gen.consts,
-    }
-    # Safe: the source is generated from the checked tree, never pasted from user text.
-    exec(_code_for(source), namespace)
-    func: HostFilter = namespace["_filter"]
-    return func, source
+    source, consts = generate_select(node)
+    return fuse(source, consts), source
 
 
 KeyFunc = Callable[[Mapping[str, Any]], tuple[Any, ...]]
@@ -304,6 +334,52 @@ def build_key(keys: Sequence[tuple[str, bool]]) -> KeyFunc:
         return tuple(out)
 
     return keyn
+
+
+SortFunc = Callable[[Sequence[Mapping[str, Any]]], list[Mapping[str, Any]]]
+
+
+def _getter(values: list[Any]) -> Callable[[int], Any]:
+    """``values[i]`` as a key function that runs in C (no Python frame per element)."""
+    return cast(Callable[[int], Any], values.__getitem__)
+
+
+def build_sorter(keys: Sequence[tuple[str, bool]]) -> SortFunc:
+    """``sort(hosts)``: a new list in exactly the order ``sorted(hosts, key=build_key(keys))``.
+
+    Instead of one sort on composite tuple keys (every comparison walks tuples through
+    generic rich comparisons), this runs stable sorts from the least significant key up:
+    host name, then each order key from last to first, then availability. Each pass sorts
+    indices by a flat list of strings or numbers, so CPython's type-specialised comparisons
+    apply, and input already in name order (the usual case) costs one linear pass. Unknown
+    values (and unavailable hosts) are moved behind the rest with order-preserving
+    partitions, which is what the tuple key's unknown flag (and leading status) does.
+    """
+    num = _NUM
+    signs = tuple((name, big) for name, big in reversed(keys))
+
+    def sort_hosts(hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        names: list[Any] = [n if isinstance(n := h.get("hname"), str) else "" for h in hosts]
+        order = sorted(range(len(hosts)), key=_getter(names))
+        for name, big in signs:
+            # None marks unknown; larger-is-better values are negated, as in build_key.
+            vals: list[Any]
+            if big:
+                vals = [-v if isinstance(v := h.get(name), num) and v == v else None for h in hosts]
+            else:
+                vals = [v if isinstance(v := h.get(name), num) and v == v else None for h in hosts]
+            if None in vals:
+                known = [i for i in order if vals[i] is not None]
+                known.sort(key=_getter(vals))
+                order = known + [i for i in order if vals[i] is None]
+            else:
+                order.sort(key=_getter(vals))
+        down = [h.get("status", "ok") != "ok" for h in hosts]
+        if True in down:
+            order = [i for i in order if not down[i]] + [i for i in order if down[i]]
+        return [hosts[i] for i in order]
+
+    return sort_hosts
 
 
 FitFunc = Callable[[Mapping[str, Any]], "int | None"]

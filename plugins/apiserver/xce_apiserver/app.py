@@ -8,6 +8,7 @@ the envelope ``{"code", "msg", "data", "count"}`` rendered with orjson.
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run
 # time, and the dependency aliases (User, Admin) are local to create_app.
 import math
+import threading
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -42,7 +43,7 @@ class EnvelopeResponse(Response):
 
     def render(self, content: Any) -> bytes:
         """Serialize ``content``."""
-        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+        return _dumps(content)
 
 
 def envelope(data: Any = None, code: int = 200, msg: str = "ok") -> dict[str, Any]:
@@ -83,14 +84,45 @@ def _unavailable(exc: BackendUnavailableError) -> ApiError:
     return ApiError(503, exc.message, None, {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
 
 
+_HostEntry = tuple[dict[str, Any], dict[str, Any], bytes]
+"""A host's pushed record, its evaluator mapping, and its LSF view as JSON without the final
+``}`` (so fields can be appended)."""
+
+
+class _HostViews:
+    """One version of the pushed hosts, in the forms the routes need, built incrementally."""
+
+    __slots__ = ("entries", "json_list", "mappings", "version")
+
+    def __init__(self, version: int, entries: dict[str, _HostEntry]) -> None:
+        self.version = version
+        self.entries = entries
+        self.mappings = [e[1] for e in entries.values()]
+        self.json_list: bytes | None = None
+
+    def hosts_json(self) -> bytes:
+        """Every LSF host view as one JSON array (built once per version)."""
+        if self.json_list is None:
+            body = b"},".join(e[2] for e in self.entries.values())
+            self.json_list = b"[" + body + b"}]" if body else b"[]"
+        return self.json_list
+
+
 class HostSelector:
-    """Host selection over the pushed hosts, with the evaluator cached per registry version."""
+    """Host selection over the pushed hosts, with the evaluator cached per registry version.
+
+    Host views are cached per pushed record: a push replaces a host's record, so only
+    records that are not the cached objects are converted again (a ``resvals`` push for
+    one host of 10,000 rebuilds one entry). Each LSF view is kept as its JSON bytes, so a
+    response listing thousands of hosts is joined from bytes, not re-serialized.
+    """
 
     def __init__(self, store: Store, evaluator_factory: EvaluatorFactory) -> None:
         self.store = store
         self.factory = evaluator_factory
         self._res: tuple[int, Any, Any] | None = None
-        self._hosts: tuple[int, list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
+        self._views: _HostViews | None = None
+        self._lock = threading.Lock()
 
     def _current(self) -> tuple[int, Any, Any]:
         version, site = self.store.site_resources()
@@ -116,24 +148,71 @@ class HostSelector:
         """The evaluator for the current site resources (built once per resources version)."""
         return self._current()[2]
 
-    def hosts(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-        """(evaluator host mappings, LSF host views by name), rebuilt only when hosts change."""
-        version, hosts = self.store.snapshot_hosts()
-        if self._hosts is None or self._hosts[0] != version:
-            views = {h["name"]: lsf_host(h) for h in hosts}
-            self._hosts = (version, [evaluator_host(h) for h in hosts], views)
-        return self._hosts[1], self._hosts[2]
+    def views(self) -> _HostViews:
+        """The host views of the store's current hosts version."""
+        views = self._views
+        if views is not None and views.version == self.store.hosts_version:
+            return views  # unchanged: skip the store's sorted snapshot of every host
+        version, records = self.store.snapshot_hosts()
+        with self._lock:  # one thread rebuilds; the others wait for its result
+            views = self._views
+            if views is not None and views.version == version:
+                return views
+            old = views.entries if views is not None else {}
+            entries = {}
+            for record in records:
+                name = record["name"]
+                entry = old.get(name)
+                if entry is None or entry[0] is not record:
+                    view = lsf_host(record)
+                    entry = (record, evaluator_host(record), _dumps(view)[:-1])
+                entries[name] = entry
+            self._views = views = _HostViews(version, entries)
+        return views
 
-    def lsf_hosts(self) -> list[dict[str, Any]]:
-        """Every host in LSF's fields, by name (cached like :meth:`hosts`)."""
-        return list(self.hosts()[1].values())
+    def hosts_json(self) -> tuple[bytes, int]:
+        """(every host in LSF's fields as a JSON array, by name; the number of hosts)."""
+        views = self.views()
+        return views.hosts_json(), len(views.entries)
 
-    def select(self, resreq: str, limit: int | None, ntasks: int) -> list[dict[str, Any]]:
-        """Matching hosts in order, in LSF's fields plus ``tasks`` and ``alternative``."""
+    def select_json(self, resreq: str, limit: int | None, ntasks: int) -> tuple[bytes, int]:
+        """(matching hosts in order as a JSON array, their number).
+
+        Each item is the host's LSF view plus ``tasks`` and ``alternative``, joined from the
+        cached view bytes; the few distinct ``tasks``/``alternative`` tails are built once.
+        """
         evaluator = self.evaluator()
-        mappings, views = self.hosts()
-        matches = evaluator.select(resreq, mappings, limit=limit, ntasks=ntasks)
-        return [{**views[hm.name], "tasks": hm.tasks, "alternative": hm.alternative} for hm in matches]
+        views = self.views()
+        matches = evaluator.select(resreq, views.mappings, limit=limit, ntasks=ntasks)
+        if not matches:
+            return b"[]", 0
+        entries = views.entries
+        tails: dict[Any, bytes] = {}
+        parts: list[bytes] = [b"["]
+        add = parts.append
+        for hm in matches:
+            # Keyed by the bare task count when there is no alternative: no tuple per host
+            # (thousands of short-lived tuples also feed the cyclic GC).
+            alt = hm.alternative
+            key = hm.tasks if alt is None else (hm.tasks, alt)
+            tail = tails.get(key)
+            if tail is None:
+                tail = tails[key] = (b',"tasks":' + _dumps(hm.tasks) + b',"alternative":'
+                                     + _dumps(alt) + b"},")
+            add(entries[hm.name][2])
+            add(tail)
+        parts[-1] = parts[-1][:-1] + b"]"  # the last item's tail: no comma, close the array
+        return b"".join(parts), len(matches)
+
+
+def _dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+
+
+def raw_ok(data_json: bytes, count: int) -> Response:
+    """A success envelope around ``data_json``, already-serialized JSON of ``count`` items."""
+    body = b'{"code":200,"msg":"ok","data":' + data_json + b',"count":' + str(count).encode() + b"}"
+    return Response(body, media_type="application/json")
 
 
 def _resreq_error_type() -> type[Exception]:
@@ -335,7 +414,7 @@ def create_app(
     @app.get(f"{PREFIX}/hosts", response_model=m.Envelope[list[m.Host]], tags=["hosts"], responses=errors)
     async def list_hosts(s: User) -> Response:
         """Hosts in LSF's field names, by name."""
-        return ok(selector.lsf_hosts())
+        return raw_ok(*selector.hosts_json())
 
     @app.post(f"{PREFIX}/hosts/control", response_model=m.Envelope[m.Host], tags=["hosts"],
               responses=write_errors)
@@ -351,10 +430,11 @@ def create_app(
     async def select_hosts(s: User, body: m.SelectBody) -> Response:
         """Hosts that satisfy a resource requirement, best first."""
         try:
-            found = await anyio.to_thread.run_sync(selector.select, body.resreq, body.limit, body.ntasks)
+            found = await anyio.to_thread.run_sync(selector.select_json, body.resreq, body.limit,
+                                                   body.ntasks)
         except resreq_error as exc:
             raise ApiError(400, f"bad resource requirement: {exc.message}", exc.to_dict()) from None  # type: ignore[attr-defined]
-        return ok(found)
+        return raw_ok(*found)
 
     # ------------------------------------------------------------------ resources, cluster
     @app.get(f"{PREFIX}/resources", response_model=m.Envelope[list[dict[str, Any]]],

@@ -39,9 +39,15 @@ def bind(listen: str) -> socket.socket:
     """A listening socket for ``host:port`` (``[::1]:0`` and port 0 allowed)."""
     host, port = split_listen(listen)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must be IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY on an accepted
+    # connection only when its socket's proto is IPPROTO_TCP, and accepted sockets inherit the
+    # listener's proto. Without it uvicorn's two send() calls (headers, then body) meet Nagle
+    # plus the client's delayed ACK: ~40 ms added to every response on a kept-alive connection.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Belt and braces: Linux also copies TCP_NODELAY from the listener to accepted sockets.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(1024)
         sock.setblocking(False)
