@@ -59,9 +59,15 @@ SECTION = ConfigSection(
 
 async def main(ctx: RoleContext) -> None:
     """Serve the REST API until the role stops."""
-    from xce_apiserver.role import run
+    import importlib
 
-    await run(ctx)
+    import anyio
+
+    # FastAPI, pydantic and uvicorn take a good part of a second to import: on a thread, so
+    # the client's reader and heartbeats on this loop go on meanwhile (a failover during
+    # start-up is noticed at once, not after the imports).
+    role = await anyio.to_thread.run_sync(importlib.import_module, "xce_apiserver.role")
+    await role.run(ctx)
 
 
 @hookimpl
