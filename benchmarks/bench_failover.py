@@ -1,0 +1,309 @@
+"""Failover latency under a sequential writer, with every role of a real cluster up.
+
+Run from the repository root::
+
+    python benchmarks/bench_failover.py [--kills 50] [--quick]
+
+Three controller candidates, two workers, the scheduler and the API server run as real
+``xce run`` processes on loopback. One client (the real ``Client`` library) writes
+sequentially (``jobsubmit``, one at a time, 5 ms apart; jobs go to an inactive queue so the
+cluster is not loaded by them). After 0.5-1.5 s (random) of steady writing, the primary is
+SIGKILLed while the writer's request is outstanding (sent, reply not yet received). Per kill:
+
+- ``promotion``: kill -> the new primary's promotion time (``status.since``, its own clock);
+- ``inflight_ack``: kill -> the acknowledgement of the write that was in flight;
+- ``first_write``: kill -> the acknowledgement of the first write issued after the kill
+  (the BENCHMARKS.md method; a sequential writer issues it once the in-flight one returns);
+- ``rejoin[role]``: kill -> the role's ``joined_at`` in the new primary's ``status``
+  ``member_list`` (its own clock); the roles' "re-joined as" log lines (millisecond
+  timestamps) are recorded too, as a cross-check (and used if ``member_list`` is missing);
+- ``all_rejoined``: the last of those.
+
+Then the killed candidate is restarted as a standby and the loop repeats. Writes
+``benchmarks/results/failover.json`` and ``benchmarks/results/failover.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import (
+    PARKED_QUEUE,
+    RESULTS,
+    BenchCluster,
+    log,
+    log_times,
+    meta,
+    quiet_logs,
+    stats,
+    write_result,
+)
+
+PART = "failover"
+ROLES = ("node1", "node2", "scheduler", "apiserver")
+WRITE_GAP = 0.005
+PEERS = [  # BENCHMARKS.md: kill -> first acknowledged write issued after the kill (seconds)
+    ("ZooKeeper 3.8, 3 nodes, kazoo (defaults)", 0.75, 0.53, 1.39),
+    ("ZooKeeper, kazoo 50 ms retry (tuned)", 0.66, 0.41, 0.84),
+    ("etcd 3.4, 3 nodes (election 1 s)", 1.23, 1.22, 1.64),
+    ("Redis 7 + Sentinel (down-after 1 s)", 2.27, 2.22, 2.39),
+    ("Redis 7 + Sentinel (defaults)", 30.8, 30.8, 31.5),
+    ("Slurm 22.05 (SlurmctldTimeout=5)", 6.5, 6.2, 7.1),
+    ("Slurm 22.05 (defaults, 120 s)", 141.0, 122.0, 156.0),
+]
+
+
+def _index_of(bc: BenchCluster, address: str) -> int:
+    port = int(address.rsplit(":", 1)[1])
+    return bc.cluster.ports.index(port)
+
+
+def _log_rejoins(bc: BenchCluster, t_kill: float) -> dict[str, float | None]:
+    """Kill -> first "re-joined as" log line after the kill, per role (seconds; None: not yet)."""
+    out: dict[str, float | None] = {}
+    for name in ROLES:
+        times = [t for t in log_times(bc.roles[name].text(), "re-joined as", t_kill)
+                 if t >= t_kill - 0.001]  # log times are truncated to the millisecond
+        out[name] = max(0.0, min(times) - t_kill) if times else None
+    return out
+
+
+def _identity_role(identity: str) -> str | None:
+    """Which of ROLES a member identity is (``worker@node1`` -> node1)."""
+    role, _, host = identity.partition("@")
+    if role == "worker":
+        return host if host in ROLES else None
+    return role if role in ROLES else None
+
+
+def _status_rejoins(status: dict[str, Any], t_kill: float) -> dict[str, float | None] | None:
+    """Kill -> each role's ``joined_at`` on the new primary (its clock); None if not reported."""
+    members = status.get("member_list")
+    if members is None:
+        return None
+    out: dict[str, float | None] = dict.fromkeys(ROLES)
+    for m in members:
+        name = _identity_role(m.get("identity", ""))
+        if name is not None and m.get("joined_at", 0) >= t_kill:
+            out[name] = m["joined_at"] - t_kill
+    return out
+
+
+async def _write(client: Any, seq: int) -> tuple[float, float]:
+    """One durable submission: (issued, acknowledged) epoch times."""
+    t0 = time.time()
+    await client.call("jobsubmit", {"command": f"true # {seq}", "user": "bench",
+                                    "queue": PARKED_QUEUE, "name": f"fo-{seq}"})
+    return t0, time.time()
+
+
+async def one_kill(bc: BenchCluster, client: Any, rng: random.Random, seq: list[int]) -> dict[str, Any]:
+    """Steady writes, SIGKILL the primary with a write in flight, measure, restart it."""
+    st = await client.call("status")
+    old = _index_of(bc, st["primary"])
+    victim = bc.cluster.candidates[old]
+    steady_until = time.monotonic() + rng.uniform(0.5, 1.5)
+    while time.monotonic() < steady_until:
+        seq[0] += 1
+        await _write(client, seq[0])
+        await anyio.sleep(WRITE_GAP)
+    inflight: dict[str, float] = {}
+
+    async def in_flight_write() -> None:
+        seq[0] += 1
+        inflight["issued"], inflight["acked"] = await _write(client, seq[0])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(in_flight_write)
+        for _ in range(100):  # until the request is registered on the link (sent or sending)
+            await anyio.sleep(0)
+            conn = client._conn
+            if conn is not None and conn.pending:
+                break
+        t_kill = time.time()
+        os.kill(victim.pid, signal.SIGKILL)
+    seq[0] += 1
+    first_issued, first_acked = await _write(client, seq[0])
+    st = await client.call("status")
+    new = _index_of(bc, st["primary"])
+    rejoin: dict[str, float | None] = {}
+    source = "status.member_list joined_at"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = _status_rejoins(await client.call("status"), t_kill)
+        if found is None:  # a controller without member_list: the roles' own log lines
+            source, found = "role logs", _log_rejoins(bc, t_kill)
+        rejoin = found
+        if all(v is not None for v in rejoin.values()):
+            break
+        await anyio.sleep(0.02)
+    from_logs = _log_rejoins(bc, t_kill)
+    await anyio.to_thread.run_sync(victim.popen.wait, 10)
+    t_restart = time.monotonic()
+    bc.cluster.start_candidate(old)
+    await anyio.to_thread.run_sync(bc.cluster.wait_state, old, "standby", 60.0)
+    done = [v for v in rejoin.values() if v is not None]
+    return {
+        "old": old, "new": new, "jobs": st["jobs"],
+        "promotion": st["since"] - t_kill,
+        "inflight_ack": inflight["acked"] - t_kill,
+        "inflight_issued_before_kill": t_kill - inflight["issued"],
+        "first_write": first_acked - t_kill,
+        "first_write_issued_after_kill": first_issued - t_kill,
+        "rejoin": rejoin,
+        "rejoin_source": source,
+        "rejoin_from_logs": from_logs,
+        "all_rejoined": max(done) if len(done) == len(ROLES) else None,
+        "restart_to_standby": time.monotonic() - t_restart,
+    }
+
+
+async def run_kills(bc: BenchCluster, kills: int, seed: int) -> tuple[list[dict[str, Any]], int]:
+    """``kills`` kill cycles with one writer client; the records and the final job count."""
+    from xcecore.connection import Client
+
+    rng = random.Random(seed)
+    seq = [0]
+    records: list[dict[str, Any]] = []
+    async with Client(bc.client_config("cli@bench-writer"), role="cli") as client:
+        await client.connect()
+        for k in range(kills):
+            rec = await one_kill(bc, client, rng, seq)
+            records.append(rec)
+            log(PART, f"kill {k + 1}/{kills}: candidate {rec['old']} -> {rec['new']}; promotion "
+                      f"{rec['promotion'] * 1e3:.1f} ms, in-flight ack {rec['inflight_ack'] * 1e3:.1f} ms, "
+                      f"first write {rec['first_write'] * 1e3:.1f} ms, all roles re-joined "
+                      f"{(rec['all_rejoined'] or float('nan')) * 1e3:.0f} ms")
+        jobs = (await client.call("status"))["jobs"]
+    return records, jobs
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Distributions (milliseconds) over the kills."""
+    def ms(key: str) -> dict[str, float]:
+        return stats([r[key] * 1e3 for r in records if r.get(key) is not None], 1)
+
+    per_role = {name: stats([r["rejoin"][name] * 1e3 for r in records
+                             if r["rejoin"].get(name) is not None], 1) for name in ROLES}
+    pooled = stats([r["rejoin"][n] * 1e3 for r in records for n in ROLES
+                    if r["rejoin"].get(n) is not None], 1)
+    return {
+        "promotion_ms": ms("promotion"),
+        "inflight_ack_ms": ms("inflight_ack"),
+        "first_write_ms": ms("first_write"),
+        "all_rejoined_ms": ms("all_rejoined"),
+        "role_rejoin_ms": per_role,
+        "role_rejoin_pooled_ms": pooled,
+        "rejoin_source": sorted({r.get("rejoin_source", "?") for r in records}),
+        "role_rejoin_pooled_from_logs_ms": stats([r["rejoin_from_logs"][n] * 1e3 for r in records for n in ROLES
+                                                  if r.get("rejoin_from_logs", {}).get(n) is not None], 1),
+        "restart_to_standby_s": stats([r["restart_to_standby"] for r in records], 2),
+        # The standby loads the whole state when it promotes; the writer adds jobs every cycle,
+        # so the first and last tenth of the kills show how promotion scales with the state.
+        "state_growth": _growth(records),
+        "missing_rejoins": sum(1 for r in records for n in ROLES if r["rejoin"].get(n) is None),
+    }
+
+
+def _growth(records: list[dict[str, Any]]) -> dict[str, Any]:
+    k = max(1, len(records) // 10)
+    out = {}
+    for name, part in (("first_tenth", records[:k]), ("last_tenth", records[-k:])):
+        out[name] = {"kills": len(part), "jobs_median": stats([r.get("jobs", 0) for r in part], 0).get("p50"),
+                     "promotion_ms_median": stats([r["promotion"] * 1e3 for r in part], 1).get("p50"),
+                     "first_write_ms_median": stats([r["first_write"] * 1e3 for r in part], 1).get("p50")}
+    return out
+
+
+def plot(records: list[dict[str, Any]], path: Path) -> bool:
+    """ECDF of the per-kill latencies; False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    series = [("promotion", "standby promoted"), ("inflight_ack", "in-flight write acked"),
+              ("first_write", "first write after kill acked"), ("all_rejoined", "all 4 roles re-joined")]
+    for key, label in series:
+        xs = sorted(r[key] * 1e3 for r in records if r.get(key) is not None)
+        if xs:
+            ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=label)
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ax.axvline(300, color="grey", ls="--", lw=0.8)
+    ax.text(290, 0.5, "300 ms: re-join p50 target ", color="grey", fontsize=8, ha="right")
+    ax.set_xscale("log")
+    ax.set_xticks([5, 10, 20, 50, 100, 200, 300, 500, 1000])
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("milliseconds after SIGKILL of the primary (log scale)")
+    ax.set_ylabel("fraction of kills")
+    ax.set_title(f"xce failover, {len(records)} SIGKILLs, 3 candidates + 2 workers + scheduler + API")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the failover benchmark."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kills", type=int, default=50, help="SIGKILLs of the primary (default 50)")
+    ap.add_argument("--quick", action="store_true", help="5 kills")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs)")
+    args = ap.parse_args(argv)
+    kills = 5 if args.quick else args.kills
+    quiet_logs()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    root = Path(tempfile.mkdtemp(prefix="xce-bench-failover-"))
+    bc = BenchCluster(root, api=True)
+    try:
+        bc.start()
+        bc.start_workers(2)
+        bc.start_role("scheduler")
+        bc.start_role("apiserver")
+        for name in ROLES:
+            bc.wait_logged(name, "joined as", 60)
+        log(PART, f"cluster up in {root}; {kills} kills")
+        records, jobs = anyio.run(run_kills, bc, kills, seed)
+    except BaseException:
+        print(bc.cluster.logs()[-8000:], file=sys.stderr)
+        args.keep = True
+        raise
+    finally:
+        bc.close()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    result = {**meta(), "kills": kills, "seed": seed, "write_gap_ms": WRITE_GAP * 1e3,
+              "jobs_in_state_at_end": jobs,
+              "client_settings": {"heartbeat_interval": 0.2, "liveness_timeout": 1.5,
+                                  "connect_timeout": 0.5, "backoff_base": 0.02, "backoff_cap": 0.5},
+              "summary": summarize(records), "peers_first_write_s": PEERS, "records": records}
+    result["plot"] = "failover.png" if plot(records, RESULTS / "failover.png") else None
+    write_result(PART, result)
+    s = result["summary"]
+    log(PART, f"first write p50 {s['first_write_ms'].get('p50')} ms p99 {s['first_write_ms'].get('p99')}; "
+              f"all roles re-joined p50 {s['all_rejoined_ms'].get('p50')} ms p99 {s['all_rejoined_ms'].get('p99')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,358 @@
+"""Write ``benchmarks/RESULTS.md`` from the result files in ``benchmarks/results/``.
+
+Run from the repository root (``run_all.py`` runs it last)::
+
+    python benchmarks/report.py
+
+Every figure comes from a results JSON written by the script named next to it (with its
+command, date and core count); nothing is typed in by hand. Besides this suite's parts
+(failover, storm, throughput, failfast, hotpaths) it gathers the headline figures of the
+other benchmarks that wrote ``results/<name>.json`` (connection, controller, resreq,
+scheduler, apiserver) and links their own ``.md`` reports.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import RESULTS, ROOT
+
+OUT = ROOT / "benchmarks" / "RESULTS.md"
+# Headline figures of the other engineers' benchmarks: (label, flattened-key glob, unit).
+OTHERS: dict[str, list[tuple[str, str, str]]] = {
+    "connection": [
+        ("post-call check, no rejoin pending (net)", "post_call.net_ns.post_call_inline", "ns"),
+        ("client calls/s, sequential (median)", "throughput.sequential_rps.median", "/s"),
+        ("client calls/s, 64 in flight (median)", "throughput.pipelined_64_rps.median", "/s"),
+        ("connect direct (median)", "redirect.direct_ms.median", "ms"),
+        ("connect via a standby's redirect (median)", "redirect.via_standby_redirect_ms.median", "ms"),
+    ],
+    "controller": [
+        ("durable submits/s, sequential", "throughput.sequential_per_s", "/s"),
+        ("durable submits/s, pipelined, 1 client", "throughput.pipelined_1_client_per_s", "/s"),
+        ("durable submits/s, pipelined, 8 clients", "throughput.pipelined_8_clients_per_s", "/s"),
+        ("SIGKILL -> first acked write (median)", "promotion.kill_to_first_acked_write_ms.median", "ms"),
+        ("promotion inside the standby (median)", "promotion.promote_internal_ms.median", "ms"),
+        ("full state 10k jobs + 1k hosts: join -> received (median)",
+         "full_state.join_to_state_received_ms.median", "ms"),
+    ],
+    "resreq": [
+        ("compile, cold (median)", "results.compile_cold.median", "us"),
+        ("compile, cache hit (median)", "results.compile_cache_hit.median", "us"),
+        ("select over 10,000 hosts (median)", "results.select_10000.median", "ms"),
+        ("select+order+rusage over 10,000 hosts (median)", "results.typical_10000.median", "ms"),
+    ],
+    "scheduler": [
+        ("cycle, 10k jobs x 1k hosts, cold (median)", "results.cycle_cold.median", "ms"),
+        ("cycle, warm (median)", "results.cycle_warm.median", "ms"),
+        ("submit -> dispatch (median)", "results.submit_to_dispatch.median", "ms"),
+    ],
+    "cli": [
+        ("`xce version` wall (p50)", "results.xce version.p50", "ms"),
+        ("`xce jobs`, 1000 pending jobs, wall (p50; aim <= 100 ms)", "results.xce jobs (1000 pending jobs).p50", "ms"),
+        ("`xce submit -- true` wall (p50)", "results.xce submit -- true.p50", "ms"),
+        ("`python -c pass` floor (p50)", "results.python -c pass (interpreter floor).p50", "ms"),
+    ],
+    "apiserver": [
+        ("POST /jobs in-process ASGI (p50)", "in_process_asgi.post_jobs.p50_ms", "ms"),
+        ("POST /jobs 503 while degraded, in-process (p50)", "in_process_asgi.post_jobs_503_degraded.p50_ms", "ms"),
+        ("POST /jobs real HTTP, sequential", "real_http_loopback.post_jobs_sequential.rps", "/s"),
+        ("POST /jobs real HTTP, 8 in flight", "real_http_loopback.post_jobs_8_in_flight.rps", "/s"),
+        ("GET /jobs real HTTP (p50)", "real_http_loopback.get_jobs_*.p50_ms", "ms"),
+    ],
+}
+MINE = ("failover", "storm", "throughput", "failfast", "hotpaths")
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys -> leaf values (lists are leaves)."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    else:
+        out[prefix] = d
+    return out
+
+
+def load(name: str) -> dict[str, Any] | None:
+    """``results/<name>.json`` or None."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def fmt(v: Any, digits: int = 1) -> str:
+    """A number for a table cell."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int | float):
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+    return str(v)
+
+
+def provenance(d: dict[str, Any]) -> str:
+    """'`command` — date, N cores' from a result file's metadata."""
+    flat = flatten(d)
+    def first(*keys: str) -> Any:
+        return next((flat[k] for k in keys if k in flat), "?")
+    return (f"`{first('command', 'meta.command')}` — {first('date', 'meta.date')}, "
+            f"{first('cores', 'cpu_count', 'meta.cores')} cores")
+
+
+def dist_row(label: str, s: dict[str, Any], aim: str = "", digits: int = 1) -> str:
+    """A table row of a distribution (min/p50/p90/p99/max, n)."""
+    cells = [fmt(s.get(k), digits) for k in ("p50", "p90", "p99", "max", "min")]
+    return f"| {label} | " + " | ".join(cells) + f" | {s.get('n', 0)} | {aim} |"
+
+
+DIST_HEAD = "| measure | p50 | p90 | p99 | max | min | n | aim |\n|---|---|---|---|---|---|---|---|"
+
+
+def failover_section(d: dict[str, Any] | None) -> list[str]:
+    """Failover latency section."""
+    lines = ["## 1. Failover latency (`bench_failover.py`)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/failover.json`).", ""]
+    s = d["summary"]
+    logs = s.get("role_rejoin_pooled_from_logs_ms", {})
+    lines += [f"Source: {provenance(d)}. {d['kills']} SIGKILLs of the primary; three candidates, "
+              "two workers, the scheduler and the API server as real processes; one client writing "
+              f"sequentially (`jobsubmit`, {fmt(d.get('write_gap_ms'))} ms apart). Milliseconds after "
+              "the SIGKILL. The kill lands while a write is outstanding (sent, not yet answered) at a random "
+              "moment 0.5-1.5 s into steady writing; the writer being sequential, its first write issued "
+              "after the kill goes out once that one is acknowledged.", "", DIST_HEAD,
+              dist_row("standby promoted (`status.since`)", s["promotion_ms"]),
+              dist_row("write in flight at the kill acknowledged", s["inflight_ack_ms"]),
+              dist_row("first write issued after the kill acknowledged", s["first_write_ms"],
+                       "median ≤ 100, p99 ≤ 300"),
+              dist_row("every role re-joined (last of 4)", s["all_rejoined_ms"], "p50 ≤ 300, p99 ≤ 1000"),
+              dist_row("a role re-joined (all roles pooled)", s["role_rejoin_pooled_ms"], "median ≤ 200")]
+    for name, rs in s["role_rejoin_ms"].items():
+        lines.append(dist_row(f"&nbsp;&nbsp;{name} re-joined", rs))
+    lines += ["", f"Re-joins not seen within 30 s: {s.get('missing_rejoins', 0)}. Jobs in the state at "
+              f"the end: {fmt(d.get('jobs_in_state_at_end'))}. Re-connect and re-join are the core's own "
+              f"(client settings: {d.get('client_settings')}). Re-join times come from: "
+              f"{', '.join(s.get('rejoin_source', []))}; cross-check from the roles' 're-joined as' log "
+              f"lines (ms timestamps), all roles pooled: p50 {fmt(logs.get('p50'))} ms, "
+              f"p99 {fmt(logs.get('p99'))} ms.", ""]
+    growth = s.get("state_growth")
+    if growth:
+        f, last = growth["first_tenth"], growth["last_tenth"]
+        lines += [f"The state grows during the run (the writer's jobs): over the first {f['kills']} kills "
+                  f"({fmt(int(f['jobs_median'] or 0))} jobs) promotion took {fmt(f['promotion_ms_median'])} ms and the "
+                  f"first write {fmt(f['first_write_ms_median'])} ms (medians); over the last {last['kills']} "
+                  f"({fmt(int(last['jobs_median'] or 0))} jobs) {fmt(last['promotion_ms_median'])} ms and "
+                  f"{fmt(last['first_write_ms_median'])} ms: a promoting standby loads the whole state.", ""]
+    if d.get("plot"):
+        lines += ["![failover latency](results/failover.png)", ""]
+    fw = s["first_write_ms"]
+    lines += ["Compared with the peers in `/work/shared/BENCHMARKS.md` (kill -> first acknowledged "
+              "write issued after the kill; peers measured on the same kind of machine):", "",
+              "| system | median | min-max |", "|---|---|---|",
+              f"| **xce** (this run, n={fw.get('n')}) | {fmt(fw.get('p50'))} ms | "
+              f"{fmt(fw.get('min'))}-{fmt(fw.get('max'))} ms |"]
+    for name, med, lo, hi in d.get("peers_first_write_s", []):
+        lines.append(f"| {name} | {med * 1000:,.0f} ms | {lo * 1000:,.0f}-{hi * 1000:,.0f} ms |")
+    return [*lines, ""]
+
+
+def storm_section(d: dict[str, Any] | None) -> list[str]:
+    """Join storm / steady state / re-join storm section."""
+    lines = ["## 2. Join storm, steady state and re-join storm (`bench_storm.py`)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/storm.json`).", ""]
+    lines += [f"Source: {provenance(d)}. Simulated workers: real `Client`s (one TCP connection each) "
+              f"in separate processes, heartbeat {d['heartbeat_s']} s, liveness {d['liveness_timeout_s']} s, "
+              f"connect timeout {d['connect_timeout_s']} s, back-off base {d.get('backoff_base_s')} s / cap "
+              f"{d.get('backoff_cap_s')} s; controller `host_timeout` {d['host_timeout_s']} s. A size whose "
+              "workers have not all joined within 120 s is reported as failed (the rest of its row is empty). "
+              "The controller, the standbys and the worker processes share the machine's cores.", "",
+              "| measure | " + " | ".join(f"{int(k):,} workers" for k in d["sizes"]) + " |",
+              "|---|" + "---|" * len(d["sizes"])]
+    rows: list[tuple[str, Any]] = [
+        ("worker processes", lambda v: v.get("processes")),
+        ("workers started evenly over (s)", lambda v: v.get("start_spread_s")),
+        ("join storm: workers joined", lambda v: v.get("join_storm", {}).get("joined")),
+        ("join storm: all joined (s; or when the 120 s limit was hit)",
+         lambda v: v.get("join_storm", {}).get("seconds_to_all_joined")),
+        ("join storm: worker processes' CPU per worker until ready (ms)",
+         lambda v: v.get("join_storm", {}).get("sim_cpu_ms_per_worker")),
+        ("steady: controller CPU (cores, 1 = one core)", lambda v: v.get("steady", {}).get("controller_cpu_cores")),
+        ("steady: controller CPU per heartbeat (µs)",
+         lambda v: v.get("steady", {}).get("controller_cpu_us_per_heartbeat")),
+        ("steady: controller RSS (MiB)", lambda v: v.get("steady", {}).get("controller_rss_mib")),
+        ("steady: controller RSS per connected worker (KiB)",
+         lambda v: v.get("steady", {}).get("controller_rss_per_worker_kib")),
+        ("steady: heartbeat RTT p50 / p99 (ms)", lambda v: _pair(v.get("steady", {}).get("heartbeat_rtt_ms"))),
+        ("steady: worker processes' CPU (cores, total)", lambda v: v.get("steady", {}).get("sim_cpu_cores_total")),
+        ("steady: worker processes' CPU per heartbeat (µs)",
+         lambda v: v.get("steady", {}).get("sim_cpu_us_per_heartbeat")),
+        ("controller keeps up on one core (CPU < 1 and all members joined)",
+         lambda v: v.get("steady", {}).get("keeps_up_on_one_core")),
+        ("after SIGKILL: workers re-joined", lambda v: v.get("rejoin", {}).get("rejoined")),
+        ("after SIGKILL: all re-joined after (s) — target ≤ 10 s at 10,000",
+         lambda v: v.get("rejoin", {}).get("seconds_to_all_rejoined")),
+        ("per-worker re-join p50 / p90 / p99 (s)", lambda v: _triple(v.get("rejoin", {}).get("rejoin_s"))),
+        ("per-worker re-join, workers' own view p50 / p99 (s)",
+         lambda v: _pair(v.get("rejoin", {}).get("client_view_rejoin_s"))),
+        ("handshakes abandoned or timed out (all candidates, whole run)",
+         lambda v: sum(v.get("handshakes_abandoned", {}).values()) if v.get("handshakes_abandoned") else None),
+        ("error", lambda v: v.get("error")),
+    ]
+    for label, get in rows:
+        vals = [get(v) for v in d["sizes"].values()]
+        if all(x is None for x in vals):
+            continue
+        lines.append(f"| {label} | " + " | ".join(fmt(x, 2) for x in vals) + " |")
+    lines += ["", f"Largest size whose workers all re-joined: {fmt(d.get('largest_size_fully_rejoined'))}.", ""]
+    if d.get("plot"):
+        lines += ["![re-join curve](results/storm.png)", ""]
+    return lines
+
+
+def _pair(s: dict[str, Any] | None) -> str | None:
+    return None if not s or not s.get("n") else f"{fmt(s['p50'], 2)} / {fmt(s['p99'], 2)}"
+
+
+def _triple(s: dict[str, Any] | None) -> str | None:
+    return None if not s or not s.get("n") else f"{fmt(s['p50'], 2)} / {fmt(s['p90'], 2)} / {fmt(s['p99'], 2)}"
+
+
+def throughput_section(d: dict[str, Any] | None) -> list[str]:
+    """Throughput section."""
+    lines = ["## 3. Throughput (`bench_throughput.py`)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/throughput.json`).", ""]
+    lines += [f"Source: {provenance(d)}. Every submission is acknowledged after its durable commit. "
+              "Rates are per run; the table gives the median and range over the runs.", "",
+              "| measure | median | min-max | runs | aim / peer |", "|---|---|---|---|---|"]
+    aims = {"sequential_1_client": "≥ 1,000/s (Slurm CLI 101-105/s)",
+            "pipelined_1_client_256_inflight": "≥ 10,000/s",
+            "pipelined_8_clients_32_inflight": "≥ 10,000/s"}
+    for name, v in d.get("library", {}).items():
+        s = v["jobs_per_s"]
+        lines.append(f"| library: {name.replace('_', ' ')} (jobs/s) | {fmt(s['p50'])} | "
+                     f"{fmt(s['min'])}-{fmt(s['max'])} | {v['runs']} | {aims.get(name, '')} |")
+    for name, v in d.get("rest", {}).items():
+        s = v["jobs_per_s"]
+        lines.append(f"| REST `POST /jobs`: {name.replace('_', ' ')} (jobs/s) | {fmt(s['p50'])} | "
+                     f"{fmt(s['min'])}-{fmt(s['max'])} | {v['runs']} | |")
+    disp = d.get("dispatch")
+    if disp:
+        lines += ["", "Dispatch end to end (2 workers x 4 slots, the scheduler; trivial `true` jobs):", "",
+                  DIST_HEAD,
+                  dist_row("submit -> RUN push seen (ms)", disp["submit_to_run_ms"], "≤ 50 median (Slurm 1.72 s)"),
+                  dist_row("submit -> started on the worker (ms, controller clock)", disp["submit_to_started_ms"]),
+                  dist_row("submit -> DONE push seen (ms)", disp["submit_to_done_ms"]),
+                  dist_row(f"bursts of {disp['burst_jobs']}: jobs completed per second", disp["completed_per_s"],
+                           "≥ 100 (Slurm 0.6-2.1 at 2 slots)"),
+                  "", f"Burst jobs that did not end DONE: {disp.get('burst_jobs_not_done')}."]
+        rest = d.get("rest", {}).get("sequential_1_http_client", {}).get("latency_ms")
+        if rest:
+            lines += ["", DIST_HEAD, dist_row("REST `POST /jobs` latency, sequential (ms)", rest)]
+    return [*lines, ""]
+
+
+def failfast_section(d: dict[str, Any] | None) -> list[str]:
+    """Fail-fast section."""
+    lines = ["## 4. Fail-fast while degraded (`bench_failfast.py`)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/failfast.json`).", ""]
+    return [*lines, f"Source: {provenance(d)}. Every candidate SIGKILLed; the first `POST /jobs` "
+            f"waited {fmt(d['first_request_to_503_s'], 2)} s (the backend's retry budget) before "
+            "marking the backend degraded; then each request is timed from a keep-alive HTTP client "
+            "(client overhead included).", "", DIST_HEAD,
+            dist_row(f"`POST /jobs` -> 503 (ms), {d['requests']} requests", d["latency_503_ms"],
+                     "p99 ≤ 5", 3),
+            "", f"Batch medians (ms): {', '.join(fmt(x, 3) for x in d['batch_medians_ms'])}; "
+            f"non-503 answers: {d['non_503_answers'] or 'none'}.", ""]
+
+
+def hotpaths_section(d: dict[str, Any] | None) -> list[str]:
+    """Hot paths section."""
+    lines = ["## 5. Hot paths (`bench_hotpaths.py`)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/hotpaths.json`).", ""]
+    pc, hk, rq = d["post_call"], d["hook_call"], d["resreq_select_10000"]
+    return [*lines, f"Source: {provenance(d)}.", "", DIST_HEAD,
+            dist_row("post-call check, no rejoin pending, inline (ns, net of empty loop)",
+                     pc["inline_check"]["ns_net"]),
+            dist_row("`Client.rejoin_due(op)` method (ns, net)", pc["rejoin_due_method"]["ns_net"]),
+            dist_row(f"pluggy hook call, {hk['implementations']} implementation (µs)", hk["pluggy_hook_us"],
+                     "~4 µs reference", 3),
+            dist_row("same through the PluginManager facade (µs)", hk["plugin_manager_facade_us"], "", 3),
+            dist_row(f"resreq select over {rq['hosts']:,} hosts, select only (ms; "
+                     f"{rq['select_only']['matched']} match)", rq["select_only"]["ms"], "3-5 ms generated code", 3),
+            dist_row("resreq select + order + rusage over 10,000 hosts (ms)", rq["select_order_rusage"]["ms"], "", 3),
+            "", f"Evaluator: `{rq['evaluator']}`.", ""]
+
+
+def others_section() -> list[str]:
+    """Headline figures of the other benchmarks, with links to their reports."""
+    lines = ["## 6. Other benchmarks' figures (gathered from `results/*.json`)", "",
+             "Written by the other engineers' scripts; see each linked report for method and details.", "",
+             "| benchmark | figure | value | source |", "|---|---|---|---|"]
+    names = sorted({p.stem for p in RESULTS.glob("*.json")} - set(MINE))
+    for name in names:
+        d = load(name)
+        if d is None:
+            continue
+        flat = flatten(d)
+        link = f"[{name}.md](results/{name}.md)" if (RESULTS / f"{name}.md").exists() else f"{name}.json"
+        # Unknown files: their medians (p50), as many as fit in a short table.
+        picks = OTHERS.get(name) or [(k.rsplit(".", 1)[0], k, "") for k in flat
+                                     if k.endswith((".p50", ".median_ms", ".p50_ms"))
+                                     and isinstance(flat[k], int | float)][:8]
+        shown = 0
+        for label, pattern, unit in picks:
+            keys = [k for k in flat if fnmatch.fnmatchcase(k, pattern)]
+            for k in keys[:1]:
+                lines.append(f"| {link} | {label} | {fmt(flat[k], 2)} {unit} | {provenance(d)} |")
+                shown += 1
+        if not shown:
+            lines.append(f"| {link} | (no headline figure recognised; see the report) | | {provenance(d)} |")
+    return [*lines, ""]
+
+
+def main() -> int:
+    """Write RESULTS.md."""
+    import datetime as dt
+    import os
+
+    mine = {name: load(name) for name in MINE}
+    lines = ["# xce benchmark results", "",
+             f"Written by `python benchmarks/report.py` on {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} "
+             f"({os.cpu_count()} cores). Regenerate everything with `python benchmarks/run_all.py` "
+             "(one part: `--only failover|storm|throughput|failfast|hotpaths`; small counts: `--quick`).",
+             "Real processes, real loopback TCP, real SIGKILL; no simulated time, no mocks. The machine is "
+             "shared (other engineers' tests run on it): figures are medians and percentiles, and they vary "
+             "from run to run. Each section names the command, date and core count of the run it comes from.",
+             ""]
+    lines += failover_section(mine["failover"])
+    lines += storm_section(mine["storm"])
+    lines += throughput_section(mine["throughput"])
+    lines += failfast_section(mine["failfast"])
+    lines += hotpaths_section(mine["hotpaths"])
+    lines += others_section()
+    OUT.write_text("\n".join(lines))
+    print(f"[report] wrote {OUT.relative_to(ROOT)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Run the scale benchmarks and write ``benchmarks/RESULTS.md``.
+
+Run from the repository root::
+
+    python benchmarks/run_all.py                  # everything (about 10-15 minutes)
+    python benchmarks/run_all.py --quick          # small counts (a few minutes)
+    python benchmarks/run_all.py --only failover  # one part (comma-separated for several)
+    python benchmarks/run_all.py --only failover --kills 20
+
+Parts: hotpaths, throughput, failfast, failover, storm. Each runs as its own process (its own
+command line is what its results file records); a failing part is reported and the others
+still run. The report is rewritten at the end from every results file present.
+Optional dependencies: ``pip install -r benchmarks/requirements.txt`` (matplotlib, psutil).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PARTS = {
+    "hotpaths": ("bench_hotpaths.py", 300),
+    "throughput": ("bench_throughput.py", 600),
+    "failfast": ("bench_failfast.py", 300),
+    "failover": ("bench_failover.py", 900),
+    "storm": ("bench_storm.py", 1200),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen parts, then the report; non-zero exit if any part failed."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="", help=f"comma-separated parts: {', '.join(PARTS)}")
+    ap.add_argument("--quick", action="store_true", help="small counts everywhere")
+    ap.add_argument("--kills", type=int, default=None, help="failover: SIGKILLs (default 50)")
+    ap.add_argument("--sizes", default=None, help="storm: worker counts (default 1000,10000)")
+    args = ap.parse_args(argv)
+    chosen = [p.strip() for p in args.only.split(",") if p.strip()] or list(PARTS)
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown:
+        ap.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    failed: list[str] = []
+    t_all = time.monotonic()
+    for part in chosen:
+        script, timeout = PARTS[part]
+        cmd = [sys.executable, str(Path("benchmarks") / script)]
+        if args.quick:
+            cmd.append("--quick")
+        if part == "failover" and args.kills is not None:
+            cmd += ["--kills", str(args.kills)]
+        if part == "storm" and args.sizes:
+            cmd += ["--sizes", args.sizes]
+        print(f"[run_all] {part}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=ROOT)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: the part's cleanup kills the cluster processes it started.
+            print(f"[run_all] {part}: timed out after {timeout} s; stopping it", flush=True)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            rc = -1
+        print(f"[run_all] {part}: exit {rc} after {time.monotonic() - t0:.0f} s", flush=True)
+        if rc != 0:
+            failed.append(part)
+    subprocess.run([sys.executable, str(Path("benchmarks") / "report.py")], cwd=ROOT, check=False)
+    print(f"[run_all] done in {time.monotonic() - t_all:.0f} s"
+          + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
