@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pluggy
 from loguru import logger
 
-from xcecore import hookspecs
+from xcecore import __version__, hookspecs
 from xcecore.records import ConfigSection, Monitor, RoleSpec
 
 if TYPE_CHECKING:
@@ -115,6 +115,7 @@ class PluginManager:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self._dists: dict[str, tuple[str, str]] = {}
+        self._entry_points: dict[str, EntryPoint] = {}
         self.skipped: list[str] = []
         if os.environ.get(ENV_TRACE):
             self.pm.trace.root.setwriter(lambda msg: logger.debug("hook: {}", msg.rstrip()))
@@ -131,7 +132,7 @@ class PluginManager:
         chosen = select_plugins(section, installed, autoload=autoload)
         for name in chosen:
             if name in BUILTINS:
-                self.register(_import(name, BUILTINS[name]), name, ("xce", _version("xce")))
+                self.register(_import(name, BUILTINS[name]), name, ("xce", __version__))
             else:
                 ep = installed[name]
                 try:
@@ -141,8 +142,8 @@ class PluginManager:
                         f"plugin {name!r} ({ep.value}) failed to import: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
-                dist = ep.dist.name if ep.dist else "?"
-                self.register(module, name, (dist, ep.dist.version if ep.dist else "?"))
+                self.register(module, name)
+                self._entry_points[name] = ep  # distribution and version: read when shown
         # Modules named in [plugins] modules (or $XCE_PLUGIN_MODULES) load without installing:
         # how a plugin author tries a plugin before packaging it.
         env_modules = [m for m in os.environ.get(ENV_MODULES, "").split(",") if m.strip()]
@@ -165,7 +166,11 @@ class PluginManager:
         out = []
         for name, plugin in self.pm.list_name_plugin():
             hooks = tuple(sorted(c.name for c in self.pm.get_hookcallers(plugin) or ()))
-            dist, version = self._dists.get(name, ("-", "-"))
+            ep = self._entry_points.get(name)
+            if ep is not None and ep.dist is not None:  # parsing METADATA costs: only here
+                dist, version = ep.dist.name, ep.dist.version
+            else:
+                dist, version = self._dists.get(name, ("-", "-"))
             out.append(PluginInfo(name, dist, version, hooks))
         return out
 
@@ -246,12 +251,3 @@ def _import(name: str, module: str) -> ModuleType:
         return importlib.import_module(module)
     except Exception as exc:
         raise PluginError(f"plugin {name!r} ({module}) failed to import: {exc}") from exc
-
-
-def _version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "?"

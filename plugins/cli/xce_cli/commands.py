@@ -18,13 +18,16 @@ JSON = click.option("--json", "as_json", is_flag=True, help="Stable machine-read
 
 
 def _table(columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """Print an aligned plain-text table, as bjobs and bhosts do.
 
-    table = Table(*columns, title=title, box=None, header_style="bold")
-    for row in rows:
-        table.add_row(*("-" if v is None or v == "" else str(v) for v in row))
-    Console().print(table)
+    Plain columns, not rich: ``xce jobs`` with thousands of rows must answer in milliseconds,
+    and scripts that cut columns want no box characters or colour codes.
+    """
+    cells = [columns, *(["-" if v is None or v == "" else str(v) for v in row] for row in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    out = [title] if title else []
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    click.echo("\n".join(out))
 
 
 def _when(epoch: float | None) -> str:
