@@ -50,13 +50,13 @@ class ResvalBoard:
                 merged.update(vals)
             merged["sampled_at"] = round(time.time(), 3)
             self.updates += 1
-            count = self.updates
+            if self._file is not None:
+                # Under the lock: both monitors write through the same temporary file.
+                tmp = self._file.with_suffix(".tmp")
+                tmp.write_bytes(orjson.dumps({"updates": self.updates, "values": merged}))
+                os.replace(tmp, self._file)
         if self._post is not None:
             self._post("resvals", "update_resvals", {"values": merged})
-        if self._file is not None:
-            tmp = self._file.with_suffix(".tmp")
-            tmp.write_bytes(orjson.dumps({"updates": count, "values": merged}))
-            os.replace(tmp, self._file)
         return merged
 
 
