@@ -6,6 +6,9 @@ Installing xce makes these fixtures available to any test session:
   as real processes on free loopback ports sharing a temporary state directory, plus any
   role (``cluster.start_role("worker", hname="n1")``) as a real ``xce run`` process. Every
   process it started is killed (by pid) at teardown, also when the test fails.
+- ``xce_client``: a factory for a client already joined to a cluster as a chosen role
+  (``xce_client(cluster, "worker", hname="n1", ncpus=4)``), a blocking
+  :class:`~xcecore.syncclient.SyncClient` closed at teardown.
 - ``xce_plugin_manager``: a factory for a plugin manager holding only the plugins a test
   names (objects or modules), for unit tests that mock hooks.
 
@@ -51,6 +54,32 @@ def xce_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Call
         if failed is not None and failed.failed:
             sys.stderr.write(cluster.logs())
         cluster.close()
+
+
+@pytest.fixture
+def xce_client() -> Iterator[Callable[..., Any]]:
+    """Factory: ``xce_client(cluster, role, **attrs)`` -> a SyncClient joined as ``role``.
+
+    ``attrs`` are the join attributes (a ``worker`` needs ``hname``); with ``join=False`` the
+    client only connects (as the command line does).
+    """
+    from contextlib import ExitStack
+
+    from xcecore.runtime import client_config, load
+    from xcecore.syncclient import SyncClient
+
+    with ExitStack() as stack:
+
+        def make(cluster: LocalCluster, role: str = "cli", *, join: bool = True, **attrs: Any) -> SyncClient:
+            _, config = load(cluster.config_path)
+            name = attrs.get("hname") or "test"
+            cfg = client_config(config, f"{role}@{name}")
+            client = stack.enter_context(SyncClient.open(cfg, role=role, join_attrs=attrs or None))
+            if join:
+                client.join(deadline=30)
+            return client
+
+        yield make
 
 
 @pytest.fixture
