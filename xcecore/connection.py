@@ -29,12 +29,11 @@ import itertools
 import math
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import anyio
-from anyio import from_thread, lowlevel
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from loguru import logger
@@ -56,6 +55,7 @@ from xcecore.connstate import (
     resolve_redirect,
     seq_gap,
 )
+from xcecore.latest import LatestBox
 from xcecore.link import Link, LinkLost, open_link
 
 __all__ = [
@@ -255,10 +255,7 @@ class Client:
         self._push_tx, self._push_rx = anyio.create_memory_object_stream[tuple[str, int, Any]](
             math.inf
         )
-        self._latest: dict[str, tuple[str, dict[str, Any]]] = {}
-        self._latest_lock = threading.Lock()
-        self._latest_event = anyio.Event()
-        self._latest_wake: Callable[[], None] | None = None
+        self._latest = LatestBox()  # post_latest: newest value per key, sent by one task
 
     # ------------------------------------------------------------------ life cycle
     async def __aenter__(self) -> Client:
@@ -268,9 +265,7 @@ class Client:
         await tg.__aenter__()
         self._tg = tg
         self._loop_thread = threading.get_ident()
-        self._latest_wake = self._make_waker()
-        if self._latest:  # posted before we started
-            self._latest_event.set()
+        self._latest.bind()
         for loop in (self._push_loop, self._state_loop, self._heartbeat_loop,
                      self._rejoin_loop, self._latest_loop):
             tg.start_soon(loop, name=f"{self._name} {loop.__name__}")
@@ -285,7 +280,7 @@ class Client:
             await self._tg.__aexit__(None, None, None)
             return None
         finally:
-            self._latest_wake = None
+            self._latest.unbind()
             with anyio.move_on_after(1.0, shield=True):
                 await self._deliver_states()
 
@@ -422,11 +417,7 @@ class Client:
         Thread-safe and non-blocking, callable from any thread (monitors). While the client
         is disconnected, a newer value for the same key replaces the queued one.
         """
-        with self._latest_lock:
-            self._latest[key] = (op, args)
-        wake = self._latest_wake
-        if wake is not None:
-            wake()
+        self._latest.post(key, (op, args))
 
     # ------------------------------------------------------------------ call machinery
     async def _invoke(
@@ -810,55 +801,25 @@ class Client:
             except Exception:
                 logger.opt(exception=True).error("{}: re-join failed", self._name)
 
-    def _make_waker(self) -> Callable[[], None]:
-        """A thread-safe, non-blocking way to wake :meth:`_latest_loop` from any thread."""
-        import asyncio
-
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # another backend: a short blocking hop through anyio
-            token = lowlevel.current_token()
-            return lambda: self._wake_latest_via(token)
-
-        def wake() -> None:
-            try:
-                loop.call_soon_threadsafe(self._set_latest_event)
-            except RuntimeError:  # the loop closed under us: the client is gone anyway
-                pass
-
-        return wake
-
-    def _wake_latest_via(self, token: Any) -> None:
-        if threading.get_ident() == self._loop_thread:
-            self._set_latest_event()
-        else:
-            from_thread.run_sync(self._set_latest_event, token=token)
-
-    def _set_latest_event(self) -> None:
-        self._latest_event.set()
-
     async def _latest_loop(self) -> None:
         while True:
-            await self._latest_event.wait()
-            self._latest_event = anyio.Event()
-            while self._latest:
-                if not self.connected:
-                    await self._failover(_Budget(None))  # values keep coalescing meanwhile
-                with self._latest_lock:
-                    if not self._latest:
-                        break
-                    key = next(iter(self._latest))
-                    op, args = self._latest.pop(key)
-                try:
-                    await self.call(op, args)
-                except ClientClosed:
-                    return
-                except wire.RemoteError as exc:
-                    logger.warning("{}: {} for {!r} refused ({}); value dropped",
-                                   self._name, op, key, exc)
-                except Exception:
-                    logger.opt(exception=True).error("{}: sending {} for {!r} failed",
-                                                     self._name, op, key)
-
+            await self._latest.wait()
+            if not self.connected:
+                # Values keep replacing each other meanwhile: the newest is sent after.
+                await self._failover(_Budget(None))
+            taken = self._latest.take()
+            if taken is None:
+                continue
+            key, (op, args) = taken
+            try:
+                await self.call(op, args)
+            except ClientClosed:
+                return
+            except wire.RemoteError as exc:
+                logger.warning("{}: {} for {!r} refused ({}); value dropped",
+                               self._name, op, key, exc)
+            except Exception:
+                logger.opt(exception=True).error("{}: sending {} for {!r} failed",
+                                                 self._name, op, key)
 
 from xcecore.syncclient import SyncClient  # noqa: E402  (re-export; it imports us lazily)
