@@ -209,3 +209,34 @@ def test_shutdown_kills_when_configured(pm: ProcessManager) -> None:
     pm.shutdown(keep_jobs=False)
     assert not pm.running
     assert ended(pm, 30)["exit_status"] == 128 + signal.SIGTERM
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root worker")
+def test_run_as_the_submitting_user(tmp_path: Path) -> None:
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)
+    tmp_path.chmod(0o755)
+    state = tmp_path / "state"
+    mgr = ProcessManager("h1", Journal(state / "journal.jsonl"), state, kill_grace=0.5, run_as_user=True)
+    assert mgr.start(job(1, "id -un; echo $HOME", user="nobody", cwd=str(work),
+                         env={"XCE_STDOUT": "out.txt"}))
+    assert ended(mgr, 1)["exit_status"] == 0
+    assert (work / "out.txt").read_text().split() == ["nobody", nobody.pw_dir]
+    assert (work / "out.txt").stat().st_uid == nobody.pw_uid
+    # A user this host does not know fails the job with the reason, never runs it as root.
+    assert not mgr.start(job(2, "true", user="no-such-user-xce", cwd=str(work)))
+    report = ended(mgr, 2)
+    assert report["event"] == "fail" and "not known on h1" in report["reason"]
+
+
+def test_without_run_as_user_jobs_run_as_the_worker(pm: ProcessManager, tmp_path: Path) -> None:
+    import getpass
+
+    out = tmp_path / "who.txt"
+    assert pm.start(job(1, f"id -un > {out}", user="somebody-else", cwd=str(tmp_path)))
+    assert ended(pm, 1)["exit_status"] == 0
+    assert out.read_text().strip() == getpass.getuser()

@@ -34,7 +34,8 @@ class Worker:
         post = ctx.client.post_latest if ctx.client is not None else None
         self.journal = Journal(s.state_dir / "journal.jsonl")
         self.procman = ProcessManager(s.hname, self.journal, s.state_dir,
-                                      kill_grace=s.kill_grace, post=post)
+                                      kill_grace=s.kill_grace, post=post,
+                                      run_as_user=s.run_as_user)
         self.board = ResvalBoard(post, s.state_dir)
         self.pushes = PushHandler(s.hname, self.procman)
         # ctx.call gives up (ClientClosed) once the worker stops, so a report waiting through an

@@ -112,8 +112,9 @@ class ProcessManager:
     """Starts, watches, signals and reports this host's jobs."""
 
     def __init__(self, hname: str, journal: Journal, state_dir: Path, *, kill_grace: float,
-                 post: PostFn | None = None) -> None:
+                 post: PostFn | None = None, run_as_user: bool = False) -> None:
         self.hname = hname
+        self.run_as_user = run_as_user
         self.journal = journal
         self.jobs_dir = state_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -157,22 +158,59 @@ class ProcessManager:
         return (named("XCE_STDOUT", str(self.jobs_dir / f"{spec.jobid}.out")),
                 named("XCE_STDERR", str(self.jobs_dir / f"{spec.jobid}.err")))
 
+    def _owner(self, spec: JobSpec) -> Any:
+        """The passwd entry to run the job as (``run_as_user``), or None for the worker's own.
+
+        Like LSF's sbatchd, a worker running as root starts each job as its submitting user;
+        a user unknown here, or a worker that cannot switch users, fails the job with the
+        reason rather than running it as someone else.
+        """
+        if not self.run_as_user:
+            return None
+        import pwd
+
+        try:
+            owner = pwd.getpwnam(spec.user)
+        except KeyError:
+            raise JobError(f"user {spec.user!r} is not known on {self.hname}") from None
+        if owner.pw_uid == os.geteuid():
+            return None
+        if os.geteuid() != 0:
+            raise JobError(f"cannot run as {spec.user!r}: the worker on {self.hname} is not root "
+                           "(set worker.run_as_user = false to run jobs as the worker's user)")
+        return owner
+
     def _spawn(self, spec: JobSpec) -> RunningJob:
         if not os.path.isdir(spec.cwd):
             raise JobError(f"working directory {spec.cwd!r} does not exist on {self.hname}")
         out_path, err_path = self._paths(spec)
+        owner = self._owner(spec)
         status = self.jobs_dir / f"{spec.jobid}.{spec.attempt}.status"
+        if owner is not None:
+            # The wrapper, running as the user, writes its status where that user may write.
+            rundir = self.jobs_dir / f"{spec.jobid}.{spec.attempt}.d"
+            rundir.mkdir(exist_ok=True)
+            os.chown(rundir, owner.pw_uid, owner.pw_gid)
+            status = rundir / "status"
         status.unlink(missing_ok=True)
         env = {**os.environ, **spec.env, "XCE_JOBID": str(spec.jobid),
                "XCE_ATTEMPT": str(spec.attempt), "XCE_HOSTS": " ".join(spec.hosts),
                "XCE_NTASKS": str(spec.ntasks), "XCE_QUEUE": spec.queue, "XCE_USER": spec.user}
+        identity: dict[str, Any] = {}
+        if owner is not None:
+            env.update(HOME=owner.pw_dir, USER=owner.pw_name, LOGNAME=owner.pw_name)
+            identity = {"user": owner.pw_uid, "group": owner.pw_gid,
+                        "extra_groups": os.getgrouplist(owner.pw_name, owner.pw_gid)}
         try:
             with open(out_path, "ab") as out, open(err_path, "ab") as err:
+                if owner is not None:
+                    os.fchown(out.fileno(), owner.pw_uid, owner.pw_gid)
+                    os.fchown(err.fileno(), owner.pw_uid, owner.pw_gid)
                 popen = subprocess.Popen(
                     ["/bin/sh", "-c", WRAPPER, f"xce-job-{spec.jobid}", spec.command,
                      str(status)],
                     cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, close_fds=True)
+                    start_new_session=True, close_fds=True, **identity)
         except OSError as exc:
             raise JobError(f"cannot start on {self.hname}: {exc.strerror or exc}"
                            f"{f' ({exc.filename})' if exc.filename else ''}") from None

@@ -86,6 +86,8 @@ SECTION = ConfigSection(
         "kill_grace": Field(_F, 10.0, "seconds between SIGTERM and SIGKILL when killing a job"),
         "hello_interval": Field(_F, 5.0, "seconds between liveness probes (hello)"),
         "keep_jobs_on_shutdown": Field(_B, True, "leave running jobs running when stopping"),
+        "run_as_user": Field(_B, False, "start each job as its submitting user (the worker must "
+                             "run as root); off: jobs run as the worker's own user"),
     },
     "the worker daemon of one compute host",
     check=_check,
@@ -102,6 +104,7 @@ class WorkerSettings:
     kill_grace: float
     hello_interval: float
     keep_jobs_on_shutdown: bool
+    run_as_user: bool
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> WorkerSettings:
@@ -115,6 +118,7 @@ class WorkerSettings:
             kill_grace=float(section.get("kill_grace", 10.0)),
             hello_interval=float(section.get("hello_interval", 5.0)),
             keep_jobs_on_shutdown=bool(section.get("keep_jobs_on_shutdown", True)),
+            run_as_user=bool(section.get("run_as_user", False)),
         )
 
 
