@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from xcecore.attached import Attached
 from xcecore.hookspecs import hookimpl
 from xcecore.records import ConfigSection, Field, RoleSpec
 
@@ -55,10 +56,8 @@ class Ledger:
         return len(lines)
 
 
-class _Current:
-    """The ledger of the auditor running in this process (one role per process)."""
-
-    ledger: Ledger | None = None
+# One ledger per client, made at its first push from the log file it joined with.
+ledger_for: Attached[Ledger] = Attached(lambda client: Ledger(Path(client.join_attrs["log_file"])))
 
 
 async def main(ctx: RoleContext) -> None:
@@ -87,18 +86,15 @@ def xce_join_attributes(role: str, config: Any) -> dict[str, Any] | None:
     """The auditor joins with its log file's path, for operators reading `status`."""
     if role != ROLE:
         return None
-    path = Path(config.section(ROLE)["log_file"]).resolve()
-    _Current.ledger = Ledger(path)
-    return {"log_file": str(path)}
+    return {"log_file": str(Path(config.section(ROLE)["log_file"]).resolve())}
 
 
 @hookimpl
 def xce_push(client: Client, role: str, event: str, seq: int, data: Any) -> None:
     """Log job changes: the full state after each join, then each job delta."""
-    ledger = _Current.ledger
-    if role != ROLE or ledger is None:
+    if role != ROLE:
         return
     if event == "state":
-        ledger.observe(data["jobs"])
+        ledger_for(client).observe(data["jobs"])
     elif event == "job":
-        ledger.observe([data])
+        ledger_for(client).observe([data])
