@@ -21,7 +21,7 @@ from xce_cli.session import user_name
 CLIENT_ROLES = ("scheduler", "apiserver")
 
 
-def _config_extra(root: Path, user: str, api_port: int, password: str, workers: int) -> str:
+def _config_extra(root: Path, user: str, api_port: int, password: str) -> str:
     from xce_apiserver.auth import hash_password
 
     return (
@@ -36,15 +36,16 @@ def _config_extra(root: Path, user: str, api_port: int, password: str, workers: 
 class Embedded:
     """The processes of an embedded cluster and how to look at them."""
 
-    def __init__(self, root: Path, candidates: int, workers: int, api_port: int) -> None:
+    def __init__(self, root: Path, candidates: int, workers: int, api_port: int, base_port: int = 0) -> None:
         from xcecore.localcluster import LocalCluster
 
         self.root = root
         self.password = secrets.token_urlsafe(9)
         self.user = user_name()
         self.nworkers = workers
-        extra = _config_extra(root, self.user, api_port, self.password, workers)
-        self.cluster = LocalCluster(root, candidates, key=secrets.token_hex(16), extra_config=extra)
+        extra = _config_extra(root, self.user, api_port, self.password)
+        ports = [base_port + i for i in range(candidates)] if base_port else []
+        self.cluster = LocalCluster(root, candidates, key=secrets.token_hex(16), extra_config=extra, ports=ports)
         self.roles: dict[str, Any] = {}
         self._client: Any = None
 
@@ -163,10 +164,13 @@ class Embedded:
 @click.option("--candidates", "-c", default=3, type=click.IntRange(1, 3), help="Controller candidates (1-3).")
 @click.option("--workers", "-w", default=2, type=click.IntRange(0, 16), help="Workers posing as distinct hosts.")
 @click.option("--api-port", default=0, type=click.IntRange(0, 65535), help="API server port (0: a free one).")
+@click.option("--port", "base_port", default=0, type=click.IntRange(0, 65533),
+              help="First controller candidate's port; the others follow (0: free ports).")
 @click.option("--state-dir", type=click.Path(file_okay=False), help="Keep state here between runs.")
 @click.option("--demo", is_flag=True, help="Run the failover demo and exit with a summary.")
 @click.option("--jobs", "njobs", default=30, type=click.IntRange(1, 10_000), help="Jobs the demo submits.")
-def up(candidates: int, workers: int, api_port: int, state_dir: str | None, demo: bool, njobs: int) -> None:
+def up(candidates: int, workers: int, api_port: int, base_port: int, state_dir: str | None, demo: bool,
+       njobs: int) -> None:
     """Start a whole cluster on this machine (Ctrl-C stops it); --demo kills the primary under load."""
     from rich.console import Console
     from rich.progress import Progress
@@ -175,7 +179,7 @@ def up(candidates: int, workers: int, api_port: int, state_dir: str | None, demo
     root = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="xce-up-"))
     root.mkdir(parents=True, exist_ok=True)
     console.print(f"[bold]xce up[/]: state, config and logs in {root}")
-    emb = Embedded(root, candidates, workers, api_port)
+    emb = Embedded(root, candidates, workers, api_port, base_port)
     try:
         with Progress(console=console, transient=True) as progress:
             emb.start(progress)
