@@ -36,9 +36,16 @@ class Backoff:
         """The largest delay the next :meth:`next_delay` may return."""
         return min(self.cap, self.base * 2.0 ** min(self.failures, _MAX_EXPONENT))
 
-    def next_delay(self) -> float:
-        """Record one more failed pass and return how long to sleep before the next one."""
-        delay = self._uniform(0.0, self.ceiling())
+    def next_delay(self, at_least: float = 0.0) -> float:
+        """Record one more failed pass and return how long to sleep before the next one.
+
+        ``at_least`` raises this draw's ceiling (never past ``cap``): after a pass in which a
+        live candidate timed out, i.e. it is too busy to serve its queued handshakes, clients
+        spread their retries over at least that long instead of re-queuing within ``base``
+        (thousands of clients retrying at once is how a join storm collapses).
+        """
+        ceiling = max(self.ceiling(), min(self.cap, at_least))
+        delay = self._uniform(0.0, ceiling)
         self.failures += 1
         return delay
 

@@ -235,6 +235,7 @@ class Client:
         self._lock_owner: int | None = None  # id of the task holding the failover lock
         self._last_good: Candidate | None = None
         self._preferred: Candidate | None = None  # a primary named by a REDIRECT reply
+        self._pass_timed_out = False  # a candidate of the last connect pass timed out
         self._ever_connected = False
         self._joined_once = False
         self._lost_at: float | None = None
@@ -560,7 +561,9 @@ class Client:
             if self._closed:
                 raise ClientClosed(f"{self._name}: closed while connecting")
             budget.spend(self._last_error)
-            delay = backoff.next_delay()
+            # A candidate that timed out is alive but too busy: spread the retry over a
+            # connect timeout at least, rather than re-queue at once (see Backoff.next_delay).
+            delay = backoff.next_delay(self.config.connect_timeout if self._pass_timed_out else 0.0)
             if backoff.failures == 1:
                 self._set_state(DEGRADED, None, "no controller candidate is primary")
             logger.warning("{}: no primary among {} ({}); next pass in {:.0f} ms",
@@ -630,6 +633,7 @@ class Client:
         """One walk over the candidates, following redirects; a primary's connection or None."""
         order = candidate_order(self.config.candidates, self._preferred or self._last_good)
         self._preferred = None
+        self._pass_timed_out = False
         tried: set[Candidate] = set()
         for cand in order:
             target: Candidate | None = cand
@@ -672,6 +676,7 @@ class Client:
                         liveness_timeout=cfg.liveness_timeout, on_push=self._on_push,
                         on_lost=self._drop)
         self._last_error = ConnectionError(f"{cand} {dialed.failure}")
+        self._pass_timed_out = self._pass_timed_out or dialed.timed_out
         if dialed.redirect is not None:
             return dialed.redirect
         log = logger.error if dialed.failure.startswith("denied") else logger.warning

@@ -56,6 +56,7 @@ class Dialed:
     stream: BufferedByteStream | None = None
     redirect: str | None = None
     failure: str = ""
+    timed_out: bool = False  # the candidate did not finish the handshake within the timeout
 
 
 async def open_link(
@@ -91,7 +92,7 @@ async def open_link(
     if stream is not None:
         with anyio.CancelScope(shield=True):
             await anyio.aclose_forcefully(stream)
-    return Dialed(redirect=redirect, failure=failure)
+    return Dialed(redirect=redirect, failure=failure, timed_out=scope.cancelled_caught)
 
 
 class _Pending:

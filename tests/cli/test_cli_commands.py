@@ -99,6 +99,7 @@ def test_hosts_queues_and_admin(cluster: LocalCluster) -> None:
 
 
 def test_force_run(cluster: LocalCluster) -> None:
+    wait_for(lambda: "cn1" in xce(cluster, "hosts").stdout, 30, what="the worker's host")
     xce(cluster, "host", "close", "cn1")
     xce(cluster, "submit", "--", "true")
     res = xce(cluster, "run-job", "1", "-m", "cn1")

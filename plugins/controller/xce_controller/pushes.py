@@ -162,19 +162,29 @@ class Fanout:
         self.server = server
         self.members: dict[int, Subscriber] = {}  # connection id -> non-worker subscriber
         self.workers: dict[str, tuple[int, Subscriber]] = {}  # host -> (cid, subscriber)
+        # connection id -> its worker's host: removal is O(1), not a scan of every worker
+        # (a join storm of N workers removed-before-adding N times: O(N^2) with a scan).
+        self._worker_of: dict[int, str] = {}
 
     def add(self, cid: int, sub: Subscriber) -> None:
-        if sub.worker_host is None:
+        host = sub.worker_host
+        if host is None:
             self.members[cid] = sub
-        else:
-            self.workers[sub.worker_host] = (cid, sub)
+            return
+        old = self.workers.get(host)
+        if old is not None and old[0] != cid:
+            self._worker_of.pop(old[0], None)
+        self.workers[host] = (cid, sub)
+        self._worker_of[cid] = host
 
     def remove(self, cid: int) -> None:
-        sub = self.members.pop(cid, None)
-        if sub is None:
-            for host, (c, _) in list(self.workers.items()):
-                if c == cid:
-                    del self.workers[host]
+        if self.members.pop(cid, None) is not None:
+            return
+        host = self._worker_of.pop(cid, None)
+        if host is not None:
+            entry = self.workers.get(host)
+            if entry is not None and entry[0] == cid:
+                del self.workers[host]
 
     def send(self, cid: int, sub: Subscriber, event: str, data_json: bytes, gate: Gate | None) -> None:
         """Push to one subscriber, dropping it when it is over its bound."""

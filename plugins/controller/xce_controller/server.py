@@ -364,10 +364,27 @@ class Controller:
             finally:
                 self.conns.pop(conn.cid, None)
                 self.fanout.remove(conn.cid)
-                same = any(c.caller.joined and c.caller.identity == caller.identity for c in self.conns.values())
-                if caller.joined and self.role == "primary" and not same:
+                if caller.joined and self.role == "primary" and not self._still_joined(caller):
                     self.apply(self.state.remove_member(caller.identity), None)
                 logger.debug("controller {}: {} ({}) disconnected", self.address, caller.identity, peer)
+
+    def _still_joined(self, caller: Caller) -> bool:
+        """Whether another live connection is joined under ``caller``'s identity.
+
+        A worker's is found through the fan-out's host index in O(1); other identities (a
+        handful of schedulers, API servers, CLIs) by a scan of the non-worker members.
+        """
+        if caller.worker_host is not None:
+            entry = self.fanout.workers.get(caller.worker_host)
+            if entry is not None:
+                other = self.conns.get(entry[0])
+                if other is not None and other.caller.joined and \
+                        other.caller.identity == caller.identity:
+                    return True
+        return any(
+            c.caller.joined and c.caller.identity == caller.identity
+            for cid in self.fanout.members if (c := self.conns.get(cid)) is not None
+        )
 
     async def _write_loop(self, conn: Connection, stream: SocketStream) -> None:
         try:

@@ -1,0 +1,66 @@
+"""Back-off after a candidate timed out: retries are spread, not re-queued at once."""
+
+from __future__ import annotations
+
+import pytest
+from clientkit import make_config
+from fakectl import FakeController
+
+from xcecore.backoff import Backoff
+from xcecore.candidates import parse_address
+from xcecore.connection import BackendUnavailable, Client
+from xcecore.link import open_link
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+def test_at_least_raises_the_ceiling_up_to_the_cap():
+    draws: list[float] = []
+    b = Backoff(0.1, 5.0, uniform=lambda lo, hi: draws.append(hi) or hi)
+    assert b.next_delay(at_least=2.0) == pytest.approx(2.0)  # 0.1 ceiling raised to 2.0
+    assert b.next_delay(at_least=50.0) == pytest.approx(5.0)  # never past the cap
+    assert b.next_delay() == pytest.approx(0.4)  # without it: the plain doubling
+    assert b.failures == 3
+
+
+async def test_open_link_marks_a_timeout_but_not_a_refusal():
+    async with FakeController("h", mode="hang") as h, FakeController("s", mode="standby") as s:
+        hung = await open_link(parse_address(h.address), sender="w@x", key=None,
+                               timeout=0.1, max_frame=1 << 20)
+        standby = await open_link(parse_address(s.address), sender="w@x", key=None,
+                                  timeout=1.0, max_frame=1 << 20)
+    assert hung.stream is None and hung.timed_out
+    assert standby.stream is None and not standby.timed_out
+
+
+async def test_pass_with_a_timed_out_candidate_backs_off_over_connect_timeout(monkeypatch):
+    asked: list[float] = []
+
+    class Spy(Backoff):
+        def next_delay(self, at_least: float = 0.0) -> float:
+            asked.append(at_least)
+            return 0.0
+
+    monkeypatch.setattr("xcecore.connection.Backoff", Spy)
+    async with FakeController("h", mode="hang") as h:
+        cfg = make_config(h.address, connect_timeout=0.3, backoff_base=0.001, backoff_cap=10.0)
+        async with Client(cfg, role="w") as c:
+            with pytest.raises(BackendUnavailable):
+                await c.connect(retry_budget=1)
+    assert asked and all(a == pytest.approx(0.3) for a in asked)
+
+
+async def test_pass_with_refusals_only_keeps_the_plain_back_off(monkeypatch):
+    asked: list[float] = []
+
+    class Spy(Backoff):
+        def next_delay(self, at_least: float = 0.0) -> float:
+            asked.append(at_least)
+            return 0.0
+
+    monkeypatch.setattr("xcecore.connection.Backoff", Spy)
+    async with FakeController("s", mode="standby") as s:
+        async with Client(make_config(s.address), role="w") as c:
+            with pytest.raises(BackendUnavailable):
+                await c.connect(retry_budget=1)
+    assert asked and all(a == 0.0 for a in asked)
