@@ -14,11 +14,12 @@ for a reconnect.
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,11 @@ from xce_scheduler.view import Record, SchedulerView, ViewSnapshot, free_slots
 
 Alloc = list[dict[str, Any]]
 Holds = list[tuple[str, Mapping[str, float]]]  # (host, rusage amounts held there)
+
+
+def _within_queue(job: Record) -> tuple[Any, ...]:
+    """Sort key of pending jobs within one priority: submit time, then job id."""
+    return (job.get("submit_time") or 0.0, job["jobid"])
 
 
 def job_order(queues: dict[str, Record]) -> Callable[[Record], tuple[Any, ...]]:
@@ -106,6 +112,9 @@ class Picker:
         self._last_full = 0.0
         self._dirty = True
         self._base: dict[str, tuple[Record, HostMap]] = {}
+        self._orders: dict[str, tuple[int, list[Record]]] = {}  # queue -> (version, sorted jobs)
+        self._settled: dict[str, tuple[int, Record]] = {}  # inactive queue -> (version, record)
+        self._resettle = False  # set (from the event loop) when requested reasons were lost
 
     # ------------------------------------------------------------------ allocator feedback
     def answered(self, jobid: int, ok: bool) -> None:
@@ -159,7 +168,7 @@ class Picker:
         """One scheduling cycle; returns the number of dispatches proposed."""
         started = time.perf_counter()
         snap = self.view.snapshot()
-        pending_ids = {job["jobid"] for job in snap.pending}
+        pending_ids = snap.pending_ids
         with self._lock:
             load_due = (snap.load_version != self._last_load
                         and started - self._last_full >= self.load_interval)
@@ -175,18 +184,23 @@ class Picker:
                           if j not in pending_ids or v != snap.version]:
                 del self._held[jobid]
             inflight, held = dict(self._inflight), set(self._held)
+            if self._resettle:
+                self._settled, self._resettle = {}, False
         self.requirements.use_resources(snap.resources)
         cyc = self._start_cycle(snap, inflight)
         wanted: dict[int, str] = {}
+        current: dict[int, str | None] = {}  # the pushed reason of each job in ``wanted``
         proposals: list[Dispatch] = []
         new_holds: dict[int, Holds] = {}
-        for job in sorted(snap.pending, key=job_order(dict(snap.queues))):
+        for job in self._inactive_jobs(snap):
+            jobid = job["jobid"]
+            if jobid not in inflight and jobid not in held:
+                wanted[jobid], current[jobid] = R.QUEUE_INACTIVE, job.get("pend_reason")
+            else:  # look at this queue again next cycle, when the job may be back
+                self._settled.pop(job.get("queue", ""), None)
+        for job in self._ordered_jobs(snap):
             jobid = job["jobid"]
             if jobid in inflight or jobid in held:
-                continue
-            queue = snap.queues.get(job.get("queue", ""))
-            if queue is not None and not queue.get("active", True):
-                wanted[jobid] = R.QUEUE_INACTIVE
                 continue
             if len(proposals) >= self.max_dispatch:
                 with self._lock:
@@ -195,7 +209,7 @@ class Picker:
             alloc, holds, reason = self._place(job, cyc)
             if alloc is None:
                 if reason is not None:
-                    wanted[jobid] = reason
+                    wanted[jobid], current[jobid] = reason, job.get("pend_reason")
                 continue
             for a in alloc:
                 cyc.free[a["host"]] -= a["ntasks"]
@@ -203,7 +217,6 @@ class Picker:
                 cyc.rsv.add(name, amounts)
             proposals.append(Dispatch(jobid, alloc))
             new_holds[jobid] = holds
-        current = {job["jobid"]: job.get("pend_reason") for job in snap.pending}
         changes = self.reasons.changes(wanted, current, snap.epoch, pending_ids)
         self._propose(proposals, new_holds, [ReasonBatch(changes)] if changes else [])
         self.status.add(cycles=1, proposed=len(proposals), reasons_sent=len(changes))
@@ -214,6 +227,60 @@ class Picker:
         return len(proposals)
 
     # ------------------------------------------------------------------ pieces of a cycle
+    def _ordered_jobs(self, snap: ViewSnapshot) -> list[Record]:
+        """Pending jobs of active (or unknown) queues in :func:`job_order`.
+
+        Each queue's jobs are sorted once per version of that queue (a queue whose jobs did
+        not change keeps its order), then queues go by priority, highest first; queues of
+        equal priority are merged by submit time and job id.
+        """
+        by_prio: dict[int, list[list[Record]]] = {}
+        orders: dict[str, tuple[int, list[Record]]] = {}
+        for name, qjobs in snap.by_queue.items():
+            queue = snap.queues.get(name)
+            if queue is not None and not queue.get("active", True):
+                continue
+            cached = self._orders.get(name)
+            if cached is None or cached[0] != qjobs.version:
+                cached = (qjobs.version, sorted(qjobs.jobs, key=_within_queue))
+            orders[name] = cached
+            prio = queue.get("priority", 0) if queue is not None else 0
+            by_prio.setdefault(prio, []).append(cached[1])
+        self._orders = orders  # queues gone or inactive are dropped from the cache
+        out: list[Record] = []
+        for prio in sorted(by_prio, reverse=True):
+            lists = by_prio[prio]
+            out += lists[0] if len(lists) == 1 else heapq.merge(*lists, key=_within_queue)
+        return out
+
+    def _inactive_jobs(self, snap: ViewSnapshot) -> list[Record]:
+        """Jobs of inactive queues that may need their reason (``queue is inactive``) set.
+
+        A queue whose jobs and record did not change since a cycle already gave them that
+        reason is skipped: nothing about them can have changed. Forgotten requests (a lost
+        reason batch) and a new full state reset this.
+        """
+        out: list[Record] = []
+        settled: dict[str, tuple[int, Record]] = {}
+        for name, qjobs in snap.by_queue.items():
+            queue = snap.queues.get(name)
+            if queue is None or queue.get("active", True):
+                continue
+            mark = (qjobs.version, queue)
+            before = self._settled.get(name)
+            settled[name] = mark
+            if before is None or before[0] != mark[0] or before[1] is not queue:
+                out += qjobs.jobs
+        self._settled = settled
+        return out
+
+    def forget_reasons(self, keys: Iterable[str]) -> None:
+        """Reasons of ``keys`` were not delivered: the next cycle sends them again."""
+        self.reasons.forget(keys)
+        with self._lock:
+            self._dirty = self._resettle = True
+        self.view.wake.set()
+
     def _propose(self, proposals: list[Dispatch], holds: dict[int, Holds],
                  extra: list[ReasonBatch]) -> None:
         with self._lock:

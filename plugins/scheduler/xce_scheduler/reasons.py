@@ -53,11 +53,15 @@ class PendReasons:
                 self._requested.clear()
                 self._epoch = epoch
             if pending is not None:
-                keep = set(pending)
+                keep = pending if isinstance(pending, set | frozenset) else set(pending)
                 for jobid in [j for j in self._requested if j not in keep]:
                     del self._requested[jobid]
             for jobid, reason in wanted.items():
-                if current.get(jobid) == reason or self._requested.get(jobid) == reason:
+                if current.get(jobid) == reason:
+                    # The controller has it: nothing left to remember (keeps this map small).
+                    self._requested.pop(jobid, None)
+                    continue
+                if self._requested.get(jobid) == reason:
                     continue
                 self._requested[jobid] = reason
                 out[str(jobid)] = reason

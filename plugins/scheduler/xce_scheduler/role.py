@@ -50,7 +50,7 @@ def build(ctx: RoleContext) -> SchedulerApp:
     allocator = Allocator(
         client.call,
         on_answer=lambda jobid, ok: holder["picker"].answered(jobid, ok),
-        on_reasons_lost=lambda keys: holder["picker"].reasons.forget(keys),
+        on_reasons_lost=lambda keys: holder["picker"].forget_reasons(keys),
         status=status,
         concurrency=section.get("dispatch_concurrency", 32),
     )

@@ -32,6 +32,17 @@ class ViewSnapshot:
     resources: tuple[Any, ...]
     cluster: Mapping[str, Any] = field(default_factory=dict)
     load_version: int = 0
+    by_queue: Mapping[str, QueueJobs] = field(default_factory=dict)
+    pending_ids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueJobs:
+    """The pending jobs of one queue; ``version`` changes whenever any of them changes (a
+    job added, removed or replaced), so a picker can reuse what it derived from them."""
+
+    version: int
+    jobs: tuple[Record, ...]
 
 
 def free_slots(host: Mapping[str, Any]) -> int:
@@ -54,6 +65,13 @@ class SchedulerView:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.pending: dict[int, Record] = {}
+        # The same jobs per queue, with a version per queue and its tuple built on demand: a
+        # picker skips (or reuses the order of) queues whose jobs did not change, so 10,000
+        # jobs parked in an inactive queue cost nothing per cycle.
+        self._by_queue: dict[str, dict[int, Record]] = {}
+        self._queue_version: dict[str, int] = {}
+        self._queue_tuple: dict[str, QueueJobs] = {}
+        self._changes = 0
         self.hosts: dict[str, Record] = {}
         self.queues: dict[str, Record] = {}
         self.cluster: dict[str, Any] = {}
@@ -67,6 +85,13 @@ class SchedulerView:
     def snapshot(self) -> ViewSnapshot:
         """A consistent copy for one picker cycle (O(jobs + hosts) reference copies)."""
         with self._lock:
+            by_queue: dict[str, QueueJobs] = {}
+            for name, jobs in self._by_queue.items():
+                cached = self._queue_tuple.get(name)
+                version = self._queue_version[name]
+                if cached is None or cached.version != version:
+                    cached = self._queue_tuple[name] = QueueJobs(version, tuple(jobs.values()))
+                by_queue[name] = cached
             return ViewSnapshot(
                 self.version,
                 self.epoch,
@@ -76,7 +101,37 @@ class SchedulerView:
                 self.resources,
                 dict(self.cluster),
                 self.load_version,
+                by_queue,
+                frozenset(self.pending),
             )
+
+    # ------------------------------------------------------------------ the pending index
+    def _put_pending(self, job: Record) -> None:
+        jobid = job["jobid"]
+        old = self.pending.get(jobid)
+        if old is not None and old.get("queue", "") != job.get("queue", ""):
+            self._drop_pending(jobid)
+        self.pending[jobid] = job
+        name = job.get("queue", "")
+        self._by_queue.setdefault(name, {})[jobid] = job
+        self._bump(name)
+
+    def _drop_pending(self, jobid: int) -> None:
+        job = self.pending.pop(jobid, None)
+        if job is None:
+            return
+        name = job.get("queue", "")
+        jobs = self._by_queue.get(name)
+        if jobs is not None:
+            jobs.pop(jobid, None)
+            if not jobs:
+                del self._by_queue[name]
+                self._queue_tuple.pop(name, None)
+        self._bump(name)
+
+    def _bump(self, name: str) -> None:
+        self._changes += 1  # one counter for all queues: a version is never reused
+        self._queue_version[name] = self._changes
 
     def pend_reason(self, jobid: int) -> str | None:
         """The pend reason the controller last pushed for ``jobid`` (None if none or gone)."""
@@ -114,7 +169,10 @@ class SchedulerView:
         self.resources = tuple(resources)
         self.queues = {q["name"]: q for q in data.get("queues") or ()}
         self.hosts = {h["name"]: h for h in data.get("hosts") or ()}
-        self.pending = {j["jobid"]: j for j in data.get("jobs") or () if j.get("state") == "PEND"}
+        self.pending, self._by_queue, self._queue_tuple = {}, {}, {}
+        for j in data.get("jobs") or ():
+            if j.get("state") == "PEND":
+                self._put_pending(j)
         self.epoch += 1
         logger.info("scheduler: full state from {}: {} pending job(s), {} host(s), {} queue(s)",
                     data.get("server", "?"), len(self.pending), len(self.hosts), len(self.queues))
@@ -124,9 +182,9 @@ class SchedulerView:
         jobid = job["jobid"]
         if job.get("state") == "PEND":
             new = jobid not in self.pending
-            self.pending[jobid] = job
+            self._put_pending(job)
             return new
-        self.pending.pop(jobid, None)
+        self._drop_pending(jobid)
         # A job that stopped running freed slots; the host push carries the new count, but
         # waking now lets the picker look as soon as both have arrived.
         return job.get("state") not in RUNNING_STATES
@@ -155,7 +213,7 @@ class SchedulerView:
             jobid = int(key)
             job = self.pending.get(jobid)
             if job is not None:
-                self.pending[jobid] = {**job, "pend_reason": reason}
+                self._put_pending({**job, "pend_reason": reason})
         return False
 
 

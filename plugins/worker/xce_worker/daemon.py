@@ -22,6 +22,9 @@ from xcecore.records import Monitor
 from xcecore.runtime import RoleContext
 
 HARDWARE_EVERY = 12  # hardware facts are re-read every 12 monitor intervals
+# Reports of different jobs in flight at once (each job's own reports still go in order): a
+# finish report then never queues behind other jobs' round trips to the controller.
+REPORT_LANES = 8
 
 
 class Worker:
@@ -40,7 +43,7 @@ class Worker:
         self.pushes = PushHandler(s.hname, self.procman)
         # ctx.call gives up (ClientClosed) once the worker stops, so a report waiting through an
         # outage never holds the worker's shutdown; the report stays spooled for the next start.
-        self.notifier = Notifier(s.hname, self.journal, ctx.call)
+        self.notifier = Notifier(s.hname, self.journal, ctx.call, lanes=REPORT_LANES)
         logger.info("worker {}: state dir {}; {} spooled report(s), {} job(s) from a previous "
                     "run", s.hname, s.state_dir, len(self.journal.pending()),
                     len(self.journal.active()))

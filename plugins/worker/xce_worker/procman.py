@@ -41,9 +41,11 @@ from xce_worker.spool import Journal
 
 # The wrapper: $1 is the command, $2 the status file. Trapping TERM/INT/HUP (with a handler,
 # not "ignore", so the command does not inherit an ignored signal) keeps the wrapper alive
-# long enough to record how the command ended.
-WRAPPER = ('trap : TERM INT HUP; /bin/sh -c "$1"; s=$?; '
-           'echo "$s" > "$2.tmp" && mv "$2.tmp" "$2"; exit "$s"')
+# long enough to record how the command ended. The status is written in place with a shell
+# builtin (no temp file + /bin/mv: that fork+exec was half the wrapper's cost): the file is
+# only read once the wrapper is gone, and a wrapper killed mid-write leaves an empty or
+# missing file, both read as "exit status unknown", as before.
+WRAPPER = 'trap : TERM INT HUP; /bin/sh -c "$1"; s=$?; printf "%s\\n" "$s" > "$2"; exit "$s"'
 SIGNALS = {"kill": signal.SIGTERM, "stop": signal.SIGSTOP, "resume": signal.SIGCONT}
 PostFn = Callable[[str, str, dict[str, Any]], None]
 
@@ -215,12 +217,12 @@ class ProcessManager:
             raise JobError(f"cannot start on {self.hname}: {exc.strerror or exc}"
                            f"{f' ({exc.filename})' if exc.filename else ''}") from None
         rj = RunningJob(spec.jobid, spec.attempt, popen.pid, status, popen)
-        self.journal.record_run(spec.jobid, spec.attempt, popen.pid, _create_time(popen.pid),
-                                str(status))
         with self._lock:
             self.running[spec.jobid] = rj
-        self.journal.notify({"jobid": spec.jobid, "event": "start", "pid": popen.pid,
-                             "attempt": spec.attempt})
+        # The run record and the start report: one journal write, one fsync.
+        self.journal.record_run(spec.jobid, spec.attempt, popen.pid, _create_time(popen.pid),
+                                str(status), note={"jobid": spec.jobid, "event": "start",
+                                                   "pid": popen.pid, "attempt": spec.attempt})
         threading.Thread(target=self._wait_child, args=(rj,), daemon=True,
                          name=f"xce-job-{spec.jobid}").start()
         return rj
