@@ -60,7 +60,7 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
         {
             "connect_timeout": Field(_F, 1.0, "seconds per candidate for connect + handshake"),
             "liveness_timeout": Field(_F, 2.0, "seconds without a frame before a link is dead"),
-            "heartbeat_interval": Field(_F, 0.5, "seconds between heartbeats"),
+            "heartbeat_interval": Field(_F, 0.5, "seconds between a member's heartbeats (0: none)"),
             "backoff_base": Field(_F, 0.02, "first back-off after a failed pass, seconds"),
             "backoff_cap": Field(_F, 2.0, "largest back-off, seconds"),
         },

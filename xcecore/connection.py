@@ -79,6 +79,8 @@ class ClientConfig:
     ``connect_timeout`` bounds TCP connect plus handshake per candidate; ``liveness_timeout`` is
     how long a link may stay silent while a reply is owed; ``backoff_base`` is the first
     delay after a full failed pass (doubling, full jitter, at most ``backoff_cap``).
+    ``heartbeat_interval`` 0 turns heartbeats off: an idle client then finds out about a
+    failover only at its next call (for tests of the call path, and one-shot tools).
     """
 
     candidates: tuple[Candidate, ...]
@@ -95,10 +97,12 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if not self.candidates:
             raise ValueError("ClientConfig needs at least one controller candidate")
-        for name in ("connect_timeout", "liveness_timeout", "heartbeat_interval",
-                     "backoff_base", "backoff_cap"):
+        for name in ("connect_timeout", "liveness_timeout", "backoff_base", "backoff_cap"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ClientConfig.{name} must be positive, got {getattr(self, name)}")
+        if not self.heartbeat_interval >= 0:
+            raise ValueError(f"ClientConfig.heartbeat_interval must be >= 0 (0: off), "
+                             f"got {self.heartbeat_interval}")
 
 
 class ClientHooks(Protocol):
@@ -223,6 +227,10 @@ class Client:
         self.join_attrs: dict[str, Any] = dict(join_attrs or {})
         self.rejoin_points: frozenset[str] = frozenset(rejoin_points)
         self.rejoin_pending = False
+        self._asks = 0  # rejoin requests so far (mark_rejoin_pending)
+        self._joins_done = 0  # joins answered ok, on any connection
+        self._satisfied = 0  # of those, how many a completed join has answered
+        self._join_lock = anyio.Lock()  # one join at a time
         """Set by :meth:`mark_rejoin_pending`; the post-call path reads only this."""
         self.candidate: Candidate | None = None
         self.state = CLOSED
@@ -311,6 +319,7 @@ class Client:
 
     def mark_rejoin_pending(self) -> None:
         """Ask for a re-join at the next rejoin point (what ``xce_reconnected`` impls do)."""
+        self._asks += 1
         self.rejoin_pending = True
 
     # ------------------------------------------------------------------ public calls
@@ -366,10 +375,17 @@ class Client:
         Clears :attr:`rejoin_pending`: a join resends the full state.
         """
         self._check_reentry("join()")
+        async with self._join_lock:
+            return await self._join(deadline, retry_budget)
+
+    async def _join(self, deadline: float | None, retry_budget: int | None) -> Any:
+        """The join itself; the caller holds ``_join_lock``, so joins never overlap."""
         again = self._joined_once
+        asked = self._asks
         result = await self._invoke(
             "join", {"role": self.role, "attrs": self.join_attrs}, deadline, retry_budget
         )
+        self._satisfied = max(self._satisfied, asked)
         self._joined_once = True
         where = self.candidate
         if again:
@@ -469,6 +485,7 @@ class Client:
                 conn = await self._failover(budget)
             if op == "join":
                 self.rejoin_pending = False  # this join resends the state; a later loss re-marks
+            joins_before = self._joins_done
             try:
                 reply = await conn.request(op, args, rid)
             except LinkLost as exc:
@@ -477,6 +494,7 @@ class Client:
             if reply.get("ok") is True:
                 if op == "join":
                     conn.joined = True
+                    self._joins_done += 1
                 return reply.get("result")
             code, message, extra = reply_error(reply)
             if code in WRONG_SERVER:
@@ -489,22 +507,36 @@ class Client:
                 retried_not_joined = True
                 logger.info("{}: {} answered NOT_JOINED to {}; re-joining, then retrying once",
                             self._name, conn.candidate, op)
-                await self.join()
+                self._check_reentry("join()")
+                async with self._join_lock:
+                    # A join that completed on this connection after the request went out (a
+                    # heartbeat's re-join racing this call) already answers it: just retry.
+                    if not (conn.joined and conn is self._conn and self._joins_done > joins_before):
+                        await self._join(None, None)
                 continue
             raise wire.RemoteError(code, message, extra)
 
     async def _post_call_rejoin(self, op: str) -> None:
         self.rejoin_pending = False
-        logger.info("{}: re-joining after {} (rejoin pending)", self._name, op)
-        await self._rejoin(f"{op} (rejoin point)")
+        await self._rejoin(f"{op} (rejoin pending)", self._asks)
 
-    async def _rejoin(self, why: str) -> None:
-        """Re-join; a failure keeps the rejoin pending instead of failing anyone's call."""
-        try:
-            await self.join()
-        except wire.RemoteError as exc:
-            self.rejoin_pending = True
-            logger.warning("{}: re-join after {} refused: {}; still pending", self._name, why, exc)
+    async def _rejoin(self, why: str, want: int | None) -> None:
+        """Re-join unless that is done already; a failure keeps the rejoin pending.
+
+        ``want`` is the count of rejoin requests this re-join must answer: a join that
+        started after them answers them all, so a heartbeat's re-join and a rejoin point's
+        racing each other send one join, not two. None: any join on this connection will do.
+        """
+        async with self._join_lock:
+            conn = self._conn
+            if conn is not None and conn.alive and conn.joined and (want is None or self._satisfied >= want):
+                return
+            logger.info("{}: re-joining after {}", self._name, why)
+            try:
+                await self._join(None, None)
+            except wire.RemoteError as exc:
+                self.mark_rejoin_pending()
+                logger.warning("{}: re-join after {} refused: {}; still pending", self._name, why, exc)
 
     # ------------------------------------------------------------------ failover
     def _check_reentry(self, what: str) -> None:
@@ -596,7 +628,7 @@ class Client:
             logger.opt(exception=True).error(
                 "{}: an xce_reconnected implementation failed; marking a rejoin pending",
                 self._name)
-            self.rejoin_pending = True
+            self.mark_rejoin_pending()
 
     async def _best_effort_reconnect(self) -> Link | None:
         """The heartbeat's one pass: no back-off, no hook, skipped if a failover is running."""
@@ -775,6 +807,8 @@ class Client:
         # reconnect pass: at once when the link drops, then after jittered delays growing to
         # the heartbeat interval. An idle member thus finds a freshly promoted standby in
         # milliseconds, and a herd of members that lost the same primary is spread out.
+        if self.config.heartbeat_interval == 0:
+            return  # heartbeats off
         quick = Backoff(self.config.backoff_base, self.config.heartbeat_interval)
         while True:
             conn = self._conn
@@ -800,9 +834,8 @@ class Client:
         while True:
             await self._rejoin_event.wait()
             self._rejoin_event = anyio.Event()
-            logger.info("{}: re-joining after {}", self._name, self._rejoin_reason)
             try:
-                await self._rejoin(self._rejoin_reason)
+                await self._rejoin(self._rejoin_reason, self._asks if self.rejoin_pending else None)
             except Exception:
                 logger.opt(exception=True).error("{}: re-join failed", self._name)
 

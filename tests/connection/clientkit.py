@@ -14,7 +14,7 @@ def make_config(*addresses: str, **overrides: Any) -> ClientConfig:
         "sender": "scheduler@h1",
         "connect_timeout": 0.5,
         "liveness_timeout": 0.6,
-        "heartbeat_interval": 3600.0,
+        "heartbeat_interval": 0.0,  # off
         "backoff_base": 0.01,
         "backoff_cap": 0.05,
     }
