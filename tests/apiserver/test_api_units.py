@@ -236,3 +236,16 @@ def test_candidate_list_parity(tmp_path: Path, peers: str) -> None:
 def test_candidate_list_parity_accepts_the_same(tmp_path: Path) -> None:
     for peers in ("127.0.0.1:7600", "127.0.0.1:1,127.0.0.1:2,[::1]:3"):
         assert {_reject(tmp_path, r, peers) for r in ("apiserver", "worker", "scheduler")} == {None}
+
+
+def test_job_removed_drops_purged_jobs() -> None:
+    s = Store()
+    s.apply("state", _state(jobs=[{"jobid": 1, "user": "a", "state": "DONE"},
+                                  {"jobid": 2, "user": "a", "state": "EXIT"},
+                                  {"jobid": 3, "user": "a", "state": "PEND"}]))
+    v = s.version
+    s.apply("job_removed", {"jobids": [1, 2, 99]})  # an unknown id is no error
+    assert sorted(s.jobs) == [3] and s.get_job(1) is None and s.version == v + 1
+    assert [j["jobid"] for j in s.snapshot_jobs()] == [3]
+    s.apply("job_removed", {"nope": []})  # malformed: logged and ignored
+    assert sorted(s.jobs) == [3]

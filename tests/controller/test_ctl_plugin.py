@@ -21,7 +21,7 @@ def test_every_op_and_push_is_documented():
     text = DOC.read_text()
     for op in OPS:
         assert re.search(rf"^\| `{op}` \|", text, re.M), f"op {op} missing from the op table"
-    for event in ("state", "job", "signal", "host", "queue", "resvals", "jusage", "pend_reasons",
+    for event in ("state", "job", "job_removed", "signal", "host", "queue", "resvals", "jusage", "pend_reasons",
                   "member", "shutdown"):
         assert f"| `{event}` |" in text
 
@@ -54,6 +54,7 @@ def test_settings_and_config_checks():
         ({"default_queue": "nope"}, "not a configured queue"),
         ({"listen": "nocolon"}, "host:port"),
         ({"host_timeout": 0}, "host_timeout"),
+        ({"clean_period": -1}, "clean_period"),
     ]:
         with pytest.raises(ValueError, match=text):
             section.check(bad)

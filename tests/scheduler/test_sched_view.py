@@ -62,3 +62,15 @@ def test_free_slots() -> None:
     assert free_slots(host("a", slots=4, used=1)) == 3
     assert free_slots(host("a", slots=1, used=3)) == 0
     assert free_slots({"max_slots": "x"}) == 0
+
+
+def test_job_removed_drops_purged_jobs() -> None:
+    view = SchedulerView()
+    view.apply("state", state([host("a")], [job(1), job(2, state="DONE")]))
+    view.wake.clear()
+    view.apply("job_removed", {"jobids": [2]})  # the usual case: a finished job
+    assert [j["jobid"] for j in view.snapshot().pending] == [1] and not view.wake.is_set()
+    view.apply("job_removed", {"jobids": [1]})  # a pending copy goes too, if one is left
+    snap = view.snapshot()
+    assert snap.pending == () and snap.pending_ids == frozenset() and not snap.by_queue
+    view.apply("job_removed", {})  # malformed: logged and ignored

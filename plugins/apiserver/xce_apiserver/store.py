@@ -71,6 +71,11 @@ class Store:
     def _job(self, data: dict[str, Any]) -> None:
         self.jobs[int(data["jobid"])] = data
 
+    def _job_removed(self, data: dict[str, Any]) -> None:
+        # The controller purged finished jobs (its clean_period): they are gone for good.
+        for jobid in [int(j) for j in data["jobids"]]:
+            self.jobs.pop(jobid, None)
+
     def _host(self, data: dict[str, Any]) -> None:
         self.hosts[data["name"]] = data
         self.hosts_version += 1
@@ -143,6 +148,7 @@ class Store:
 _HANDLERS = {
     "state": Store._state,
     "job": Store._job,
+    "job_removed": Store._job_removed,
     "host": Store._host,
     "queue": Store._queue,
     "resvals": Store._resvals,

@@ -29,6 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--admins", default="", help="comma-separated administrator user names")
     p.add_argument("--host-timeout", type=float, default=30.0)
     p.add_argument("--max-subscriber-queue", type=int, default=10000)
+    p.add_argument("--clean-period", type=float, default=3600.0,
+                   help="seconds a finished job is kept before it is purged (0: forever)")
     p.add_argument("--peers", default=None, help="the candidate list, for status")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -43,6 +45,7 @@ async def _run(args: argparse.Namespace) -> None:
         "admins": [a for a in args.admins.split(",") if a],
         "host_timeout": args.host_timeout,
         "max_subscriber_queue": args.max_subscriber_queue,
+        "clean_period": args.clean_period,
     }
     settings = settings_from_config(cluster, section, key)
     async with anyio.create_task_group() as tg:

@@ -85,6 +85,11 @@ def xce_config_sections() -> Iterable[ConfigSection]:
         "max_subscriber_queue": Field((int,), 10000, "unsent pushes before a member is dropped"),
         "max_inflight": Field((int,), 4096, "requests in flight per connection"),
         "idem_ttl": Field(num, 86400.0, "seconds an idempotency key's result is kept"),
+        "clean_period": Field(
+            num, 3600.0,
+            "seconds a finished (DONE/EXIT) job is kept after it ends before it is purged "
+            "(like LSF CLEAN_PERIOD); 0 keeps finished jobs forever",
+        ),
         "state_dir": Field((str,), None, "state directory (default: cluster.state_dir)"),
     }
     return [ConfigSection("controller", fields, "the controller role", check=_check)]

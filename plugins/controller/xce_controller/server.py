@@ -38,6 +38,8 @@ from xcecore.wire import ErrorCode, RemoteError
 ElectionFactory = Callable[[str, str], Any]
 StoreFactory = Callable[[str], Any]
 HANDSHAKE_MAX_FRAME = 64 * 1024
+CLEAN_INTERVAL = 60.0  # longest pause between two passes of the finished-job cleaner
+CLEAN_BATCH = 5000  # most finished jobs one cleaner pass removes
 
 
 class Connection:
@@ -169,6 +171,8 @@ class Controller:
         self._tg.start_soon(self._run_writer, store)
         self._tg.start_soon(self._expire_hosts)
         self.role = "primary"
+        if self.settings.clean_period > 0:
+            self._tg.start_soon(self._clean_finished)
         self.since = time.time()
         self.promote_ms = (time.perf_counter() - t0) * 1000
         self.election.register("primary")
@@ -238,6 +242,27 @@ class Controller:
             limit = time.time() - self.settings.idem_ttl
             while self._idem_times and self._idem_times[0][0] < limit:
                 self.idem.pop(self._idem_times.popleft()[1], None)
+
+    async def _clean_finished(self) -> None:
+        """Purge finished jobs older than ``clean_period`` (LSF ``CLEAN_PERIOD``).
+
+        A pass every ``min(60 s, clean_period / 4)`` (the first one right after promotion)
+        removes at most ``CLEAN_BATCH`` jobs, so one pass never holds the loop or the writer
+        long; a full batch means more are due, and the next pass follows shortly. The removal
+        is one durable write like any other, so a later primary never loads those jobs again.
+        """
+        period = self.settings.clean_period
+        interval = max(0.05, min(CLEAN_INTERVAL, period / 4))
+        while self.role == "primary":  # not while stopping: the writer takes no more writes
+            ch = self.state.clean_finished(now(), period, CLEAN_BATCH)
+            removed = len(ch.result)
+            if removed:
+                self.apply(ch, None)
+                logger.info(
+                    "controller {}: cleaned {} finished job(s) older than {:g} s",
+                    self.address, removed, period,
+                )
+            await anyio.sleep(min(interval, 0.1) if removed >= CLEAN_BATCH else interval)
 
     async def _stop_primary(self) -> None:
         """Commit what is queued, let connections flush, then give up the lock."""

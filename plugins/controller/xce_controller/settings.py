@@ -23,6 +23,7 @@ def _default_conf() -> ClusterConf:
     return ClusterConf(queues=DEFAULT_QUEUES)
 
 DEFAULT_LISTEN = "127.0.0.1:7600"
+DEFAULT_CLEAN_PERIOD = 3600.0  # LSF's CLEAN_PERIOD default
 DEFAULT_QUEUES: tuple[dict[str, Any], ...] = (
     {"name": "normal", "priority": 30, "description": "For normal low-priority jobs (default)"},
     {"name": "priority", "priority": 43, "description": "Jobs submitted here run first"},
@@ -42,6 +43,7 @@ class ControllerSettings:
     max_subscriber_queue: int = 10000
     max_inflight: int = 4096
     idem_ttl: float = 86400.0
+    clean_period: float = DEFAULT_CLEAN_PERIOD  # 0: finished jobs are kept forever
     handshake_timeout: float = 10.0
     peers: tuple[str, ...] = ()
 
@@ -100,6 +102,14 @@ def check_controller_section(section: dict[str, Any]) -> None:
     for key in ("host_timeout", "idem_ttl"):
         if key in section and section[key] is not None and section[key] <= 0:
             raise ValueError(f"controller.{key} must be > 0")
+    clean = section.get("clean_period")
+    if clean is not None:
+        if isinstance(clean, bool) or not isinstance(clean, int | float):
+            raise ValueError(f"controller.clean_period must be a number of seconds, got {clean!r}")
+        if not clean >= 0:  # also refuses NaN
+            raise ValueError(
+                f"controller.clean_period must be >= 0 (0 keeps finished jobs), got {clean!r}"
+            )
 
 
 def settings_from_config(
@@ -137,5 +147,7 @@ def settings_from_config(
         max_subscriber_queue=int(c.get("max_subscriber_queue") or 10000),
         max_inflight=int(c.get("max_inflight") or 4096),
         idem_ttl=float(c.get("idem_ttl") or 86400.0),
+        clean_period=float(DEFAULT_CLEAN_PERIOD if c.get("clean_period") is None
+                           else c["clean_period"]),
         peers=tuple(peers),
     )

@@ -20,7 +20,8 @@ ACTIVE = frozenset({"RUN", "USUSP", "SSUSP"})
 FINISHED = frozenset({"DONE", "EXIT"})
 
 Record = dict[str, Any]
-Row = tuple[str, Any, Record | None]  # (table, key, record or None to delete)
+# (table, key, record or None to delete); a ``meta`` row's value is any JSON value.
+Row = tuple[str, Any, Record | int | None]
 
 
 @dataclass(slots=True)
@@ -417,6 +418,31 @@ class ClusterState:
         ch = Changes(result=len(changed))
         if changed:
             ch.events.append(Event("pend_reasons", {"reasons": changed}))
+        return ch
+
+    def clean_finished(self, now: float, older_than: float, limit: int) -> Changes:
+        """Purge at most ``limit`` DONE/EXIT jobs that ended more than ``older_than`` s ago.
+
+        The rows delete the jobs and record ``next_jobid`` in ``meta``, so purging the highest
+        ids never lets a later primary hand them out again. Pushes ``job_removed`` to every
+        member but workers (a worker holds only its active jobs). Result: the ids removed.
+        """
+        limit_time = now - older_than
+        gone: list[int] = []
+        for jobid, job in self.jobs.items():
+            end = job.get("end_time")
+            if job["state"] in FINISHED and end is not None and end < limit_time:
+                gone.append(jobid)
+                if len(gone) >= limit:
+                    break
+        ch = Changes(result=gone)
+        if not gone:
+            return ch
+        for jobid in gone:
+            del self.jobs[jobid]
+            ch.rows.append(("jobs", jobid, None))
+        ch.rows.append(("meta", "next_jobid", self.next_jobid))
+        ch.events.append(Event("job_removed", {"jobids": gone}))
         return ch
 
     def queue_control(self, name: str, action: str) -> Changes:

@@ -189,6 +189,12 @@ class SchedulerView:
         # waking now lets the picker look as soon as both have arrived.
         return job.get("state") not in RUNNING_STATES
 
+    def _job_removed(self, data: Mapping[str, Any]) -> bool:
+        # Purged jobs are finished ones, so normally not pending; drop any copy regardless.
+        for jobid in [int(j) for j in data["jobids"]]:
+            self._drop_pending(jobid)
+        return False
+
     def _host(self, host: Record) -> bool:
         old = self.hosts.get(host["name"])
         self.hosts[host["name"]] = host
@@ -220,6 +226,7 @@ class SchedulerView:
 _HANDLERS: dict[str, Any] = {
     "state": SchedulerView._state,
     "job": SchedulerView._job,
+    "job_removed": SchedulerView._job_removed,
     "host": SchedulerView._host,
     "queue": SchedulerView._queue,
     "resvals": SchedulerView._resvals,
