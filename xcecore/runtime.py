@@ -195,5 +195,24 @@ def run_role(
         "{}: starting role {} (pid {}, config {})",
         ctx.identity, name, os.getpid(), Path(config.path) if config.path else "none",
     )
-    anyio.run(run_role_async, roles[name], ctx)
+    try:
+        anyio.run(run_role_async, roles[name], ctx)
+    except BaseExceptionGroup as group:
+        # A role that cannot start (a port in use, a bad value found late) fails in a task
+        # group; the operator needs the one reason, not the group's traceback.
+        leaf = _only_leaf(group)
+        if isinstance(leaf, OSError | ValueError | RoleError):
+            logger.error("{}: cannot run: {}", ctx.identity, leaf)
+            raise RoleError(f"{name}: {leaf}") from leaf
+        raise
     logger.info("{}: stopped", ctx.identity)
+
+
+def _only_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The single exception at the bottom of nested groups, or None if there are several."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc

@@ -27,11 +27,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def test_up_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
     from xcecore.localcluster import free_port
 
     state = tmp_path / "up"
     base = free_port()
+    while not _port_free(base + 1):  # the second candidate takes the next port
+        base = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "xcecore", "up", "--workers", "1", "--state-dir", str(state),
                              "--candidates", "2", "--port", str(base)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

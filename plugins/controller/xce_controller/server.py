@@ -97,7 +97,11 @@ class Controller:
         auth.check_keyless(self.settings.key, [host])
         if self.settings.key is None:
             logger.warning("controller: no cluster key configured; accepting loopback peers only")
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+        try:
+            listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {format_address(host, port)}: "
+                          f"{exc.strerror or exc}") from None
         self.port = int(listener.extra(SocketAttribute.local_port))
         self.address = self.settings.advertise or format_address(host, self.port)
         self.fanout.server = self.address
