@@ -191,7 +191,8 @@ def test_wrapper_writes_the_status_in_place(tmp_path: Path) -> None:
                         kill_grace=0.5)
     assert pm.start({"jobid": 7, "attempt": 0, "command": "exit 3", "state": "RUN",
                      "alloc": [{"host": "h1", "ntasks": 1}]})
-    wait_for(lambda: not pm.running, 10, what="job 7 to end")
+    # The job leaves `running` a moment before its finish is journaled: wait for the report.
+    wait_for(lambda: len(pm.journal.pending()) == 2, 10, what="job 7's finish report")
     status = tmp_path / "s" / "jobs" / "7.0.status"
     assert status.read_text() == "3\n"
     assert not list((tmp_path / "s" / "jobs").glob("*.tmp"))
