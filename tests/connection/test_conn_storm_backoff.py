@@ -33,7 +33,8 @@ async def test_open_link_marks_a_timeout_but_not_a_refusal():
     assert standby.stream is None and not standby.timed_out
 
 
-async def test_pass_with_a_timed_out_candidate_backs_off_over_connect_timeout(monkeypatch):
+def _spy_backoff(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record the ``at_least`` of every back-off draw the client asks for (and never sleep)."""
     asked: list[float] = []
 
     class Spy(Backoff):
@@ -42,6 +43,11 @@ async def test_pass_with_a_timed_out_candidate_backs_off_over_connect_timeout(mo
             return 0.0
 
     monkeypatch.setattr("xcecore.connection.Backoff", Spy)
+    return asked
+
+
+async def test_pass_with_a_timed_out_candidate_backs_off_over_connect_timeout(monkeypatch):
+    asked = _spy_backoff(monkeypatch)
     async with FakeController("h", mode="hang") as h:
         cfg = make_config(h.address, connect_timeout=0.3, backoff_base=0.001, backoff_cap=10.0)
         async with Client(cfg, role="w") as c:
@@ -51,14 +57,7 @@ async def test_pass_with_a_timed_out_candidate_backs_off_over_connect_timeout(mo
 
 
 async def test_pass_with_refusals_only_keeps_the_plain_back_off(monkeypatch):
-    asked: list[float] = []
-
-    class Spy(Backoff):
-        def next_delay(self, at_least: float = 0.0) -> float:
-            asked.append(at_least)
-            return 0.0
-
-    monkeypatch.setattr("xcecore.connection.Backoff", Spy)
+    asked = _spy_backoff(monkeypatch)
     async with FakeController("s", mode="standby") as s:
         async with Client(make_config(s.address), role="w") as c:
             with pytest.raises(BackendUnavailable):

@@ -39,6 +39,19 @@ def count_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def _run_until_drained(n: Notifier, j: Journal) -> None:
+    """Run the notifier on its own thread until every report is delivered, then stop it."""
+    stop = threading.Event()
+    t = threading.Thread(target=n.run, args=(stop,))
+    t.start()
+    try:
+        assert j.wait_drained(10)
+    finally:
+        stop.set()
+        t.join(5)
+    assert not t.is_alive()
+
+
 def test_acks_are_written_not_fsynced_and_survive_reopen(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fsyncs = count_fsyncs(monkeypatch)
@@ -143,15 +156,7 @@ def test_lanes_deliver_jobs_concurrently_each_once_and_in_job_order(tmp_path: Pa
         return {}
 
     n = Notifier("h", j, call, retry_delay=0.01, lanes=4)
-    stop = threading.Event()
-    t = threading.Thread(target=n.run, args=(stop,))
-    t.start()
-    try:
-        assert j.wait_drained(10)
-    finally:
-        stop.set()
-        t.join(5)
-    assert not t.is_alive()
+    _run_until_drained(n, j)
     assert sorted(sent) == sorted((i, e) for i in range(1, 21) for e in ("start", "finish"))
     for jobid in range(1, 21):
         assert sent.index((jobid, "start")) < sent.index((jobid, "finish"))
@@ -175,14 +180,7 @@ def test_failed_delivery_is_retried_before_that_jobs_later_reports(tmp_path: Pat
         return {}
 
     n = Notifier("h", j, call, retry_delay=0.01, lanes=3)
-    stop = threading.Event()
-    t = threading.Thread(target=n.run, args=(stop,))
-    t.start()
-    try:
-        assert j.wait_drained(10)
-    finally:
-        stop.set()
-        t.join(5)
+    _run_until_drained(n, j)
     assert sent.index((1, "start")) < sent.index((1, "finish")) and len(sent) == 3
 
 
