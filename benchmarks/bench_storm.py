@@ -16,7 +16,9 @@ processes (``simworkers.py``: real ``Client``s, one TCP connection each, joined 
   host's ``joined_at`` in ``hostinfo``, the controller's own clock), and the members count of
   ``status`` polled every 250 ms; plus the workers' own view (``REJOINED`` times).
 
-Writes ``benchmarks/results/storm.json`` and ``benchmarks/results/storm.png``.
+Writes ``benchmarks/results/storm.json`` and ``benchmarks/results/storm.png``. Set
+``XCE_BENCH_SIM_LOG=INFO`` to have the simulators log every client's connection events (to
+``sim<first>.log`` beside the candidates' logs; with ``--keep``) when studying a storm.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,7 +72,8 @@ class SimProc:
                "--first", str(first), "--count", str(count), "--heartbeat", str(HEARTBEAT),
                "--liveness", str(LIVENESS), "--connect-timeout", str(CONNECT_TIMEOUT),
                "--backoff-base", str(BACKOFF_BASE), "--backoff-cap", str(BACKOFF_CAP),
-               "--spread", str(spread), "--join-timeout", str(JOIN_TIMEOUT)]
+               "--spread", str(spread), "--join-timeout", str(JOIN_TIMEOUT),
+               "--log-level", os.environ.get("XCE_BENCH_SIM_LOG", "ERROR")]
         with self.log.open("ab") as err:
             self.popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=err, text=True, start_new_session=True)
@@ -199,7 +203,8 @@ def _abandoned_handshakes(bc: BenchCluster) -> dict[str, int]:
     out = {}
     for i, proc in bc.cluster.candidates.items():
         text = proc.text()
-        out[f"candidate{i}"] = text.count("bad handshake from") + text.count("timed out; closing")
+        reported = sum(int(m) for m in re.findall(r"(\d+) client\(s\) closed the connection before", text))
+        out[f"candidate{i}"] = reported + text.count("bad handshake from") + text.count("timed out; closing")
     return out
 
 

@@ -24,11 +24,16 @@ class Backoff:
         base: float,
         cap: float,
         uniform: Callable[[float, float], float] = random.uniform,
+        *,
+        busy_cap: float | None = None,
     ) -> None:
         if base <= 0 or cap <= 0:
             raise ValueError(f"back-off base and cap must be positive, got {base} and {cap}")
         self.base = base
         self.cap = max(cap, base)
+        # How far ``at_least`` may stretch a draw (a busy candidate): the cap unless a policy
+        # that retries fast by design (heartbeats while down) must still spread under load.
+        self.busy_cap = self.cap if busy_cap is None else max(busy_cap, self.cap)
         self.failures = 0
         self._uniform = uniform
 
@@ -39,12 +44,12 @@ class Backoff:
     def next_delay(self, at_least: float = 0.0) -> float:
         """Record one more failed pass and return how long to sleep before the next one.
 
-        ``at_least`` raises this draw's ceiling (never past ``cap``): after a pass in which a
+        ``at_least`` raises this draw's ceiling (never past ``busy_cap``): after a pass in which a
         live candidate timed out, i.e. it is too busy to serve its queued handshakes, clients
         spread their retries over at least that long instead of re-queuing within ``base``
         (thousands of clients retrying at once is how a join storm collapses).
         """
-        ceiling = max(self.ceiling(), min(self.cap, at_least))
+        ceiling = max(self.ceiling(), min(self.busy_cap, at_least))
         delay = self._uniform(0.0, ceiling)
         self.failures += 1
         return delay

@@ -243,6 +243,7 @@ class Client:
         self._lock_owner: int | None = None  # id of the task holding the failover lock
         self._last_good: Candidate | None = None
         self._preferred: Candidate | None = None  # a primary named by a REDIRECT reply
+        self._lost: Candidate | None = None  # whose connection died; tried last until one works
         self._pass_timed_out = False  # a candidate of the last connect pass timed out
         self._ever_connected = False
         self._joined_once = False
@@ -663,7 +664,9 @@ class Client:
 
     async def _connect_pass(self) -> Link | None:
         """One walk over the candidates, following redirects; a primary's connection or None."""
-        order = candidate_order(self.config.candidates, self._preferred or self._last_good)
+        preferred = self._preferred
+        order = candidate_order(self.config.candidates, preferred or self._last_good,
+                                None if preferred else self._lost)
         self._preferred = None
         self._pass_timed_out = False
         tried: set[Candidate] = set()
@@ -719,6 +722,7 @@ class Client:
     def _install(self, conn: Link) -> None:
         assert self._tg is not None
         self._last_good = conn.candidate
+        self._lost = None
         self._tg.start_soon(self._serve, conn, name=f"{self._name} reader {conn.candidate}")
 
     async def _serve(self, conn: Link) -> None:
@@ -744,6 +748,8 @@ class Client:
             target, _ = resolve_redirect(redirect, self.config.candidates,
                                          self.config.allow_unlisted_redirect)
             self._preferred = target
+        elif conn is self._conn:
+            self._lost = conn.candidate
         if conn is self._conn and not self._closed:
             self._lost_at = anyio.current_time()
             nxt = ("reconnecting" if retrying and not pending
@@ -809,13 +815,18 @@ class Client:
         # milliseconds, and a herd of members that lost the same primary is spread out.
         if self.config.heartbeat_interval == 0:
             return  # heartbeats off
-        quick = Backoff(self.config.backoff_base, self.config.heartbeat_interval)
+        cfg = self.config
+        quick = Backoff(cfg.backoff_base, cfg.heartbeat_interval, busy_cap=cfg.backoff_cap)
         while True:
             conn = self._conn
             down = self._joined_once and (conn is None or not conn.alive)
             if not down:
                 quick.reset()
-            with anyio.move_on_after(quick.next_delay() if down else self.config.heartbeat_interval):
+            # After a pass in which a candidate timed out (alive, but too busy to finish our
+            # handshake), spread over a connect timeout like the call path does: a thousand
+            # members re-queuing every heartbeat interval is how a re-join storm collapses.
+            busy = cfg.connect_timeout if self._pass_timed_out else 0.0
+            with anyio.move_on_after(quick.next_delay(busy) if down else cfg.heartbeat_interval):
                 await self._beat_now.wait()
             self._beat_now = anyio.Event()
             # Heartbeats keep a member alive and bring an idle member back; a client that never

@@ -51,6 +51,14 @@ class Handshake:
     message: str = ""
 
 
+def hello_hint(hello: dict[str, Any]) -> Handshake | None:
+    """What a server's first message already says: a standby names its primary there, so a
+    client need not authenticate to be redirected (None: answer the challenge as usual)."""
+    if hello.get("state") != "standby":
+        return None
+    return classify_handshake({**hello, "ok": True})
+
+
 def classify_handshake(status: dict[str, Any]) -> Handshake:
     """Classify the server's third handshake message (see docs/protocol.md, "Handshake")."""
     if status.get("ok") is not True:
@@ -87,17 +95,27 @@ def resolve_redirect(
     )
 
 
-def candidate_order(candidates: Sequence[Candidate], first: Candidate | None) -> list[Candidate]:
+def candidate_order(
+    candidates: Sequence[Candidate], first: Candidate | None, lost: Candidate | None = None
+) -> list[Candidate]:
     """The candidates in configured order, rotated to start at ``first`` (the last that worked).
 
     An unlisted ``first`` (a followed unlisted redirect) is tried first, then the whole list.
+    ``lost``, the candidate whose connection just died, goes last: it is most likely the dead
+    primary, and a dead host costs a whole connect timeout, while a live one is reached through
+    a standby's redirect at the price of one short connection.
     """
     if first is None:
-        return list(candidates)
-    if first in candidates:
+        order = list(candidates)
+    elif first in candidates:
         i = list(candidates).index(first)
-        return [*candidates[i:], *candidates[:i]]
-    return [first, *candidates]
+        order = [*candidates[i:], *candidates[:i]]
+    else:
+        order = [first, *candidates]
+    if lost is not None and lost in order:
+        order.remove(lost)
+        order.append(lost)
+    return order
 
 
 # ---------------------------------------------------------------------------- replies

@@ -2,13 +2,14 @@
 
 :func:`open_link` dials a candidate and runs the handshake; a :class:`Link` then carries many
 requests at once (matched to replies by id; one reader task), hands pushes to a callback, and
-runs a liveness watchdog: no frame for ``liveness_timeout`` while a reply is owed kills the
-link. A link never reconnects: when it dies it tells its owner once (``on_lost``) and fails
-its outstanding requests with :class:`LinkLost`; :mod:`xcecore.connection` decides the rest.
+checks liveness: no frame for ``liveness_timeout`` while a reply is owed kills the link. A link
+never reconnects: when it dies it tells its owner once (``on_lost``) and fails its outstanding
+requests with :class:`LinkLost`; :mod:`xcecore.connection` decides the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Callable
@@ -16,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteStream
 
 from xcecore import auth, wire
 from xcecore.candidates import Candidate
-from xcecore.connstate import classify_handshake, liveness_expired
+from xcecore.connstate import Handshake, classify_handshake, hello_hint, liveness_expired
 
 LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError,
                anyio.EndOfStream, anyio.IncompleteRead)
@@ -64,14 +66,16 @@ async def open_link(
 ) -> Dialed:
     """Connect to ``cand`` and run the client side of the handshake within ``timeout``."""
     stream: BufferedByteStream | None = None
-    status: dict[str, Any] | None = None
+    shake: Handshake | None = None
     failure = ""
     with anyio.move_on_after(timeout) as scope:
         try:
             stream = BufferedByteStream(await anyio.connect_tcp(cand.host, cand.port))
             hello = await wire.read_message(stream, max_frame)
-            await wire.write_message(stream, auth.client_answer(key, sender, hello))
-            status = await wire.read_message(stream, max_frame)
+            shake = hello_hint(hello)
+            if shake is None:
+                await wire.write_message(stream, auth.client_answer(key, sender, hello))
+                shake = classify_handshake(await wire.read_message(stream, max_frame))
         except LINK_ERRORS as exc:
             failure = f"refused or closed the connection ({describe_error(exc)})"
         except (wire.WireError, auth.AuthError) as exc:
@@ -79,8 +83,7 @@ async def open_link(
     if scope.cancelled_caught:
         failure = f"did not answer within {timeout:g} s"
     redirect: str | None = None
-    if status is not None and not failure:
-        shake = classify_handshake(status)
+    if shake is not None and not failure:
         if shake.kind == "primary" and stream is not None:
             return Dialed(stream=stream)
         redirect = shake.primary
@@ -90,8 +93,8 @@ async def open_link(
             "denied": f"denied the handshake ({shake.message}); check cluster.key",
         }.get(shake.kind, f"broke the handshake ({shake.message})")
     if stream is not None:
-        with anyio.CancelScope(shield=True):
-            await anyio.aclose_forcefully(stream)
+        with anyio.CancelScope(shield=True), contextlib.suppress(*LINK_ERRORS):
+            await stream.aclose()
     return Dialed(redirect=redirect, failure=failure, timed_out=scope.cancelled_caught)
 
 
@@ -110,11 +113,15 @@ class Link:
     :class:`xcecore.wire.WireError` to reject a malformed one); ``on_lost(link, reason)`` runs
     once when the link dies, whoever notices. ``joined`` and ``next_seq`` are the owner's
     per-connection bookkeeping.
+
+    Liveness is checked by the requests themselves: one waiting for its reply wakes when no
+    frame has come for ``liveness_timeout`` (counting from the later of the last frame and its
+    own send) and then kills the link. An idle link thus costs no task and no timer at all.
     """
 
-    __slots__ = ("_ids", "_on_lost", "_on_push", "alive", "candidate", "joined",
-                 "liveness_timeout", "max_frame", "next_seq", "pending", "reason", "rx",
-                 "scope", "send_lock", "stream")
+    __slots__ = ("_ids", "_on_lost", "_on_push", "_reading", "alive", "candidate", "joined",
+                 "last_rx", "liveness_timeout", "max_frame", "next_seq", "pending", "reason",
+                 "scope", "send_lock", "sock", "stream")
 
     def __init__(
         self,
@@ -128,6 +135,7 @@ class Link:
     ) -> None:
         self.candidate = candidate
         self.stream = stream
+        self.sock: wire.HasFileno | None = stream.extra(SocketAttribute.raw_socket, None)
         self.max_frame = max_frame
         self.liveness_timeout = liveness_timeout
         self.pending: dict[int, _Pending] = {}
@@ -135,12 +143,13 @@ class Link:
         self.scope = anyio.CancelScope()
         self.alive = True
         self.reason = ""
-        self.rx = 0  # frames received; the watchdog only compares it
+        self.last_rx = anyio.current_time()  # when the last frame arrived (the loop's clock)
         self.next_seq = 1
         self.joined = False
         self._ids = itertools.count(1)
         self._on_push = on_push
         self._on_lost = on_lost
+        self._reading = True
 
     def kill(self, reason: str) -> int | None:
         """Mark the link dead and fail its requests; how many were in flight (None: was dead)."""
@@ -151,7 +160,8 @@ class Link:
         pending, self.pending = self.pending, {}
         for p in pending.values():
             p.event.set()
-        self.scope.cancel()
+        if self._reading:  # a reader that has already ended needs no cancelling
+            self.scope.cancel()
         return len(pending)
 
     async def request(self, op: str, args: dict[str, Any], rid: str | None) -> dict[str, Any]:
@@ -167,11 +177,20 @@ class Link:
         self.pending[n] = pending
         try:
             try:
-                async with self.send_lock:
-                    await self.stream.send(frame)
+                async with self.send_lock:  # fast_acquire: no loop pass when it is free
+                    # Holding the lock, nothing of ours is unsent: try the socket directly and
+                    # leave only a remainder (a full socket buffer) to the stream.
+                    sent = wire.write_now(self.sock, frame)
+                    if sent == 0:
+                        await self.stream.send(frame)
+                    elif sent < len(frame):
+                        # Half a frame is out: a cancellation now would garble the stream
+                        # (the link's own death still ends this send, by closing it).
+                        with anyio.CancelScope(shield=True):
+                            await self.stream.send(frame[sent:])
             except LINK_ERRORS as exc:
                 self._on_lost(self, describe_error(exc))
-            await pending.event.wait()
+            await self._await_reply(pending, anyio.current_time())
         finally:
             if pending.reply is None:
                 self.pending.pop(n, None)
@@ -179,17 +198,33 @@ class Link:
             raise LinkLost(f"lost connection to {self.candidate} ({self.reason})")
         return pending.reply
 
+    async def _await_reply(self, pending: _Pending, sent_at: float) -> None:
+        """Wait for ``pending``'s reply or the link's death; kill a link gone silent."""
+        timeout = self.liveness_timeout
+        while not pending.event.is_set():
+            with anyio.CancelScope(deadline=max(self.last_rx, sent_at) + timeout):
+                await pending.event.wait()
+            if pending.event.is_set():
+                return
+            if liveness_expired(anyio.current_time(), self.last_rx, sent_at, timeout):
+                self._on_lost(self, f"no frame for {timeout:g} s with {len(self.pending)} "
+                                    "request(s) outstanding: liveness timeout")
+
     async def serve(self) -> None:
-        """Run the reader and the watchdog until the link dies; then close the socket."""
+        """Run the reader until the link dies; then close the socket."""
         try:
             with self.scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._watchdog)
-                    self._on_lost(self, await self._read_loop())
+                reason = await self._read_loop()
+                self._reading = False
+                self._on_lost(self, reason)
         finally:
+            self._reading = False
             self._on_lost(self, "closed")  # a no-op unless cancelled from outside
             with anyio.CancelScope(shield=True):
-                await anyio.aclose_forcefully(self.stream)
+                # A plain close, not aclose_forcefully: that one cancels a scope, and anyio
+                # formats the current task into every cancel's message (costly in a storm).
+                with contextlib.suppress(*LINK_ERRORS):
+                    await self.stream.aclose()
 
     async def _read_loop(self) -> str:
         """Hand replies to their callers and pushes to ``on_push``; return why it ended."""
@@ -197,7 +232,7 @@ class Link:
         try:
             while True:
                 msg = await wire.read_message(stream, max_frame)
-                self.rx += 1
+                self.last_rx = anyio.current_time()
                 mid = msg.get("id")
                 waiter = pending.pop(mid, None) if type(mid) is int else None
                 if waiter is not None:
@@ -210,23 +245,3 @@ class Link:
             return f"protocol error: {exc}"
         except LINK_ERRORS as exc:
             return describe_error(exc)
-
-    async def _watchdog(self) -> None:
-        timeout = self.liveness_timeout
-        tick = timeout / 4
-        rx = self.rx
-        last_rx = anyio.current_time()
-        owed_since: float | None = None
-        while self.alive:
-            await anyio.sleep(tick)
-            now = anyio.current_time()
-            if self.rx != rx:
-                rx, last_rx = self.rx, now
-            if not self.pending:
-                owed_since = None
-                continue
-            if owed_since is None:
-                owed_since = now
-            if liveness_expired(now, last_rx, owed_since, timeout):
-                self._on_lost(self, f"no frame for {timeout:g} s with {len(self.pending)} "
-                                    "request(s) outstanding: liveness timeout")

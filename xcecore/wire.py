@@ -15,6 +15,7 @@ Message shapes (all JSON objects)::
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -129,6 +130,33 @@ async def read_message(stream: _Receiver, max_frame: int = DEFAULT_MAX_FRAME) ->
     (size,) = _LEN.unpack(await stream.receive_exactly(4))
     check_size(size, max_frame)
     return decode_body(await stream.receive_exactly(size))
+
+
+class HasFileno(Protocol):
+    """A socket, or the wrapper asyncio hands out for one."""
+
+    def fileno(self) -> int: ...
+
+
+def write_now(sock: HasFileno | None, data: bytes) -> int:
+    """Write what the kernel takes of ``data`` at once, without yielding; bytes written.
+
+    The fast path for a small frame on a connection whose stream has nothing unsent (the
+    caller's own bookkeeping says so): one ``write`` system call instead of handing the frame to
+    a writer task and a transport, which costs a task switch and a loop pass per frame. Returns
+    0 when nothing could be written (full socket buffer, closed socket, any error): the caller
+    sends the rest through its stream, which also reports a dead connection properly. The
+    descriptor is read at every call, so a socket closed meanwhile (``-1``) is never written.
+    """
+    if sock is None:
+        return 0
+    fd = sock.fileno()
+    if fd < 0:
+        return 0
+    try:
+        return os.write(fd, data)
+    except OSError:  # EAGAIN, EPIPE, ECONNRESET, ...: the stream's own send deals with it
+        return 0
 
 
 async def write_message(stream: _Sender, obj: Any) -> None:

@@ -26,7 +26,9 @@ async def test_black_holed_primary_mid_call_fails_over(logs, hooks):
             assert c.candidate == parse_address(b.address)
         assert a.ops("jobsubmit")[0].rid == b.ops("jobsubmit")[0].rid
     assert logs.find("liveness timeout", "WARNING")
-    assert logs.find(f"candidate {a.address} did not answer within 0.3 s", "WARNING")
+    # The candidate whose link died is tried last, so the hung one costs no connect timeout.
+    assert not logs.find(f"candidate {a.address} did not answer", "WARNING")
+    assert logs.find(f"reconnected to {b.address}", "INFO")
 
 
 async def test_black_hole_detected_by_heartbeats_when_idle(logs):

@@ -23,6 +23,17 @@ def test_at_least_raises_the_ceiling_up_to_the_cap():
     assert b.failures == 3
 
 
+def test_busy_cap_lets_a_fast_policy_spread_under_load():
+    """Heartbeats while down retry within the heartbeat interval, but a busy candidate (one
+    that timed out) spreads them over the connect timeout, up to the call path's cap."""
+    b = Backoff(0.1, 1.0, uniform=lambda lo, hi: hi, busy_cap=5.0)
+    assert b.next_delay() == pytest.approx(0.1)
+    assert b.next_delay(at_least=3.0) == pytest.approx(3.0)  # past cap 1.0, within busy_cap
+    assert b.next_delay(at_least=30.0) == pytest.approx(5.0)
+    assert b.next_delay() == pytest.approx(0.8)  # without load: the plain doubling, capped at 1
+    assert Backoff(0.1, 1.0, busy_cap=0.5).busy_cap == 1.0  # never below the cap
+
+
 async def test_open_link_marks_a_timeout_but_not_a_refusal():
     async with FakeController("h", mode="hang") as h, FakeController("s", mode="standby") as s:
         hung = await open_link(parse_address(h.address), sender="w@x", key=None,

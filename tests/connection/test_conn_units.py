@@ -10,6 +10,7 @@ from xcecore.connstate import (
     StateQueue,
     candidate_order,
     classify_handshake,
+    hello_hint,
     liveness_expired,
     reply_error,
     resolve_redirect,
@@ -38,6 +39,24 @@ def test_candidate_order_rotates_from_last_good():
     assert candidate_order((A, B, C), None) == [A, B, C]
     assert candidate_order((A, B, C), B) == [B, C, A]
     assert candidate_order((A, B), C) == [C, A, B]
+
+
+def test_candidate_order_tries_the_lost_candidate_last():
+    # The primary B died: start with the next one, try B again only at the end of the pass.
+    assert candidate_order((A, B, C), B, lost=B) == [C, A, B]
+    assert candidate_order((A, B, C), A, lost=B) == [A, C, B]
+    assert candidate_order((A, B, C), None, lost=A) == [B, C, A]
+    assert candidate_order((A,), A, lost=A) == [A]  # a single candidate is still tried
+    assert candidate_order((A, B), C, lost=C) == [A, B, C]  # an unlisted one, too
+
+
+def test_hello_hint_of_a_standby():
+    assert hello_hint({"proto": 1, "challenge": "ab"}) is None  # a primary: authenticate
+    hint = hello_hint({"proto": 1, "challenge": "ab", "server": "h2:2", "state": "standby",
+                       "primary": "h1:1"})
+    assert hint is not None and hint.kind == "redirect" and hint.primary == "h1:1"
+    lone = hello_hint({"proto": 1, "challenge": "ab", "state": "standby", "primary": None})
+    assert lone is not None and lone.kind == "no_primary"
 
 
 def test_classify_handshake():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from ctl_testlib import RawClient, controllers, find_primary, handshake_state, wait_listening
 
 pytestmark = pytest.mark.anyio
@@ -64,6 +65,35 @@ async def test_candidate_on_held_state_dir_is_standby(tmp_path):
             wait_listening(late[0].address)
             hs = await handshake_state(late[0].address)
             assert hs == {"ok": True, "server": late[0].address, "state": "standby", "primary": primary}
+
+
+async def test_standby_names_the_primary_in_its_hello(tmp_path):
+    """A client looking for the primary leaves a standby after its first message: no MAC is
+    computed, no request is made, and the standby logs no warning for the closed handshake."""
+    import anyio
+
+    from xcecore import wire
+    from xcecore.candidates import parse_address
+    from xcecore.link import open_link
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with controllers(tmp_path / "state", logs, 2) as procs:
+        primary = await find_primary([p.address for p in procs])
+        standby = next(p for p in procs if p.address != primary)
+        wait_listening(standby.address)
+        host, _, port = standby.address.rpartition(":")
+        async with await anyio.connect_tcp(host, int(port)) as raw:
+            hello = await wire.read_message(BufferedByteReceiveStream(raw))
+        assert hello["state"] == "standby" and hello["primary"] == primary
+        assert hello["server"] == standby.address and "challenge" in hello
+        dialed = await open_link(parse_address(standby.address), sender="w@x", key=b"wrong key",
+                                 timeout=5.0, max_frame=1 << 20)
+        assert dialed.stream is None and dialed.redirect == primary  # even with a wrong key
+        # A client that authenticates anyway still gets the verdict in the third message.
+        assert (await handshake_state(standby.address))["primary"] == primary
+    text = standby.log.read_text()
+    assert "WARNING" not in text.replace("no cluster key", ""), text
 
 
 async def test_xce_run_controller_and_clean_stop(tmp_path):

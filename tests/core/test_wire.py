@@ -123,3 +123,36 @@ async def test_stream_helpers_over_real_socket() -> None:
         tg.cancel_scope.cancel()
     assert got == [{"a": 1}]
     assert isinstance(errors[0], wire.FrameTooLarge)
+
+
+def test_write_now_writes_what_the_kernel_takes():
+    import socket
+
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        assert wire.write_now(a, b"hello") == 5
+        assert b.recv(16) == b"hello"
+        # A full socket buffer takes part of a large frame, then nothing: never blocks.
+        big = b"x" * (1 << 22)
+        first = wire.write_now(a, big)
+        assert 0 < first < len(big)
+        assert wire.write_now(a, big) == 0
+        assert wire.write_now(None, b"x") == 0
+        a.close()
+        assert wire.write_now(a, b"x") == 0  # a closed socket (fileno -1) is never written
+    finally:
+        a.close()
+        b.close()
+
+
+def test_write_now_reports_a_dead_peer_as_nothing_written():
+    import socket
+
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.close()
+    try:
+        assert wire.write_now(a, b"x") == 0  # EPIPE: left to the stream, which reports it
+    finally:
+        a.close()

@@ -12,6 +12,7 @@ waits, in its connection's outbox, for that commit to be durable.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import itertools
 import threading
@@ -40,6 +41,7 @@ StoreFactory = Callable[[str], Any]
 HANDSHAKE_MAX_FRAME = 64 * 1024
 CLEAN_INTERVAL = 60.0  # longest pause between two passes of the finished-job cleaner
 CLEAN_BATCH = 5000  # most finished jobs one cleaner pass removes
+ABANDONED_REPORT_INTERVAL = 5.0  # seconds between reports of handshakes clients gave up on
 
 
 class Connection:
@@ -86,6 +88,7 @@ class Controller:
         self.stopped = anyio.Event()
         self.promote_ms: float | None = None
         self._cids = itertools.count(1)
+        self.abandoned = 0  # handshakes the client gave up on, since the last report
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer_done = anyio.Event()
 
@@ -110,6 +113,7 @@ class Controller:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(listener.serve, self._handle, tg)
+                tg.start_soon(self._report_abandoned)
                 self.election.register("standby")
                 logger.info(
                     "controller {}: candidate started (state dir {}); standby until it holds the lock",
@@ -127,6 +131,22 @@ class Controller:
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
                 await self._cleanup()
+
+    async def _report_abandoned(self) -> None:
+        """One line every ``ABANDONED_REPORT_INTERVAL`` s while clients abandon handshakes."""
+        while True:
+            await anyio.sleep(ABANDONED_REPORT_INTERVAL)
+            self._log_abandoned()
+
+    def _log_abandoned(self) -> None:
+        if self.abandoned:
+            logger.warning(
+                "controller {}: {} client(s) closed the connection before finishing the "
+                "handshake in the last {:g} s at most (they gave up waiting: this candidate is "
+                "busy, e.g. a join storm; they retry with back-off)",
+                self.address, self.abandoned, ABANDONED_REPORT_INTERVAL,
+            )
+            self.abandoned = 0
 
     async def _wait_for_lock(self) -> None:
         """Block on the election in a daemon thread (a blocked flock cannot be cancelled)."""
@@ -169,6 +189,7 @@ class Controller:
         state = ClusterState(self.settings.conf)
         t = now()
         state.load(loaded, t)
+        gc.freeze()  # the loaded state lives as long as the primary: no collection re-scans it
         self.state, self.store = state, store
         self.idem = dict(loaded.idem)
         self._idem_times = deque((t, rid) for rid in self.idem)
@@ -282,6 +303,7 @@ class Controller:
                 await anyio.sleep(0.01)
 
     async def _cleanup(self) -> None:
+        self._log_abandoned()
         if self.store is not None:
             self.store.stop()
             with anyio.move_on_after(10):
@@ -423,10 +445,20 @@ class Controller:
 
     async def _handshake(self, stream: SocketStream, reader: BufferedByteReceiveStream, peer: str) -> Caller | None:
         challenge, hello = auth.server_hello()
+        hinted = self.role == "standby"
+        if hinted:
+            # Name the primary at once: a client that is only looking for it leaves without
+            # authenticating (half the round trips and no MAC work during a failover storm).
+            hello.update(server=self.address, state="standby", primary=self._primary())
         try:
             with anyio.fail_after(self.settings.handshake_timeout):
                 await wire.write_message(stream, hello)
-                answer = await wire.read_message(reader, HANDSHAKE_MAX_FRAME)
+                try:
+                    answer = await wire.read_message(reader, HANDSHAKE_MAX_FRAME)
+                except (anyio.EndOfStream, anyio.IncompleteRead):
+                    if hinted:
+                        return None  # it took the hint and went to the primary: nothing to log
+                    raise
                 identity = auth.check_client_answer(self.settings.key, challenge, answer)
                 role, sep, _ = identity.partition("@")
                 if not sep or not role:
@@ -442,9 +474,15 @@ class Controller:
         except TimeoutError:
             logger.warning("controller {}: handshake from {} timed out; closing", self.address, peer)
             return None
-        except (wire.WireError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
-                anyio.ClosedResourceError, OSError) as exc:
+        except wire.WireError as exc:
             logger.warning("controller {}: bad handshake from {}: {}; closing", self.address, peer, exc)
+            return None
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
+                anyio.ClosedResourceError, OSError):
+            # The client gave up (its connect timeout) before we served it: in a join storm
+            # there are thousands, so they are counted and reported every few seconds.
+            self.abandoned += 1
+            logger.debug("controller {}: {} closed the connection during the handshake", self.address, peer)
             return None
         if self.role == "primary":
             status: dict[str, Any] = {"ok": True, "server": self.address, "state": "primary"}
