@@ -56,7 +56,7 @@ LIVENESS = 4.0
 # Tuning for a large cluster (the LocalCluster defaults, 0.5 s connect timeout and 0.5 s
 # back-off cap, suit small test clusters; with 10,000 clients they made a join storm collapse:
 # clients gave up on handshakes the busy controller had queued, and retried within 0.5 s).
-CONNECT_TIMEOUT = 5.0
+CONNECT_TIMEOUT = float(os.environ.get("XCE_CT", "5.0"))
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
 HOST_TIMEOUT = 10.0

@@ -412,6 +412,13 @@ class Client:
             if conn is None:
                 self._hb_failing = True
                 return False
+            if self._joined_once and not conn.joined:
+                # A fresh connection to the primary is its own proof of life, and a member's
+                # beat there would only earn NOT_JOINED: re-join at once (one round trip less
+                # per member in a re-join storm).
+                self._hb_failing = False
+                self._wake_rejoin("heartbeats recovered")
+                return True
             recovered = True
         try:
             reply = await conn.request("heartbeat", {}, None)

@@ -141,8 +141,10 @@ async def test_idle_client_recovers_through_heartbeats_only(hooks, logs, mocker)
             await _wait(lambda: [p[1] for p in hooks.pushes] == ["state", "state", "job"])
             assert hooks.pushes[1][2] == 1  # seq restarted on the new connection
             assert spy.call_count == 0  # the heartbeat path never calls the reconnect hook
-            assert b.ops("heartbeat")
+            # The reconnecting beat re-joins instead of beating into NOT_JOINED; beats follow.
+            await _wait(lambda: bool(b.ops("heartbeat")))
             await _wait(lambda: c.state == "rejoined")
+            assert b.requests[0].op == "join"  # nothing was sent ahead of the re-join
     assert logs.find(f"heartbeat reconnected to {b.address}", "INFO")
     assert logs.find(f"re-joined as worker on {b.address}", "INFO")
 

@@ -227,3 +227,30 @@ def test_meta_row_holds_the_counter(tmp_path: Path) -> None:
     assert store.load().meta == {"next_jobid": st.next_jobid}
     assert orjson.loads(store.db.execute("SELECT data FROM meta").fetchone()[0]) == st.next_jobid
     store.close()
+
+
+def test_worker_view_lists_only_its_active_jobs_through_the_host_index(tmp_path: Path) -> None:
+    """A worker's (re-)join state holds its running and suspended jobs, found through the
+    host index (kept on dispatch, finish, requeue and load), never another host's."""
+    t0 = time.time() - 60
+    st, ids, rows = _cluster(t0)
+    rows += st.join_worker({"hname": "n2", "ncpus": 8}, t0).rows
+    other = st.submit({"command": "elsewhere", "user": "u"}, t0)
+    rows += other.rows + st.dispatch(other.result["jobid"], [{"host": "n2", "ntasks": 1}], False).rows
+    susp = st.submit({"command": "stopped", "user": "u"}, t0)
+    rows += susp.rows + st.dispatch(susp.result["jobid"], [{"host": "n1", "ntasks": 1}], False).rows
+    rows += st.control(susp.result["jobid"], "stop", t0).rows
+
+    def view(state: ClusterState, host: str) -> list[str]:
+        return [j["command"] for j in state.full_state("s", worker_host=host)["jobs"]]
+
+    assert view(st, "n1") == ["running", "stopped"]
+    assert view(st, "n2") == ["elsewhere"]
+    assert view(st, "n3") == []
+    _commit(tmp_path / "state", rows)
+    again = _reload(tmp_path / "state")  # the index is rebuilt by a newly promoted primary
+    assert view(again, "n1") == ["running", "stopped"] and view(again, "n2") == ["elsewhere"]
+    st.notify("n1", {"jobid": ids["running"], "event": "finish", "exit_status": 0}, t0)
+    st.control(other.result["jobid"], "requeue", t0)
+    assert view(st, "n1") == ["stopped"] and view(st, "n2") == []
+    assert st.active_on["n1"] == {susp.result["jobid"]} and st.active_on["n2"] == set()

@@ -15,6 +15,7 @@ import contextlib
 import gc
 import importlib
 import itertools
+import socket
 import threading
 import time
 from collections import deque
@@ -41,6 +42,7 @@ StoreFactory = Callable[[str], Any]
 HANDSHAKE_MAX_FRAME = 64 * 1024
 CLEAN_INTERVAL = 60.0  # longest pause between two passes of the finished-job cleaner
 CLEAN_BATCH = 5000  # most finished jobs one cleaner pass removes
+ACCEPT_BATCH = 512  # most connections accepted per wake-up of the accept loop
 ABANDONED_REPORT_INTERVAL = 5.0  # seconds between reports of handshakes clients gave up on
 
 
@@ -89,6 +91,8 @@ class Controller:
         self.promote_ms: float | None = None
         self._cids = itertools.count(1)
         self.abandoned = 0  # handshakes the client gave up on, since the last report
+        import os
+        self._admission = anyio.CapacityLimiter(int(os.environ.get("XCE_ADMIT", "100000")))
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer_done = anyio.Event()
 
@@ -112,7 +116,8 @@ class Controller:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                tg.start_soon(listener.serve, self._handle, tg)
+                for sub in getattr(listener, "listeners", [listener]):
+                    tg.start_soon(self._accept_loop, sub.extra(SocketAttribute.raw_socket), tg)
                 tg.start_soon(self._report_abandoned)
                 self.election.register("standby")
                 logger.info(
@@ -131,6 +136,38 @@ class Controller:
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
                 await self._cleanup()
+
+    async def _accept_loop(self, sock: socket.socket, tg: anyio.abc.TaskGroup) -> None:
+        """Accept every pending connection at each wake-up, a task for each.
+
+        anyio's ``serve`` accepts one connection per event-loop pass; with thousands of members
+        connected, a pass is long, and a join storm then overflows the kernel's listen backlog:
+        dropped SYNs come back only after TCP's 1, 3, 7, 15 s retransmissions.
+        """
+        while True:
+            await anyio.wait_readable(sock)
+            for _ in range(ACCEPT_BATCH):
+                try:
+                    conn, _addr = sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:  # EMFILE and the like: say so, back off, keep serving
+                    logger.error("controller {}: cannot accept a connection: {}; retrying in 0.1 s",
+                                 self.address, exc)
+                    await anyio.sleep(0.1)
+                    break
+                conn.setblocking(False)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                tg.start_soon(self._accepted, conn)
+            await anyio.lowlevel.checkpoint()
+
+    async def _accepted(self, conn: socket.socket) -> None:
+        try:
+            stream = await SocketStream.from_socket(conn)
+        except OSError:  # the client is already gone
+            conn.close()
+            return
+        await self._handle(stream)
 
     async def _report_abandoned(self) -> None:
         """One line every ``ABANDONED_REPORT_INTERVAL`` s while clients abandon handshakes."""
@@ -397,7 +434,8 @@ class Controller:
             peer = "?"
         async with stream:
             reader = BufferedByteReceiveStream(stream)
-            caller = await self._handshake(stream, reader, peer)
+            async with self._admission:
+                caller = await self._handshake(stream, reader, peer)
             if caller is None:
                 return
             outbox = Outbox(self.settings.max_subscriber_queue, self.settings.max_inflight)
