@@ -198,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     # re-scans of it would be the simulator's cost, not the client library's (the controller
     # runs with the same thresholds: xce_controller.plugin.GC_THRESHOLDS).
     gc.set_threshold(20_000, 50, 100)
-    anyio.run(serve, args)
+    from xcecore.runtime import load, loop_options
+
+    _, config = load(args.config)  # the same event loop as the role processes of this cluster
+    anyio.run(serve, args, backend_options=loop_options(config.cluster.get("event_loop") or "auto"))
     return 0
 
 

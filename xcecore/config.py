@@ -31,6 +31,16 @@ def _check_site_resources(resources: list[Any]) -> None:
         ResourceRegistry(resources)
 
 
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def _check_cluster(values: dict[str, Any]) -> None:
+    _check_site_resources(values["resources"])
+    if values["event_loop"] not in EVENT_LOOPS:
+        raise ValueError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, "
+                         f"got {values['event_loop']!r}")
+
+
 _S = (str,)
 _I = (int,)
 _F = (float, int)
@@ -51,9 +61,11 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
             "max_frame": Field(_I, 16 * 1024 * 1024, "largest accepted wire frame, bytes"),
             "allow_unlisted_redirect": Field(_B, False, "follow redirects to unlisted hosts"),
             "resources": Field(_L, [], "site resources: [{name, type, consumable?, ...}]"),
+            "event_loop": Field(_S, "auto", "role processes' loop: auto (uvloop if installed), "
+                                            "uvloop, asyncio"),
         },
         "where the controller candidates are and how to reach them",
-        check=lambda values: _check_site_resources(values["resources"]),
+        check=_check_cluster,
     ),
     ConfigSection(
         "client",

@@ -129,6 +129,34 @@ def test_xce_run_fake_role_registered_through_the_role_hook(tmp_path: Path) -> N
     assert (role, greeting) == ("fakerole", "hello")
     assert ident.startswith("fakerole@")
     assert "starting role fakerole" in res.stderr
+    assert "event loop uvloop" in res.stderr  # installed with xce: the default ``auto`` takes it
+
+
+def test_xce_run_on_the_standard_loop_when_configured(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[cluster]\nevent_loop = "asyncio"\n[plugins]\nmodules = ["fake_role_plugin"]\n'
+                   f'[fakerole]\nout = "{out}"\n')
+    res = _xce("--config", str(cfg), "run", "fakerole", env={"PYTHONPATH": str(HERE)})
+    assert res.returncode == 0, res.stderr
+    assert "event loop asyncio" in res.stderr and out.read_text().startswith("fakerole")
+
+
+def test_event_loop_choice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from xcecore.config import ConfigError
+    from xcecore.runtime import RoleError, load, loop_options
+
+    assert loop_options("asyncio") == {}
+    assert loop_options("auto") == {"use_uvloop": True}
+    assert loop_options("uvloop") == {"use_uvloop": True}
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    assert loop_options("auto") == {}
+    with pytest.raises(RoleError, match="uvloop is not installed"):
+        loop_options("uvloop")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[cluster]\nevent_loop = "trio"\n')
+    with pytest.raises(ConfigError, match="event_loop must be one of auto, uvloop, asyncio"):
+        load(bad)
 
 
 def test_xce_run_unknown_role(tmp_path: Path) -> None:

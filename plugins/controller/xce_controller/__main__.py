@@ -14,9 +14,12 @@ import sys
 import anyio
 from loguru import logger
 
+from xce_controller.plugin import tune_gc
 from xce_controller.server import serve
 from xce_controller.settings import settings_from_config
 from xcecore import auth
+from xcecore.config import EVENT_LOOPS
+from xcecore.runtime import loop_options
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a finished job is kept before it is purged (0: forever)")
     p.add_argument("--peers", default=None, help="the candidate list, for status")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--event-loop", default="auto", choices=EVENT_LOOPS,
+                   help="auto: uvloop when installed (as [cluster] event_loop)")
     return p.parse_args(argv)
 
 
@@ -67,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logger.remove()
     logger.add(sys.stderr, level=args.log_level.upper())
-    anyio.run(_run, args)
+    tune_gc()
+    anyio.run(_run, args, backend_options=loop_options(args.event_loop))
 
 
 if __name__ == "__main__":
