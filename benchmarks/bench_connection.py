@@ -12,10 +12,8 @@ Run: ``python benchmarks/bench_connection.py [--quick]``. Writes
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -216,14 +214,9 @@ def main() -> None:
     q = ns.quick
     logger.remove()
     logger.add(sys.stderr, level="ERROR")  # redirects WARN by design
-    res: dict[str, Any] = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "command": "/work/venv/bin/python benchmarks/bench_connection.py"
-                   + (" --quick" if q else ""),
-    }
+    from benchkit import meta
+
+    res: dict[str, Any] = meta()  # date, cores, platform, python, and this very command line
     res["post_call"] = bench_post_call(repeats=5 if q else 31, number=200_000 if q else 1_000_000)
     res["throughput"] = bench_throughput(calls=1_280 if q else 6_400, repeats=3 if q else 11)
     res["redirect"] = bench_redirect(repeats=20 if q else 200)

@@ -2,12 +2,13 @@
 
 Run from the repository root::
 
-    python benchmarks/run_all.py                  # everything (about 10-15 minutes)
+    python benchmarks/run_all.py                  # everything (about 20 minutes)
     python benchmarks/run_all.py --quick          # small counts (a few minutes)
     python benchmarks/run_all.py --only failover  # one part (comma-separated for several)
     python benchmarks/run_all.py --only failover --kills 20
 
-Parts: hotpaths, throughput, failfast, failover, storm. Each runs as its own process (its own
+Parts: hotpaths, throughput, failfast, failover, storm (the headline figures), then connection,
+controller, resreq, scheduler, apiserver, cli (each component's own). Each runs as its own process (its own
 command line is what its results file records); a failing part is reported and the others
 still run. The report is rewritten at the end from every results file present.
 Optional dependencies: ``pip install -r benchmarks/requirements.txt`` (matplotlib, psutil).
@@ -24,12 +25,18 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = {
-    "hotpaths": ("bench_hotpaths.py", 300),
-    "throughput": ("bench_throughput.py", 600),
-    "failfast": ("bench_failfast.py", 300),
-    "failover": ("bench_failover.py", 900),
-    "storm": ("bench_storm.py", 1200),
+PARTS = {  # name: (script, timeout in s, its arguments under --quick)
+    "hotpaths": ("bench_hotpaths.py", 300, ["--quick"]),
+    "throughput": ("bench_throughput.py", 600, ["--quick"]),
+    "failfast": ("bench_failfast.py", 300, ["--quick"]),
+    "failover": ("bench_failover.py", 900, ["--quick"]),
+    "storm": ("bench_storm.py", 1500, ["--quick"]),
+    "connection": ("bench_connection.py", 600, ["--quick"]),
+    "controller": ("bench_controller.py", 600, ["--quick"]),
+    "resreq": ("bench_resreq.py", 600, ["--quick"]),
+    "scheduler": ("bench_scheduler.py", 600, ["--quick"]),
+    "apiserver": ("bench_apiserver.py", 600, ["--repeat", "2"]),
+    "cli": ("bench_cli.py", 600, ["--runs", "5"]),
 }
 
 
@@ -48,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     t_all = time.monotonic()
     for part in chosen:
-        script, timeout = PARTS[part]
+        script, timeout, quick = PARTS[part]
         cmd = [sys.executable, str(Path("benchmarks") / script)]
         if args.quick:
-            cmd.append("--quick")
+            cmd += quick
         if part == "failover" and args.kills is not None:
             cmd += ["--kills", str(args.kills)]
         if part == "storm" and args.sizes:
