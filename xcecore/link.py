@@ -209,6 +209,7 @@ class Link:
             if liveness_expired(anyio.current_time(), self.last_rx, sent_at, timeout):
                 self._on_lost(self, f"no frame for {timeout:g} s with {len(self.pending)} "
                                     "request(s) outstanding: liveness timeout")
+                return  # the link is dead (its owner kills it): the caller raises LinkLost
 
     async def serve(self) -> None:
         """Run the reader until the link dies; then close the socket."""

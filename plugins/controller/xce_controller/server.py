@@ -91,8 +91,6 @@ class Controller:
         self.promote_ms: float | None = None
         self._cids = itertools.count(1)
         self.abandoned = 0  # handshakes the client gave up on, since the last report
-        import os
-        self._admission = anyio.CapacityLimiter(int(os.environ.get("XCE_ADMIT", "100000")))
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer_done = anyio.Event()
 
@@ -434,8 +432,7 @@ class Controller:
             peer = "?"
         async with stream:
             reader = BufferedByteReceiveStream(stream)
-            async with self._admission:
-                caller = await self._handshake(stream, reader, peer)
+            caller = await self._handshake(stream, reader, peer)
             if caller is None:
                 return
             outbox = Outbox(self.settings.max_subscriber_queue, self.settings.max_inflight)
