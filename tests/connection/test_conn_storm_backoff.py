@@ -74,3 +74,22 @@ async def test_pass_with_refusals_only_keeps_the_plain_back_off(monkeypatch):
             with pytest.raises(BackendUnavailable):
                 await c.connect(retry_budget=1)
     assert asked and all(a == 0.0 for a in asked)
+
+
+async def test_heartbeat_reconnect_spreads_after_a_busy_candidate(monkeypatch):
+    """An idle member whose heartbeat pass timed out on a live-but-silent candidate draws its
+    next quick beat over the connect timeout too, not within ``backoff_base``."""
+    import anyio
+
+    asked = _spy_backoff(monkeypatch)
+    async with FakeController("h") as h:
+        cfg = make_config(h.address, heartbeat_interval=0.05, liveness_timeout=0.3,
+                          connect_timeout=0.2, backoff_base=0.001, backoff_cap=10.0)
+        async with Client(cfg, role="w") as c:
+            await c.connect()
+            await c.join()
+            h.mode = "hang"  # heartbeats go unanswered, and new handshakes too
+            with anyio.fail_after(10):
+                while not any(a == pytest.approx(0.2) for a in asked):
+                    await anyio.sleep(0.02)
+    assert 0.0 in asked  # the beats before the busy candidate was seen: the plain draw
