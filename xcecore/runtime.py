@@ -215,7 +215,7 @@ def loop_options(choice: str) -> dict[str, Any]:
 
     uvloop (the event loop uvicorn uses when installed) runs the same anyio code with its
     selector, transports and timers in C: measured here, a controller's cost per heartbeat
-    fell from ~45 to ~27 µs and a 10,000-worker re-join storm from ~12 to ~8 s
+    fell from ~45 to ~27 µs and a 10,000-worker re-join storm from ~12 to 8-9 s
     (benchmarks/RESULTS.md). ``auto`` takes it when installed, as it is on Linux and macOS.
     """
     if choice == "asyncio":
