@@ -132,13 +132,13 @@ def settle_after_restart(bc: BenchCluster) -> None:
 
 
 def run_size(n: int, nprocs: int, root: Path, window: float, spread: float,
-             kills: int = 1) -> dict[str, Any]:
+             kills: int = 1, event_loop: str = "auto") -> dict[str, Any]:
     """One size: join storm, steady state, primary SIGKILL and re-join storm."""
     import psutil
 
     from xcecore.connection import SyncClient
 
-    bc = BenchCluster(root, host_timeout=HOST_TIMEOUT)
+    bc = BenchCluster(root, host_timeout=HOST_TIMEOUT, cluster=f'event_loop = "{event_loop}"\n')
     sims: list[SimProc] = []
     res: dict[str, Any] = {"workers": n, "processes": nprocs, "start_spread_s": spread}
     try:
@@ -328,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spread", type=float, default=1.0,
                     help="the workers start evenly over this many seconds (default 1)")
     ap.add_argument("--keep", action="store_true", help="keep the logs (printed directory)")
+    ap.add_argument("--event-loop", default="auto", choices=("auto", "asyncio"),
+                    help="[cluster] event_loop of every process; 'asyncio' writes storm-asyncio.*")
     ap.add_argument("--kills", type=int, default=3,
                     help="primary SIGKILLs per size (the killed one restarts between them)")
     args = ap.parse_args(argv)
@@ -347,16 +349,18 @@ def main(argv: list[str] | None = None) -> int:
             nprocs = max(1, min(args.procs, math.ceil(n / 500)))
             try:
                 result["sizes"][str(n)] = run_size(n, nprocs, Path(tmp) / f"n{n}", window, args.spread,
-                                                   1 if args.quick else args.kills)
+                                                   1 if args.quick else args.kills, args.event_loop)
             except Exception as exc:  # report what failed and go on with the next size
                 log(PART, f"{n}: failed: {type(exc).__name__}: {exc}")
                 result["sizes"][str(n)] = {"workers": n, "error": f"{type(exc).__name__}: {exc}"}
             time.sleep(2.0)
-    result["plot"] = "storm.png" if plot(result["sizes"], RESULTS / "storm.png") else None
+    part = PART if args.event_loop == "auto" else f"{PART}-{args.event_loop}"
+    result["event_loop"] = args.event_loop
+    result["plot"] = f"{part}.png" if plot(result["sizes"], RESULTS / f"{part}.png") else None
     ok = [int(k) for k, v in result["sizes"].items() if v.get("rejoin", {}).get("all_rejoined")]
     result["largest_size_fully_rejoined"] = max(ok) if ok else None
     result["targets"] = {"seconds_to_all_rejoined_10000": "<= 10", "controller_cpu_cores": "< 1"}
-    write_result(PART, result)
+    write_result(part, result)
     return 0
 
 

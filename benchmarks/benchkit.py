@@ -122,12 +122,13 @@ class BenchCluster:
     """Controller candidates plus (optionally) workers, the scheduler and the API server."""
 
     def __init__(self, root: Path, *, candidates: int = 3, extra: str = "", api: bool = False,
-                 degraded_ttl: float = 5.0, host_timeout: float = 60.0) -> None:
+                 degraded_ttl: float = 5.0, host_timeout: float = 60.0, cluster: str = "") -> None:
         from xcecore.localcluster import LocalCluster
 
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self.cluster = LocalCluster(root, candidates, extra_config=cluster_extra(
+        # ``cluster``: extra lines of the [cluster] table (e.g. event_loop = "asyncio")
+        self.cluster = LocalCluster(root, candidates, cluster_extra=cluster, extra_config=cluster_extra(
             root, api=api, degraded_ttl=degraded_ttl, host_timeout=host_timeout, extra=extra))
         self.roles: dict[str, Any] = {}
 

@@ -228,9 +228,32 @@ def storm_section(d: dict[str, Any] | None) -> list[str]:
             continue
         lines.append(f"| {label} | " + " | ".join(fmt(x, 2) for x in vals) + " |")
     lines += ["", f"Largest size whose workers all re-joined: {fmt(d.get('largest_size_fully_rejoined'))}.", ""]
+    lines += _loop_comparison(d)
     if d.get("plot"):
         lines += ["![re-join curve](results/storm.png)", ""]
     return lines
+
+
+def _loop_comparison(d: dict[str, Any]) -> list[str]:
+    """One line per size also run on the standard asyncio loop (``results/storm-asyncio.json``)."""
+    path = RESULTS / "storm-asyncio.json"
+    if not path.exists():
+        return []
+    other = json.loads(path.read_text())
+    out = []
+    for size, v in other.get("sizes", {}).items():
+        mine = d["sizes"].get(size, {})
+        if not v.get("rejoin_rounds") or not mine.get("rejoin_rounds"):
+            continue
+        out.append(
+            f"- {int(size):,} workers on the standard asyncio event loop instead of uvloop "
+            f"(`[cluster] event_loop = \"asyncio\"`; {provenance(other)}): all re-joined after "
+            f"{fmt(v['rejoin_rounds']['median_seconds_to_all_rejoined'], 2)} s (median of "
+            f"{v['rejoin_rounds']['kills']} kills) against "
+            f"{fmt(mine['rejoin_rounds']['median_seconds_to_all_rejoined'], 2)} s above; controller "
+            f"{fmt(v['steady']['controller_cpu_us_per_heartbeat'], 1)} µs per heartbeat against "
+            f"{fmt(mine['steady']['controller_cpu_us_per_heartbeat'], 1)} µs.")
+    return [*out, ""] if out else []
 
 
 def _pair(s: dict[str, Any] | None) -> str | None:

@@ -214,9 +214,10 @@ def loop_options(choice: str) -> dict[str, Any]:
     """anyio's asyncio backend options for ``[cluster] event_loop``.
 
     uvloop (the event loop uvicorn uses when installed) runs the same anyio code with its
-    selector, transports and timers in C: measured here, a controller's cost per heartbeat
-    fell from ~45 to ~27 µs and a 10,000-worker re-join storm from ~12 to 8-9 s
-    (benchmarks/RESULTS.md). ``auto`` takes it when installed, as it is on Linux and macOS.
+    selector, transports and timers in C: measured here with 10,000 simulated workers, the
+    controller's cost per heartbeat fell from ~38 to ~24-29 µs and their re-join after a
+    primary's SIGKILL from ~12.4 to 8.4-9.3 s (benchmarks/RESULTS.md, section 2, which compares
+    both loops). ``auto`` takes it when installed, as it is on Linux and macOS.
     """
     if choice == "asyncio":
         return {}
