@@ -68,6 +68,7 @@ OTHERS: dict[str, list[tuple[str, str, str]]] = {
     ],
 }
 MINE = ("failover", "storm", "throughput", "failfast", "hotpaths")
+SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -347,7 +348,7 @@ def others_section() -> list[str]:
     lines = ["## 6. Other benchmarks' figures (gathered from `results/*.json`)", "",
              "Written by the other engineers' scripts; see each linked report for method and details.", "",
              "| benchmark | figure | value | source |", "|---|---|---|---|"]
-    names = sorted({p.stem for p in RESULTS.glob("*.json")} - set(MINE))
+    names = sorted({p.stem for p in RESULTS.glob("*.json")} - set(MINE) - set(SHOWN_IN_MINE))
     for name in names:
         d = load(name)
         if d is None:
