@@ -196,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     logger.add(sys.stderr, level=args.log_level)
     # Thousands of clients in one process make a heap no real worker has; the collector's
     # re-scans of it would be the simulator's cost, not the client library's (the controller
-    # runs with the same thresholds: xce_controller.plugin.GC_THRESHOLDS).
-    gc.set_threshold(20_000, 50, 100)
+    # runs with these thresholds too).
+    from xce_controller.plugin import GC_THRESHOLDS
+
+    gc.set_threshold(*GC_THRESHOLDS)
     from xcecore.runtime import load, loop_options
 
     _, config = load(args.config)  # the same event loop as the role processes of this cluster

@@ -69,8 +69,7 @@ class Outbox:
         # Set while the writer task holds frames it has not finished sending; with it clear and
         # nothing queued, the stream has no unsent bytes and a ready frame may go out at once.
         self._busy = False
-        self._closed = False
-        self._sock: wire.HasFileno | None = None
+        self._sock: wire.HasFileno | None = None  # while the writer runs and the box is open
 
     def reply(self, data: bytes, gate: Gate | None) -> None:
         """Queue an encoded reply frame."""
@@ -92,7 +91,7 @@ class Outbox:
 
     def _put(self, item: Item) -> None:
         data, gate, is_push = item
-        if (self.queued_pushes + self.queued_replies == 1 and not self._busy and not self._closed
+        if (self.queued_pushes + self.queued_replies == 1 and not self._busy
                 and (gate is None or gate.is_open())):
             # Nothing ahead of this frame and nothing to wait for: write it now, from the loop
             # (a heartbeat's reply costs one system call instead of a writer-task wake-up).
@@ -109,7 +108,7 @@ class Outbox:
 
     def close(self) -> None:
         """No more frames: the writer sends what is queued and returns."""
-        self._closed = True
+        self._sock = None  # nothing more goes out directly either
         self._send.close()
 
     async def wait_reply_space(self) -> None:
@@ -159,7 +158,7 @@ class Outbox:
                         break
                 await stream.send(b"".join(buf))
         finally:
-            self._closed = True
+            self._sock = None
             recv.close()
 
 

@@ -484,16 +484,11 @@ class Controller:
         if hinted:
             # Name the primary at once: a client that is only looking for it leaves without
             # authenticating (half the round trips and no MAC work during a failover storm).
-            hello.update(server=self.address, state="standby", primary=self._primary())
+            hello.update(self._verdict())
         try:
             with anyio.fail_after(self.settings.handshake_timeout):
                 await wire.write_message(stream, hello)
-                try:
-                    answer = await wire.read_message(reader, HANDSHAKE_MAX_FRAME)
-                except (anyio.EndOfStream, anyio.IncompleteRead):
-                    if hinted:
-                        return None  # it took the hint and went to the primary: nothing to log
-                    raise
+                answer = await wire.read_message(reader, HANDSHAKE_MAX_FRAME)
                 identity = auth.check_client_answer(self.settings.key, challenge, answer)
                 role, sep, _ = identity.partition("@")
                 if not sep or not role:
@@ -514,20 +509,25 @@ class Controller:
             return None
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
                 anyio.ClosedResourceError, OSError):
-            # The client gave up (its connect timeout) before we served it: in a join storm
+            # A standby's client took the hint and left: the normal case, nothing to say. Else
+            # the client gave up (its connect timeout) before we served it: in a join storm
             # there are thousands, so they are counted and reported every few seconds.
-            self.abandoned += 1
-            logger.debug("controller {}: {} closed the connection during the handshake", self.address, peer)
+            if not hinted:
+                self.abandoned += 1
+                logger.debug("controller {}: {} closed the connection during the handshake",
+                             self.address, peer)
             return None
-        if self.role == "primary":
-            status: dict[str, Any] = {"ok": True, "server": self.address, "state": "primary"}
-        else:
-            status = {"ok": True, "server": self.address, "state": "standby", "primary": self._primary()}
         try:
-            await wire.write_message(stream, status)
+            await wire.write_message(stream, {"ok": True, **self._verdict()})
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return None
         return Caller(identity=identity, role=role)
+
+    def _verdict(self) -> dict[str, Any]:
+        """What this candidate tells a client: primary, or standby and whom to go to."""
+        if self.role == "primary":
+            return {"server": self.address, "state": "primary"}
+        return {"server": self.address, "state": "standby", "primary": self._primary()}
 
     def _primary(self) -> str | None:
         """The primary a standby redirects to (never itself)."""
