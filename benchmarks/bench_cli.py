@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchkit import meta, stats, write_result
 
-from xcecore.localcluster import LocalCluster
+from xcecore.testing.cluster import LocalCluster
 
 
 def time_command(args: list[str], env: dict[str, str], runs: int) -> dict[str, float]:

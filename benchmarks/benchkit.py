@@ -123,7 +123,7 @@ class BenchCluster:
 
     def __init__(self, root: Path, *, candidates: int = 3, extra: str = "", api: bool = False,
                  degraded_ttl: float = 5.0, host_timeout: float = 60.0, cluster: str = "") -> None:
-        from xcecore.localcluster import LocalCluster
+        from xcecore.testing.cluster import LocalCluster
 
         self.root = root
         root.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from xcecore.localcluster import LocalCluster, wait_for
+from xcecore.testing.cluster import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.timeout(180)]
 

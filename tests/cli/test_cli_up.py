@@ -39,7 +39,7 @@ def _port_free(port: int) -> bool:
 
 
 def test_up_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
-    from xcecore.localcluster import free_port
+    from xcecore.testing.cluster import free_port
 
     state = tmp_path / "up"
     base = free_port()

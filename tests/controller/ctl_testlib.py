@@ -171,7 +171,7 @@ def wait_listening(address: str, timeout: float = 15, state: str | None = None) 
 
     A port that accepts is not enough: a candidate listens before it has taken the lock.
     """
-    from xcecore.localcluster import probe
+    from xcecore.testing.cluster import probe
 
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from xcecore.localcluster import LocalCluster
+from xcecore.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 

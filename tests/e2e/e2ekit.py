@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 from xce_cli.up import Embedded
 
-from xcecore.localcluster import wait_for
+from xcecore.testing.cluster import wait_for
 
 
 class Api:

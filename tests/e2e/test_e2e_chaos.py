@@ -17,8 +17,8 @@ import pytest
 from e2ekit import jobs_named
 
 from xcecore.connection import SyncClient
-from xcecore.localcluster import wait_for
 from xcecore.runtime import client_config, load
+from xcecore.testing.cluster import wait_for
 
 ROUNDS = int(os.environ.get("XCE_CHAOS_ROUNDS", "3"))
 SUBMITTERS = 3

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from e2ekit import Api, jobs_named
 
-from xcecore.localcluster import wait_for
+from xcecore.testing.cluster import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

@@ -17,7 +17,7 @@ import pytest
 from tcpproxy import running_proxy
 from xce_apiserver.auth import hash_password
 
-from xcecore.localcluster import LocalCluster, wait_for
+from xcecore.testing.cluster import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

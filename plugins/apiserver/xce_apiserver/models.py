@@ -11,6 +11,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from xcecore.protocol import JobState
+
 T = TypeVar("T")
 
 
@@ -123,7 +125,7 @@ class Job(BaseModel):
     env: dict[str, str] = {}
     resreq: str = ""
     ntasks: int = 1
-    state: Literal["PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT"]
+    state: JobState
     submit_time: float
     start_time: float | None = None
     end_time: float | None = None

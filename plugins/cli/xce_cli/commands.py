@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from xce_cli.session import emit_json, session
+from xcecore.protocol import JOB_STATES, UNFINISHED
 
-JOB_STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT")
 JSON = click.option("--json", "as_json", is_flag=True, help="Stable machine-readable output.")
 
 
@@ -87,7 +87,7 @@ def jobs(ctx: click.Context, owner: str | None, queue: str | None, state: str | 
     if state:
         args["state"] = state.upper()
     elif not show_all and not jobids:
-        args["states"] = ["PEND", "PSUSP", "RUN", "USUSP", "SSUSP"]
+        args["states"] = sorted(UNFINISHED)
     with session(ctx) as s:
         if owner != "all" and not jobids:
             args["owner"] = owner or s.user
@@ -197,7 +197,7 @@ def queues(ctx: click.Context, as_json: bool) -> None:
     """List queues (like bqueues)."""
     with session(ctx) as s:
         found = s.call("queueinfo")["queues"]
-        jobs_ = s.call("jobinfo", {"states": ["PEND", "RUN", "PSUSP", "USUSP", "SSUSP"]})["jobs"]
+        jobs_ = s.call("jobinfo", {"states": sorted(UNFINISHED)})["jobs"]
     counts: dict[str, dict[str, int]] = {}
     for j in jobs_:
         c = counts.setdefault(j["queue"], {"PEND": 0, "RUN": 0, "SUSP": 0})
@@ -249,8 +249,8 @@ def run_job(ctx: click.Context, jobid: int, hostlist: str) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Show the controller candidates and which one is primary."""
-    from xcecore.localcluster import probe
     from xcecore.runtime import client_config
+    from xcecore.testing.cluster import probe
 
     obj = ctx.find_root().ensure_object(dict)
     with session(ctx) as s:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from xcecore.protocol import FINISHED
+
 if TYPE_CHECKING:
     from rich.console import Console
 
     from xce_cli.up import Embedded
 
-FINISHED = ("DONE", "EXIT")
 
 
 def run_demo(emb: Embedded, njobs: int, console: Console, job_timeout: float = 120.0) -> bool:

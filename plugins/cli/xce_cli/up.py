@@ -37,7 +37,7 @@ class Embedded:
     """The processes of an embedded cluster and how to look at them."""
 
     def __init__(self, root: Path, candidates: int, workers: int, api_port: int, base_port: int = 0) -> None:
-        from xcecore.localcluster import LocalCluster
+        from xcecore.testing.cluster import LocalCluster
 
         self.root = root
         self.password = secrets.token_urlsafe(9)

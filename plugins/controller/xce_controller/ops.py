@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from xce_controller.state import JOB_STATES, Changes, ClusterState
+from xce_controller.state import Changes, ClusterState
+from xcecore.protocol import JOB_STATES
 from xcecore.wire import ErrorCode, RemoteError
 
 FRONT_ENDS = frozenset({"apiserver", "cli", "admin"})

@@ -13,11 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xce_controller.store import Loaded
+from xcecore.protocol import ACTIVE, FINISHED
 from xcecore.wire import ErrorCode, RemoteError
-
-JOB_STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT")
-ACTIVE = frozenset({"RUN", "USUSP", "SSUSP"})
-FINISHED = frozenset({"DONE", "EXIT"})
 
 Record = dict[str, Any]
 # (table, key, record or None to delete); a ``meta`` row's value is any JSON value.

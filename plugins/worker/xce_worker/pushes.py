@@ -25,8 +25,7 @@ from loguru import logger
 
 from xce_worker.procman import ProcessManager
 from xcecore.attached import Attached
-
-ACTIVE = frozenset({"RUN", "USUSP", "SSUSP"})
+from xcecore.protocol import ACTIVE
 
 
 class PushInbox:

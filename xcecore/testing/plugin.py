@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from xcecore.localcluster import DEFAULT_KEY, LocalCluster, Proc, free_port, probe, wait_for
+from xcecore.testing.cluster import DEFAULT_KEY, LocalCluster, Proc, free_port, probe, wait_for
 
 __all__ = ["DEFAULT_KEY", "LocalCluster", "Proc", "free_port", "probe", "wait_for"]
 

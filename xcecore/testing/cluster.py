@@ -1,6 +1,6 @@
 """Run a whole xce cluster on this machine as real processes on loopback.
 
-Used by ``xce up`` (the embedded cluster), by the pytest fixtures in :mod:`xcecore.testing`,
+Used by ``xce up`` (the embedded cluster), by the pytest fixtures in :mod:`xcecore.testing.plugin`,
 and by the benchmarks. The server role (the one registered with ``client=False``) runs as up
 to three candidates sharing a state directory; client roles run as ``xce run ROLE``
 processes with the same config file. Every process is started here and ended here, by pid.
