@@ -9,21 +9,18 @@ form into an ordered, validated, de-duplicated tuple of :class:`Candidate`, clam
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
 
+from xcecore.protocol import AddressError, format_hostport, parse_hostport
+
 N_MAX_MASTERS = 3
 """At most this many controller candidates: one primary and two live standbys."""
 
-# A hostname label: letters, digits, hyphen, underscore (common in lab names); dots join labels.
-_HOST_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
-
-
-class CandidateError(ValueError):
+class CandidateError(AddressError):
     """A peers string or address/port is malformed; the message names the entry and why."""
 
 
@@ -35,7 +32,7 @@ class Candidate:
     port: int
 
     def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return format_hostport(self.host, self.port)
 
     @property
     def address(self) -> str:
@@ -43,52 +40,16 @@ class Candidate:
         return str(self)
 
 
-def _check_port(text: str, entry: str) -> int:
-    if not text:
-        raise CandidateError(f"candidate {entry!r}: missing port after ':'")
-    if not text.isdigit():
-        raise CandidateError(f"candidate {entry!r}: port {text!r} is not a number")
-    port = int(text)
-    if not 1 <= port <= 65535:
-        raise CandidateError(f"candidate {entry!r}: port {port} is out of range 1-65535")
-    return port
-
-
-def _check_host(host: str, entry: str) -> str:
-    if not host:
-        raise CandidateError(f"candidate {entry!r}: empty host")
-    if not _HOST_RE.match(host) or ".." in host:
-        raise CandidateError(f"candidate {entry!r}: {host!r} is not a valid host name or address")
-    return host
-
-
 def parse_address(entry: str) -> Candidate:
-    """Parse one ``host:port`` or ``[ipv6]:port`` entry, raising :class:`CandidateError`."""
-    text = entry.strip()
-    if not text:
-        raise CandidateError("empty candidate entry")
-    if text.startswith("["):
-        close = text.find("]")
-        if close < 0:
-            raise CandidateError(f"candidate {entry!r}: '[' without a closing ']'")
-        host, rest = text[1:close], text[close + 1 :]
-        if not host:
-            raise CandidateError(f"candidate {entry!r}: empty host between brackets")
-        if ":" not in host:
-            raise CandidateError(f"candidate {entry!r}: brackets are only for IPv6 addresses")
-        if not re.fullmatch(r"[0-9A-Fa-f:.%a-zA-Z]+", host):
-            raise CandidateError(f"candidate {entry!r}: {host!r} is not an IPv6 address")
-        if not rest.startswith(":"):
-            raise CandidateError(f"candidate {entry!r}: missing ':port' after ']'")
-        return Candidate(host, _check_port(rest[1:], entry))
-    if "]" in text:
-        raise CandidateError(f"candidate {entry!r}: ']' without an opening '['")
-    if text.count(":") > 1:
-        raise CandidateError(f"candidate {entry!r}: IPv6 addresses must be bracketed, as [::1]:7600")
-    if ":" not in text:
-        raise CandidateError(f"candidate {entry!r}: missing ':port'")
-    host, _, port = text.partition(":")
-    return Candidate(_check_host(host, entry), _check_port(port, entry))
+    """Parse one ``host:port`` or ``[ipv6]:port`` entry, raising :class:`CandidateError`.
+
+    The rules are :func:`xcecore.protocol.parse_hostport`'s (port 1-65535).
+    """
+    try:
+        host, port = parse_hostport(entry, what="candidate")
+    except AddressError as exc:
+        raise CandidateError(str(exc)) from None
+    return Candidate(host, port)
 
 
 def parse_peers(

@@ -2,12 +2,18 @@
 
 Every key has a declared type and default (:class:`xcecore.records.Field`); an unknown key or
 a wrong type is an error that names the key path (``cluster.port: expected int, got str``).
-Sections owned by a plugin that is installed but disabled are skipped, so one file can serve
-several plugin sets.
+
+One file serves every host: a section no loaded plugin declares (the ``[controller]`` table on
+a host that installs only the worker, or a disabled plugin's) is kept aside *unchecked*, and
+listed by ``xce config check``; one whose name is close to a declared section's is a typo and
+an error (``unknown config section [wroker]; did you mean [worker]?``). A section's required
+keys are checked when it is used (:meth:`Config.require`), so a host where a plugin's section
+is absent runs every other command.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -57,7 +63,6 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
             "port": Field(_I, None, "single controller port (when no peers)"),
             "key": Field(_S, None, "cluster key (shared secret); keyless is loopback-only"),
             "key_file": Field(_S, None, "file holding the cluster key"),
-            "state_dir": Field(_S, None, "controller state directory (shared by candidates)"),
             "max_frame": Field(_I, 16 * 1024 * 1024, "largest accepted wire frame, bytes"),
             "allow_unlisted_redirect": Field(_B, False, "follow redirects to unlisted hosts"),
             "resources": Field(_L, [], "site resources: [{name, type, consumable?, ...}]"),
@@ -144,15 +149,43 @@ def _check_value(path: str, spec: Field, value: Any) -> Any:
 
 
 class Config:
-    """A validated configuration: every declared section, with defaults filled in."""
+    """A validated configuration: every declared section, with defaults filled in.
 
-    def __init__(self, sections: dict[str, dict[str, Any]], path: Path | None = None) -> None:
+    ``unchecked`` holds the sections no loaded plugin declares, as written (never used by
+    the core); ``missing`` the required keys each declared section lacks (see :meth:`require`).
+    """
+
+    def __init__(
+        self,
+        sections: dict[str, dict[str, Any]],
+        path: Path | None = None,
+        *,
+        unchecked: Mapping[str, Any] | None = None,
+        missing: Mapping[str, tuple[str, ...]] | None = None,
+        docs: Mapping[str, str] | None = None,
+    ) -> None:
         self._sections = sections
         self.path = path
+        self.unchecked: dict[str, Any] = dict(unchecked or {})
+        self.missing: dict[str, tuple[str, ...]] = dict(missing or {})
+        self._docs = dict(docs or {})
 
     def section(self, name: str) -> dict[str, Any]:
         """The named section with defaults applied (an empty dict if nobody declared it)."""
         return self._sections.get(name, {})
+
+    def require(self, name: str) -> dict[str, Any]:
+        """The named section, after checking that it has every required key.
+
+        Raises :class:`ConfigError` naming the first missing key (``fakerole.out is required:
+        ...``). The runtime calls this for a role's own section before the role connects.
+        """
+        missing = self.missing.get(name)
+        if missing:
+            key = missing[0]
+            doc = self._docs.get(f"{name}.{key}", "")
+            raise ConfigError(f"{name}.{key} is required{': ' + doc if doc else ''}")
+        return self.section(name)
 
     @property
     def cluster(self) -> dict[str, Any]:
@@ -160,7 +193,7 @@ class Config:
         return self.section("cluster")
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        """All sections, for display and for passing to child processes."""
+        """All declared sections, for display and for passing to child processes."""
         return {k: dict(v) for k, v in self._sections.items()}
 
 
@@ -171,18 +204,29 @@ def validate(
     skip: Iterable[str] = (),
     path: Path | None = None,
 ) -> Config:
-    """Validate ``raw`` against ``sections``; ``skip`` names sections of disabled plugins."""
+    """Validate ``raw`` against ``sections``.
+
+    Sections nobody declares are kept unchecked (``skip`` names those of disabled plugins,
+    which are never mistaken for typos); an undeclared name close to a declared one is an
+    error suggesting it. Required keys that are absent are recorded, not raised: see
+    :meth:`Config.require`. A section's ``check`` runs only when the file has that section.
+    """
     known = {s.name: s for s in sections}
     skipped = set(skip)
     out: dict[str, dict[str, Any]] = {}
+    unchecked: dict[str, Any] = {}
+    missing: dict[str, tuple[str, ...]] = {}
+    docs: dict[str, str] = {}
     for name, body in raw.items():
-        if name in skipped and name not in known:
-            continue
-        if name not in known:
-            choices = ", ".join(sorted(known))
-            raise ConfigError(f"unknown config section [{name}]; known sections: {choices}")
         if not isinstance(body, dict):
             raise ConfigError(f"{name}: must be a table ([{name}]), got {type(body).__name__}")
+        if name in known:
+            continue
+        close = [] if name in skipped else difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close:
+            raise ConfigError(f"unknown config section [{name}]; did you mean [{close[0]}]? "
+                              f"known sections: {', '.join(sorted(known))}")
+        unchecked[name] = body
     for name, spec in known.items():
         body = raw.get(name, {})
         values: dict[str, Any] = {}
@@ -195,20 +239,25 @@ def validate(
                 choices = ", ".join(sorted(spec.fields)) or "none"
                 raise ConfigError(f"unknown key {name}.{key}; keys of [{name}]: {choices}")
             values[key] = _check_value(f"{name}.{key}", fspec, value)
+        absent: list[str] = []
         for key, fspec in spec.fields.items():
             if key not in values:
                 if fspec.required:
-                    raise ConfigError(f"{name}.{key} is required: {fspec.doc}")
+                    absent.append(key)
+                    docs[f"{name}.{key}"] = fspec.doc
+                    continue
                 # Copy mutable defaults so one Config never leaks into another.
                 d = fspec.default
                 values[key] = list(d) if isinstance(d, list) else dict(d) if isinstance(d, dict) else d
-        if spec.check is not None:
+        if absent:
+            missing[name] = tuple(absent)
+        if spec.check is not None and name in raw:
             try:
                 spec.check(values)
             except ValueError as exc:
                 raise ConfigError(f"[{name}]: {exc}") from None
         out[name] = values
-    return Config(out, path)
+    return Config(out, path, unchecked=unchecked, missing=missing, docs=docs)
 
 
 def reference_markdown(sections: Iterable[ConfigSection]) -> str:

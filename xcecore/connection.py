@@ -221,10 +221,14 @@ class Client:
         hooks: ClientHooks | None = None,
         join_attrs: dict[str, Any] | None = None,
         rejoin_points: Iterable[str] = (),
+        subscribe: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.role = role
         self.join_attrs: dict[str, Any] = dict(join_attrs or {})
+        # The join's ``subscribe`` argument (which pushes the role wants); omitted when it is
+        # the default (every push), so a role that says nothing joins as it always did.
+        self.subscribe = None if subscribe in (None, {"pushes": "all"}) else dict(subscribe or {})
         self.rejoin_points: frozenset[str] = frozenset(rejoin_points)
         self.rejoin_pending = False
         self._asks = 0  # rejoin requests so far (mark_rejoin_pending)
@@ -384,7 +388,9 @@ class Client:
         again = self._joined_once
         asked = self._asks
         result = await self._invoke(
-            "join", {"role": self.role, "attrs": self.join_attrs}, deadline, retry_budget
+            "join", {"role": self.role, "attrs": self.join_attrs,
+                     **({"subscribe": self.subscribe} if self.subscribe else {})},
+            deadline, retry_budget
         )
         self._satisfied = max(self._satisfied, asked)
         self._joined_once = True

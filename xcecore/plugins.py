@@ -6,7 +6,9 @@ distribution and each third party declares its plugin module. The config file's
 ``[plugins] enable``/``disable`` lists and ``XCE_DISABLE_PLUGIN_AUTOLOAD=1`` select the set.
 
 The rest of xce calls hooks only through :class:`PluginManager`'s methods, so every call is
-typed and hooks asked once are asked in one place.
+typed and hooks asked once are asked in one place. A distribution adds hooks of its own
+through ``xce_addhooks`` (the controller adds its election and store hooks that way) and wraps
+them in a typed facade of its own, on top of :attr:`PluginManager.hook`.
 """
 
 from __future__ import annotations
@@ -17,20 +19,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 from loguru import logger
 
 from xcecore import __version__, hookspecs
-from xcecore.records import ConfigSection, Monitor, RoleSpec
+from xcecore.records import ConfigSection
+from xcecore.role import RoleContext, RoleSpec
 
 if TYPE_CHECKING:
     import click
 
     from xcecore.candidates import Candidate
     from xcecore.config import Config
-    from xcecore.runtime import RoleContext
 
 ENTRY_POINT_GROUP = "xce.plugins"
 ENV_NO_AUTOLOAD = "XCE_DISABLE_PLUGIN_AUTOLOAD"
@@ -120,6 +122,18 @@ class PluginManager:
         if os.environ.get(ENV_TRACE):
             self.pm.trace.root.setwriter(lambda msg: logger.debug("hook: {}", msg.rstrip()))
             self.pm.enable_tracing()
+        # Historic: every plugin registered from now on is asked at its registration.
+        self.pm.hook.xce_addhooks.call_historic(kwargs={"pluginmanager": self})
+
+    @property
+    def hook(self) -> pluggy.HookRelay:
+        """Every hook by name (``pm.hook.xce_x(...)``), including those added by
+        ``xce_addhooks``; a distribution's typed facade for its own hooks calls through this."""
+        return self.pm.hook
+
+    def add_hookspecs(self, module_or_class: ModuleType | type) -> None:
+        """Add the hook specs of ``module_or_class`` (from an ``xce_addhooks`` implementation)."""
+        self.pm.add_hookspecs(module_or_class)
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -176,15 +190,48 @@ class PluginManager:
 
     # ---------------------------------------------------------------- registration hooks
     def roles(self) -> dict[str, RoleSpec]:
-        """Every registered role by name; a name registered twice is an error."""
+        """Every registered role by name; a name registered twice is an error naming both."""
         roles: dict[str, RoleSpec] = {}
-        for impl in self.pm.hook.xce_roles.get_hookimpls():
-            specs = cast("Iterable[RoleSpec]", impl.function() or ())
-            for spec in specs:
+        for specs in self.pm.hook.xce_roles():
+            for spec in specs or ():
+                if not isinstance(spec, RoleSpec):
+                    raise PluginError(f"xce_roles returned {spec!r}, not a RoleSpec")
                 if spec.name in roles:
-                    raise PluginError(f"role {spec.name!r} is registered twice (again by plugin {impl.plugin_name!r})")
+                    owners = self._role_owners(spec.name)
+                    raise PluginError(f"role {spec.name!r} is registered twice"
+                                      + (f" (by plugins {' and '.join(owners)})" if owners else ""))
                 roles[spec.name] = spec
         return roles
+
+    def _role_owners(self, name: str) -> list[str]:
+        """The plugins whose ``xce_roles`` answers ``name`` (for the error message only)."""
+        owners = []
+        for impl in self.pm.hook.xce_roles.get_hookimpls():
+            try:
+                answer: Any = impl.function()
+                if any(getattr(s, "name", None) == name for s in answer or ()):
+                    owners.append(repr(impl.plugin_name))
+            except Exception:  # a broken plugin must not hide the real error
+                continue
+        return owners
+
+    def role(self, name: str) -> RoleSpec:
+        """The role registered as ``name``; an unknown name is an error listing the choices."""
+        roles = self.roles()
+        if name not in roles:
+            raise PluginError(f"unknown role {name!r}; registered roles: {', '.join(sorted(roles)) or 'none'}")
+        return roles[name]
+
+    def join_attributes(self, role: str, config: Config) -> dict[str, Any] | None:
+        """What role ``role`` would join with under ``config``, or None if no plugin registers it.
+
+        Builds the role's object for a fresh context (no connection) and asks it, as ``xce
+        run`` does: for unit tests and tools. Raises what the role's factory raises.
+        """
+        spec = self.roles().get(role)
+        if spec is None:
+            return None
+        return dict(spec.factory(RoleContext.create(role, self, config)).join_attributes())
 
     def config_sections(self) -> list[ConfigSection]:
         """Sections declared by the loaded plugins; duplicates are an error."""
@@ -201,33 +248,22 @@ class PluginManager:
         self.pm.hook.xce_cli_commands(group=group)
 
     # ---------------------------------------------------------------- client sessions
-    def join_attributes(self, role: str, config: Config) -> dict[str, Any]:
-        """The join attributes of ``role`` (asked once at start)."""
-        attrs = self.pm.hook.xce_join_attributes(role=role, config=config)
-        return dict(attrs or {})
-
-    def rejoin_points(self, role: str) -> frozenset[str]:
-        """The union of every plugin's rejoin points for ``role`` (asked once at start)."""
-        points: set[str] = set()
-        for answer in self.pm.hook.xce_rejoin_points(role=role):
-            points.update(answer or ())
-        return frozenset(points)
-
     def reconnected(self, client: Any, candidate: Candidate) -> list[Any]:
-        """Call ``xce_reconnected``; returns the implementations' results (awaitables too)."""
+        """Call ``xce_reconnected``; the implementations' results (awaitables among them)."""
         return list(self.pm.hook.xce_reconnected(client=client, candidate=candidate))
 
-    def connection_state(self, client: Any, state: str, candidate: Candidate | None, detail: str) -> None:
-        """Tell observers that a client's connection changed state."""
-        self.pm.hook.xce_connection_state(client=client, state=state, candidate=candidate, detail=detail)
+    def connection_state(
+        self, client: Any, role: str, state: str, candidate: Candidate | None, detail: str
+    ) -> list[Any]:
+        """Tell the cross-role observers (``xce_connection_state``); their results, awaitables
+        among them, for the caller to await."""
+        return list(self.pm.hook.xce_connection_state(
+            client=client, role=role, state=state, candidate=candidate, detail=detail))
 
-    def push(self, client: Any, role: str, event: str, seq: int, data: Any) -> None:
-        """Deliver one push to the plugins."""
-        self.pm.hook.xce_push(client=client, role=role, event=event, seq=seq, data=data)
-
-    def monitors(self, role: str, ctx: RoleContext) -> list[Monitor]:
-        """Every monitor for ``role``."""
-        return [m for group in self.pm.hook.xce_monitors(role=role, ctx=ctx) for m in group or ()]
+    def push(self, client: Any, role: str, event: str, seq: int, data: Any) -> list[Any]:
+        """Show one push to the cross-role observers (``xce_push``); their results, awaitables
+        among them, for the caller to await."""
+        return list(self.pm.hook.xce_push(client=client, role=role, event=event, seq=seq, data=data))
 
     # ---------------------------------------------------------------- pluggable parts
     def resreq_evaluator(self, registry: Any) -> Any:
@@ -236,14 +272,6 @@ class PluginManager:
         if ev is None:
             raise PluginError("no plugin provides a resource-requirement evaluator (is 'resreq' disabled?)")
         return ev
-
-    def controller_election(self, state_dir: str, advertise: str) -> Any:
-        """The controller's election object."""
-        return self.pm.hook.xce_controller_election(state_dir=state_dir, advertise=advertise)
-
-    def controller_store(self, state_dir: str) -> Any:
-        """The controller's durable store."""
-        return self.pm.hook.xce_controller_store(state_dir=state_dir)
 
 
 def _import(name: str, module: str) -> ModuleType:

@@ -1,39 +1,13 @@
-"""Small frozen records that registration hooks return (roles, monitors, config sections)."""
+"""Config records: the keys (:class:`Field`) and sections (:class:`ConfigSection`) plugins declare.
+
+The role records (``RoleSpec``, ``Monitor``, ``Subscription``) are in :mod:`xcecore.role`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from xcecore.runtime import RoleContext
-
-
-@dataclass(frozen=True, slots=True)
-class RoleSpec:
-    """A role a plugin adds: ``xce run NAME`` runs ``main(ctx)``.
-
-    ``client`` roles get a connected, joined client in ``ctx.client`` before ``main`` runs;
-    a server role (the controller) gets none and serves on its own.
-    """
-
-    name: str
-    main: Callable[[RoleContext], Awaitable[None]]
-    description: str = ""
-    client: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Monitor:
-    """A blocking loop a role runs on its own thread, never on the event loop.
-
-    ``run(ctx, stop)`` must return soon after ``stop`` (a ``threading.Event``) is set. It may
-    call the client through ``ctx.call`` (the sync facade) or ``ctx.send_soon``.
-    """
-
-    name: str
-    run: Callable[..., None]
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +25,10 @@ class ConfigSection:
     """A top-level ``[name]`` table of the config file and its keys.
 
     Keys not listed are errors unless ``open`` is true (a free-form table such as site
-    resources). ``check`` may validate the whole section further and raise ``ValueError``.
+    resources). ``check`` validates the whole section further (raise ``ValueError``); it runs
+    only when the file has the section, and sees the keys given plus the defaults (a missing
+    required key is absent). Required keys are checked when the section is used
+    (:meth:`xcecore.config.Config.require`): for a role's own section, before it connects.
     """
 
     name: str

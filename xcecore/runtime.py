@@ -1,17 +1,17 @@
-"""Runs one role: config -> plugins -> client -> join -> monitors -> the role's main.
+"""Runs one role: config -> plugins -> the role's object -> client -> join -> monitors -> main.
 
 This is the only place that turns configuration into a connected client, so every client
-role (the built-in ones and a third party's) connects, joins and re-joins the same way.
+role (the built-in ones and a third party's) connects, joins and re-joins the same way. The
+client calls back ONE events object (:class:`RoleEvents`): the role object's own handlers
+first, then the cross-role observer hooks, awaiting whatever is async.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
-import socket
-import threading
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,52 +23,14 @@ from xcecore.candidates import Candidate, candidates_from_config
 from xcecore.config import CORE_SECTIONS, Config, ConfigError, parse_override, read_file, validate
 from xcecore.log import setup_logging
 from xcecore.plugins import PluginManager
-from xcecore.records import Monitor, RoleSpec
+from xcecore.role import Monitor, Role, RoleContext, RoleSpec
 
 if TYPE_CHECKING:
-    from anyio.from_thread import BlockingPortal
-
-    from xcecore.connection import Client, ClientConfig, SyncClient
+    from xcecore.connection import Client, ClientConfig
 
 
 class RoleError(Exception):
     """A role cannot start: unknown name, bad configuration."""
-
-
-@dataclass(eq=False)  # identity semantics: plugins key their per-role state on it
-class RoleContext:
-    """What a role's main and its monitors get.
-
-    ``client`` is connected and joined for client roles (None for server roles). Threads
-    call the controller through :meth:`call` (the sync facade); coroutines await
-    ``ctx.client.call`` directly. ``stop`` is set when the role must stop.
-    """
-
-    role: str
-    config: Config
-    pm: PluginManager
-    identity: str
-    candidates: tuple[Candidate, ...]
-    key: bytes | None
-    client: Client | None = None
-    portal: BlockingPortal | None = None
-    stop: threading.Event = field(default_factory=threading.Event)
-    _sync: SyncClient | None = None
-
-    @property
-    def section(self) -> dict[str, Any]:
-        """This role's config section (``[<role>]``)."""
-        return self.config.section(self.role)
-
-    def call(self, op: str, args: dict[str, Any] | None = None, **kw: Any) -> Any:
-        """Call the controller from a thread (never from the event loop).
-
-        Raises ``xcecore.connection.ClientClosed`` once the role is stopping, instead of
-        waiting for a primary through an outage.
-        """
-        if self._sync is None:
-            raise RuntimeError(f"role {self.role!r} has no client to call through")
-        return self._sync.call(op, args, **kw)
 
 
 def load(
@@ -85,12 +47,6 @@ def load(
     pm = PluginManager.load(plugins_section)
     sections = [*CORE_SECTIONS, *pm.config_sections()]
     return pm, validate(raw, sections, skip=pm.skipped, path=path)
-
-
-def identity(role: str, config: Config) -> str:
-    """``role@host``: the handshake identity; ``[<role>] hname`` overrides the host name."""
-    host = config.section(role).get("hname") or socket.gethostname()
-    return f"{role}@{host}"
 
 
 def client_config(config: Config, sender: str) -> ClientConfig:
@@ -111,19 +67,62 @@ def client_config(config: Config, sender: str) -> ClientConfig:
     )
 
 
-def make_context(role: str, pm: PluginManager, config: Config) -> RoleContext:
-    """A context for ``role`` before any connection is made."""
-    cluster = config.cluster
-    cands: tuple[Candidate, ...] = ()
-    if cluster.get("peers") is not None or cluster.get("address") is not None:
-        cands = candidates_from_config(cluster)
-    key = auth.load_key(cluster.get("key"), cluster.get("key_file"))
-    return RoleContext(role, config, pm, identity(role, config), cands, key)
+def _awaitables(results: Iterable[object]) -> list[Awaitable[Any]] | None:
+    found = [r for r in results if inspect.isawaitable(r)]
+    return found or None
+
+
+async def _then(first: Awaitable[Any], rest: Callable[[], list[Any]]) -> None:
+    """Await the role's own handler, then run (and await) the observers: strict order."""
+    await first
+    for item in rest():
+        if inspect.isawaitable(item):
+            await item
+
+
+class RoleEvents:
+    """What the client calls back for a role: the role object's handlers, then the observers.
+
+    Keeps the client's events contract (``reconnected``, ``connection_state``, ``push``):
+    each returns None when everything ran synchronously, else awaitables for the client to
+    await before it delivers the next event. ``reconnected`` goes to the ``xce_reconnected``
+    hook only (the built-in ``rejoin`` plugin marks the rejoin pending).
+    """
+
+    def __init__(self, role: Role, pm: PluginManager) -> None:
+        self.role = role
+        self.pm = pm
+
+    def reconnected(self, client: Client, candidate: Candidate) -> object:
+        """``xce_reconnected``, under the failover lock."""
+        return _awaitables(self.pm.reconnected(client, candidate))
+
+    def connection_state(self, client: Client, state: str, candidate: Candidate | None, detail: str) -> object:
+        """The role's ``connection_state``, then every ``xce_connection_state`` observer."""
+        own = self.role.connection_state(state, candidate, detail)
+
+        def observe() -> list[Any]:
+            return self.pm.connection_state(client, client.role, state, candidate, detail)
+
+        if own is None:
+            return _awaitables(observe())
+        return _then(own, observe)
+
+    def push(self, client: Client, role: str, event: str, seq: int, data: Any) -> object:
+        """The role's ``push``, then every ``xce_push`` observer."""
+        own = self.role.push(event, seq, data)
+
+        def observe() -> list[Any]:
+            return self.pm.push(client, role, event, seq, data)
+
+        if own is None:
+            return _awaitables(observe())
+        return _then(own, observe)
 
 
 async def _run_monitor(monitor: Monitor, ctx: RoleContext) -> None:
     # One dedicated thread per monitor: a blocked monitor never starves another one.
-    await anyio.to_thread.run_sync(monitor.run, ctx, ctx.stop, limiter=anyio.CapacityLimiter(1))
+    await anyio.to_thread.run_sync(monitor.run, ctx.stop, limiter=anyio.CapacityLimiter(1))
 
 
 async def _watch_signals(ctx: RoleContext, scope: anyio.CancelScope) -> None:
@@ -135,39 +134,59 @@ async def _watch_signals(ctx: RoleContext, scope: anyio.CancelScope) -> None:
             return
 
 
+def build_role(spec: RoleSpec, ctx: RoleContext) -> Role:
+    """Check the role's own config section, then build its object (no connection yet)."""
+    ctx.config.require(spec.name)
+    role = spec.factory(ctx)
+    if not isinstance(role, Role):
+        raise RoleError(f"role {spec.name!r}: its factory returned {type(role).__name__}, "
+                        "not an xcecore.role.Role")
+    return role
+
+
 async def run_role_async(spec: RoleSpec, ctx: RoleContext) -> None:
     """Run a role until its main returns or SIGTERM/SIGINT arrives."""
     from anyio.from_thread import BlockingPortal
 
-    async with anyio.create_task_group() as outer:
-        outer.start_soon(_watch_signals, ctx, outer.cancel_scope)
-        try:
-            if not spec.client:
-                await spec.main(ctx)
-                return
-            from xcecore.connection import Client, SyncClient
+    pm = ctx.pm
+    if not isinstance(pm, PluginManager):
+        raise TypeError(f"ctx.pm must be an xcecore.plugins.PluginManager, not {type(pm).__name__}")
+    ctx.bridge.bind()
+    try:
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(_watch_signals, ctx, outer.cancel_scope)
+            try:
+                role = build_role(spec, ctx)
+                if not spec.client:
+                    await role.main()
+                    return
+                from xcecore.connection import Client, SyncClient
 
-            cfg = client_config(ctx.config, ctx.identity)
-            attrs = ctx.pm.join_attributes(spec.name, ctx.config)
-            points = ctx.pm.rejoin_points(spec.name)
-            async with (
-                Client(cfg, role=spec.name, hooks=ctx.pm, join_attrs=attrs, rejoin_points=points) as client,
-                BlockingPortal() as portal,
-            ):
-                ctx.client, ctx.portal, ctx._sync = client, portal, SyncClient(client, portal, stop=ctx.stop)
-                await client.connect()
-                await client.join()
-                monitors = ctx.pm.monitors(spec.name, ctx)
-                async with anyio.create_task_group() as tg:
-                    for monitor in monitors:
-                        tg.start_soon(_run_monitor, monitor, ctx)
-                    try:
-                        await spec.main(ctx)
-                    finally:
-                        ctx.stop.set()
-        finally:
-            ctx.stop.set()
-            outer.cancel_scope.cancel()
+                cfg = client_config(ctx.config, ctx.identity)
+                attrs = dict(role.join_attributes())
+                points = frozenset(role.rejoin_points)
+                sub = role.subscription
+                async with (
+                    Client(cfg, role=spec.name, hooks=RoleEvents(role, pm), join_attrs=attrs,
+                           rejoin_points=points, subscribe=sub.to_wire()) as client,
+                    BlockingPortal() as portal,
+                ):
+                    ctx.client, ctx.portal = client, portal
+                    ctx._sync = SyncClient(client, portal, stop=ctx.stop)
+                    await client.connect()
+                    await client.join()
+                    async with anyio.create_task_group() as tg:
+                        for monitor in role.monitors():
+                            tg.start_soon(_run_monitor, monitor, ctx)
+                        try:
+                            await role.main()
+                        finally:
+                            ctx.stop.set()
+            finally:
+                ctx.stop.set()
+                outer.cancel_scope.cancel()
+    finally:
+        ctx.bridge.unbind()
 
 
 def run_role(
@@ -183,7 +202,7 @@ def run_role(
     roles = pm.roles()
     if name not in roles:
         raise RoleError(f"unknown role {name!r}; registered roles: {', '.join(sorted(roles)) or 'none'}")
-    ctx = make_context(name, pm, config)
+    ctx = RoleContext.create(name, pm, config)
     logcfg = config.section("log")
     setup_logging(
         ctx.identity,
@@ -197,6 +216,10 @@ def run_role(
         ctx.identity, name, os.getpid(), Path(config.path) if config.path else "none",
         "uvloop" if options else "asyncio",
     )
+    if config.unchecked:
+        logger.info("{}: config section(s) {} not declared by any loaded plugin: kept, not checked",
+                    ctx.identity, ", ".join(f"[{n}]" for n in sorted(config.unchecked)))
+    config.require(name)  # a missing required key of the role's section: one line, no connect
     try:
         anyio.run(run_role_async, roles[name], ctx, backend_options=options)
     except BaseExceptionGroup as group:

@@ -18,27 +18,15 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
 import orjson
 
+from xcecore.protocol import ErrorCode as ErrorCode  # the vocabulary lives in protocol
+
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 PROTO_VERSION = 1
 _LEN = struct.Struct(">I")
-
-
-class ErrorCode(StrEnum):
-    """Error codes carried in ``reply.error.code``."""
-
-    REDIRECT = "REDIRECT"  # a standby: "primary" names the primary's address
-    NO_PRIMARY = "NO_PRIMARY"  # a standby that knows of no primary
-    NOT_JOINED = "NOT_JOINED"  # the op needs a joined member; join first
-    INVALID = "INVALID"  # malformed request, unknown op, bad arguments
-    NOT_FOUND = "NOT_FOUND"
-    DENIED = "DENIED"  # the caller's role or identity may not do this
-    CONFLICT = "CONFLICT"  # the state forbids it (job not pending, queue closed, ...)
-    INTERNAL = "INTERNAL"
 
 
 class WireError(Exception):

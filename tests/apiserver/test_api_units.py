@@ -15,19 +15,14 @@ from xce_apiserver.auth import (
     parse_users,
     verify_password,
 )
-from xce_apiserver.server import split_listen
-from xce_apiserver.session import find_session, session_for
 from xce_apiserver.store import Store
 
 from xcecore.candidates import CandidateError
 from xcecore.config import ConfigError
+from xcecore.protocol import parse_hostport
 from xcecore.runtime import client_config, load
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class FakeClient:
-    """A stand-in for the core client: hooks key per-client state on it."""
 
 
 def _state(**kw: Any) -> dict[str, Any]:
@@ -144,39 +139,31 @@ def test_hash_password_command() -> None:
 
 # ---------------------------------------------------------------------- hooks
 
-def test_registration_hooks() -> None:
-    roles = list(plugin.xce_roles())
-    assert roles[0].name == "apiserver" and roles[0].client
-    assert set(plugin.xce_rejoin_points("apiserver") or ()) == {
-        "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch"}
-    assert plugin.xce_rejoin_points("worker") is None
-    assert plugin.xce_join_attributes("worker", None) is None  # type: ignore[arg-type]
+def test_the_role_object(xce_plugin_manager: Any, xce_role: Any) -> None:
+    pm = xce_plugin_manager(plugin)
+    (spec,) = plugin.xce_roles()
+    assert spec.name == "apiserver" and spec.client
+    role = xce_role(pm, "apiserver", {"apiserver": {"listen": "127.0.0.1:9999"}})
+    assert role.rejoin_points == {"jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch"}
+    assert role.join_attributes() == {"listen": "127.0.0.1:9999"}
+    assert pm.join_attributes("apiserver", role.ctx.config) == {"listen": "127.0.0.1:9999"}
 
 
-def test_pushes_feed_the_session_store_and_other_roles_are_ignored() -> None:
-    client = FakeClient()
-    plugin.xce_push(client, "scheduler", "state", 1, _state())
-    assert find_session(client) is None
-    plugin.xce_push(client, "apiserver", "state", 1, _state())
-    plugin.xce_push(client, "apiserver", "job", 2, {"jobid": 5, "user": "u", "state": "PEND"})
-    assert sorted(session_for(client).store.jobs) == [1, 5]
+def test_pushes_feed_the_role_store(xce_plugin_manager: Any, xce_role: Any) -> None:
+    role = xce_role(xce_plugin_manager(plugin), "apiserver")
+    assert role.push("state", 1, _state()) is None
+    role.push("job", 2, {"jobid": 5, "user": "u", "state": "PEND"})
+    assert sorted(role.store.jobs) == [1, 5]
 
 
-def test_connection_states_drive_health() -> None:
-    class C:
-        role = "apiserver"
-
-    client = C()
-    plugin.xce_connection_state(client, "degraded", None, "budget exhausted")
-    health = session_for(client).health
-    assert health.is_degraded() and "budget exhausted" in health.reason
-    plugin.xce_connection_state(client, "reconnecting", None, "")
-    assert health.is_degraded()
-    plugin.xce_connection_state(client, "rejoined", None, "heartbeats recovered")
-    assert not health.is_degraded()
-    other = FakeClient()
-    plugin.xce_connection_state(other, "degraded", None, "x")
-    assert find_session(other) is None
+def test_connection_states_drive_health(xce_plugin_manager: Any, xce_role: Any) -> None:
+    role = xce_role(xce_plugin_manager(plugin), "apiserver", {"apiserver": {"degraded_ttl": 30}})
+    role.connection_state("degraded", None, "budget exhausted")
+    assert role.health.is_degraded() and "budget exhausted" in role.health.reason
+    role.connection_state("reconnecting", None, "")
+    assert role.health.is_degraded()
+    role.connection_state("rejoined", None, "heartbeats recovered")
+    assert not role.health.is_degraded()
 
 
 @pytest.mark.parametrize(
@@ -187,9 +174,9 @@ def test_connection_states_drive_health() -> None:
 def test_listen(listen: str, ok: tuple[str, int] | None) -> None:
     if ok is None:
         with pytest.raises(ValueError, match="apiserver.listen"):
-            split_listen(listen)
+            parse_hostport(listen, what="apiserver.listen", port_zero=True)
     else:
-        assert split_listen(listen) == ok
+        assert parse_hostport(listen, what="apiserver.listen", port_zero=True) == ok
 
 
 def test_config_section_validates(tmp_path: Path) -> None:

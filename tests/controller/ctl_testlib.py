@@ -19,7 +19,7 @@ import anyio
 from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 from xce_controller.server import Controller, serve
-from xce_controller.settings import ControllerSettings, settings_from_config
+from xce_controller.settings import ControllerSettings, config_of, settings_from_config
 
 from xcecore import auth, wire
 
@@ -95,8 +95,9 @@ class RawClient:
 
 
 def settings(state_dir: Path, **controller: Any) -> ControllerSettings:
-    section: dict[str, Any] = {"listen": "127.0.0.1:0", "admins": ["root"], **controller}
-    return settings_from_config({"state_dir": str(state_dir)}, section, KEY)
+    section: dict[str, Any] = {"listen": "127.0.0.1:0", "admins": ["root"],
+                               "state_dir": str(state_dir), **controller}
+    return settings_from_config(config_of(controller=section), KEY)
 
 
 @asynccontextmanager

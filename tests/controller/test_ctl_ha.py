@@ -109,7 +109,8 @@ async def test_xce_run_controller_and_clean_stop(tmp_path):
     state = tmp_path / "state"
     cfg = tmp_path / "xce.toml"
     cfg.write_text(
-        f'[cluster]\nname = "t"\npeers = "127.0.0.1:{port}"\nstate_dir = "{state}"\nkey = "{KEY.decode()}"\n'
+        f'[cluster]\nname = "t"\npeers = "127.0.0.1:{port}"\nkey = "{KEY.decode()}"\n'
+        f'[controller]\nstate_dir = "{state}"\n'
     )
     cmd = [sys.executable, "-m", "xcecore", "--config", str(cfg), "run", "controller",
            "--set", f'controller.listen="127.0.0.1:{port}"']

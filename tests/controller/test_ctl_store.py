@@ -9,6 +9,7 @@ import orjson
 import pytest
 from ctl_testlib import RawClient, running
 from xce_controller.election import FileLockElection
+from xce_controller.settings import IDEM_TTL
 from xce_controller.state import ClusterConf, ClusterState
 from xce_controller.store import SQLiteStore, Write
 
@@ -30,7 +31,7 @@ def test_group_commit_and_idempotency_keys(tmp_path):
     store.close()
     again = SQLiteStore(str(tmp_path))
     again.open()
-    loaded = again.load()
+    loaded = again.load(IDEM_TTL)
     assert len(loaded.jobs) == 500 and loaded.idem["r500"] == b'{"jobid":500}'
     again.close()
 

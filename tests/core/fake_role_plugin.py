@@ -7,23 +7,27 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from xcecore.hookspecs import hookimpl
-from xcecore.records import ConfigSection, Field, RoleSpec
-from xcecore.runtime import RoleContext
+from xcecore.records import ConfigSection, Field
+from xcecore.role import Role, RoleSpec
 
 
-async def main(ctx: RoleContext) -> None:
-    """Write proof that it ran, with its config, then return."""
-    out = Path(ctx.section["out"])
-    out.write_text(f"{ctx.role} {ctx.identity} {ctx.section['greeting']} {os.getpid()}\n")
+class FakeRole(Role):
+    """Writes proof that it ran, with its config, then returns."""
+
+    async def main(self) -> None:
+        ctx = self.ctx
+        out = Path(ctx.section["out"])
+        out.write_text(f"{ctx.role} {ctx.identity} {ctx.section['greeting']} {os.getpid()}\n")
 
 
 @hookimpl
 def xce_roles() -> Iterable[RoleSpec]:
     """The fake role."""
-    return [RoleSpec("fakerole", main, "a test role", client=False)]
+    return [RoleSpec("fakerole", FakeRole, "a test role", client=False)]
 
 
 @hookimpl
 def xce_config_sections() -> Iterable[ConfigSection]:
     """Its config section."""
-    return [ConfigSection("fakerole", {"out": Field((str,), required=True), "greeting": Field((str,), "hi")})]
+    return [ConfigSection("fakerole", {"out": Field((str,), required=True, doc="where to write"),
+                                       "greeting": Field((str,), "hi")})]

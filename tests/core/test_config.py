@@ -27,7 +27,7 @@ def test_defaults_filled() -> None:
         ({"cluster": {"port": "7600"}}, "cluster.port: expected int, got str"),
         ({"cluster": {"port": True}}, "cluster.port: expected int, got bool"),
         ({"client": {"liveness_timeout": "1s"}}, "client.liveness_timeout: expected float or int"),
-        ({"clustre": {}}, "unknown config section [clustre]"),
+        ({"clustre": {}}, "unknown config section [clustre]; did you mean [cluster]?"),
         ({"cluster": 5}, "cluster: must be a table"),
         ({"plugins": {"enable": "worker"}}, "plugins.enable: expected list"),
     ],
@@ -49,17 +49,43 @@ def test_plugin_section_and_check() -> None:
         if values["n"] == 0:
             raise ValueError("n must be positive")
 
-    sec = ConfigSection("thing", {"n": Field((int,), 1), "req": Field((str,), required=True)}, check=check)
-    assert validate({"thing": {"req": "x"}}, [sec]).section("thing") == {"n": 1, "req": "x"}
-    with pytest.raises(ConfigError, match="thing.req is required"):
-        validate({}, [sec])
+    sec = ConfigSection("thing", {"n": Field((int,), 1), "req": Field((str,), required=True, doc="needed")},
+                        check=check)
+    assert validate({"thing": {"req": "x"}}, [sec]).require("thing") == {"n": 1, "req": "x"}
+    # A missing required key is an error when the section is used, not when the file loads.
+    cfg = validate({}, [sec])
+    assert cfg.missing == {"thing": ("req",)}
+    with pytest.raises(ConfigError, match="thing.req is required: needed"):
+        cfg.require("thing")
     with pytest.raises(ConfigError, match=r"\[thing\]: n must be positive"):
         validate({"thing": {"req": "x", "n": 0}}, [sec])
 
 
+def test_check_runs_only_when_the_section_is_present() -> None:
+    seen: list[dict[str, object]] = []
+    sec = ConfigSection("thing", {"n": Field((int,), 0)}, check=lambda v: seen.append(dict(v)))
+    validate({}, [sec])
+    assert seen == []
+    validate({"thing": {}}, [sec])
+    assert seen == [{"n": 0}]
+
+
+def test_sections_nobody_declares_are_kept_unchecked() -> None:
+    """One file for every host: a worker-only host accepts [controller] and [apiserver]."""
+    raw = {"cluster": {"name": "c"}, "controller": {"listen": 5}, "apiserver": {"anything": [1]}}
+    cfg = validate(raw, CORE_SECTIONS)
+    assert cfg.unchecked == {"controller": {"listen": 5}, "apiserver": {"anything": [1]}}
+    assert cfg.section("controller") == {} and "controller" not in cfg.as_dict()
+    with pytest.raises(ConfigError, match=r"unknown config section \[wroker\]; did you mean \[worker\]"):
+        validate({"wroker": {}}, [*CORE_SECTIONS, ConfigSection("worker")])
+
+
 def test_skipped_sections_of_disabled_plugins() -> None:
     cfg = validate({"worker": {"x": 1}}, CORE_SECTIONS, skip=["worker"])
-    assert cfg.section("worker") == {}
+    assert cfg.section("worker") == {} and cfg.unchecked == {"worker": {"x": 1}}
+    # A disabled plugin's section is never taken for a typo of a loaded one's.
+    cfg = validate({"workers": {}}, [*CORE_SECTIONS, ConfigSection("worker")], skip=["workers"])
+    assert "workers" in cfg.unchecked
 
 
 def test_mutable_defaults_not_shared() -> None:

@@ -12,35 +12,33 @@ import pytest
 from pytest_mock import MockerFixture
 
 from xcecore.candidates import Candidate
+from xcecore.config import CORE_SECTIONS, validate
 from xcecore.hookspecs import hookimpl
 from xcecore.plugins import BUILTINS, PluginError, PluginManager, select_plugins
-from xcecore.records import Monitor, RoleSpec
+from xcecore.role import Monitor, Role, RoleSpec
 
 pytestmark = pytest.mark.timeout(60)
 HERE = Path(__file__).parent
 
 
-class FakeRole:
-    """A plugin object with a hook implementation per hook the role needs."""
+class FakeRole(Role):
+    """A role object with what a client role supplies."""
+
+    rejoin_points = frozenset({"hello"})
+
+    def join_attributes(self) -> dict[str, Any]:
+        return {"hname": self.ctx.section.get("hname", "h1")}
+
+    def monitors(self) -> list[Monitor]:
+        return [Monitor("m", lambda stop: None)]
+
+
+class FakePlugin:
+    """A plugin object registering the fake role."""
 
     @hookimpl
     def xce_roles(self) -> list[RoleSpec]:
-        async def main(ctx: Any) -> None:
-            return None
-
-        return [RoleSpec("fake", main)]
-
-    @hookimpl
-    def xce_join_attributes(self, role: str) -> dict[str, Any] | None:
-        return {"hname": "h1"} if role == "fake" else None
-
-    @hookimpl
-    def xce_rejoin_points(self, role: str) -> list[str] | None:
-        return ["hello"] if role == "fake" else None
-
-    @hookimpl
-    def xce_monitors(self, role: str) -> list[Monitor] | None:
-        return [Monitor("m", lambda ctx, stop: None)] if role == "fake" else None
+        return [RoleSpec("fake", FakeRole)]
 
 
 def test_select_plugins() -> None:
@@ -60,16 +58,26 @@ def test_env_named_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert select_plugins({}, ["worker", "scheduler"], autoload=False) == [*BUILTINS, "worker"]
 
 
-def test_facade_asks_hooks_with_spies(mocker: MockerFixture) -> None:
+def test_facade_asks_the_role_hook_and_the_role_object(mocker: MockerFixture) -> None:
     pm = PluginManager()
-    pm.register(FakeRole(), "fake")
-    spy = mocker.spy(pm.pm.hook, "xce_join_attributes")
-    assert pm.join_attributes("fake", config=None) == {"hname": "h1"}  # type: ignore[arg-type]
-    spy.assert_called_once_with(role="fake", config=None)
-    assert pm.rejoin_points("fake") == frozenset({"hello"})
-    assert pm.rejoin_points("other") == frozenset()
+    pm.register(FakePlugin(), "fake")
+    spy = mocker.spy(pm.pm.hook, "xce_roles")
     assert list(pm.roles()) == ["fake"]
-    assert [m.name for m in pm.monitors("fake", ctx=None)] == ["m"]  # type: ignore[arg-type]
+    spy.assert_called_once_with()
+    cfg = validate({}, CORE_SECTIONS)
+    assert pm.join_attributes("fake", cfg) == {"hname": "h1"}
+    assert pm.join_attributes("nosuchrole", cfg) is None  # as documented: no plugin registers it
+    with pytest.raises(PluginError, match="unknown role 'nosuch'; registered roles: fake"):
+        pm.role("nosuch")
+
+
+def test_mocking_the_role_hook_takes_effect(mocker: MockerFixture) -> None:
+    """pm.roles() calls the hook (not the implementations behind its back): a mock wins."""
+    pm = PluginManager()
+    pm.register(FakePlugin(), "fake")
+    mocker.patch.object(pm.pm.hook, "xce_roles", return_value=[[RoleSpec("mocked", FakeRole)]])
+    assert list(pm.roles()) == ["mocked"]
+    assert pm.join_attributes("fake", validate({}, CORE_SECTIONS)) is None
 
 
 def test_mocked_hook_called_by_facade(mocker: MockerFixture) -> None:
@@ -78,32 +86,47 @@ def test_mocked_hook_called_by_facade(mocker: MockerFixture) -> None:
     cand = Candidate("127.0.0.1", 7600)
     pm.reconnected("client", cand)
     mock.assert_called_once_with(client="client", candidate=cand)
-    push = mocker.patch.object(pm.pm.hook, "xce_push")
+    push = mocker.patch.object(pm.pm.hook, "xce_push", return_value=[])
     pm.push("c", "fake", "job", 3, {"x": 1})
     push.assert_called_once_with(client="c", role="fake", event="job", seq=3, data={"x": 1})
+    state = mocker.patch.object(pm.pm.hook, "xce_connection_state", return_value=[])
+    pm.connection_state("c", "fake", "connected", cand, "ok")
+    state.assert_called_once_with(client="c", role="fake", state="connected", candidate=cand, detail="ok")
 
 
-def test_duplicate_role_names() -> None:
+def test_duplicate_role_names_name_both_plugins() -> None:
     pm = PluginManager()
-    pm.register(FakeRole(), "a")
-    pm.register(FakeRole(), "b")
-    with pytest.raises(PluginError, match="role 'fake' is registered twice"):
+    pm.register(FakePlugin(), "a")
+    pm.register(FakePlugin(), "b")
+    with pytest.raises(PluginError, match="role 'fake' is registered twice \\(by plugins 'a' and 'b'\\)"):
+        pm.roles()
+
+
+def test_a_role_hook_answering_something_else_is_named() -> None:
+    class Broken:
+        @hookimpl
+        def xce_roles(self) -> list[str]:
+            return ["not a spec"]
+
+    pm = PluginManager()
+    pm.register(Broken(), "broken")
+    with pytest.raises(PluginError, match="xce_roles returned 'not a spec', not a RoleSpec"):
         pm.roles()
 
 
 def test_duplicate_plugin_name() -> None:
     pm = PluginManager()
-    pm.register(FakeRole(), "a")
+    pm.register(FakePlugin(), "a")
     with pytest.raises(PluginError, match="already registered"):
-        pm.register(FakeRole(), "a")
+        pm.register(FakePlugin(), "a")
 
 
 def test_info_lists_hooks() -> None:
     pm = PluginManager()
-    pm.register(FakeRole(), "fake", ("fake-dist", "1.2"))
+    pm.register(FakePlugin(), "fake", ("fake-dist", "1.2"))
     (info,) = pm.info()
     assert (info.name, info.distribution, info.version) == ("fake", "fake-dist", "1.2")
-    assert "xce_roles" in info.hooks and "xce_monitors" in info.hooks
+    assert info.hooks == ("xce_roles",)
 
 
 def test_missing_evaluator_is_clear() -> None:

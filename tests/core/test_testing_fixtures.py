@@ -25,15 +25,48 @@ def test_joined_client_fixture_and_kill_primary(xce_cluster: Any, xce_client: An
 
 
 def test_plugin_manager_fixture_registers_only_what_is_named(xce_plugin_manager: Any) -> None:
-    class Probe:
-        from xcecore.hookspecs import hookimpl
+    from xcecore.hookspecs import hookimpl
+    from xcecore.role import Role, RoleSpec
 
+    class ProbeRole(Role):
+        rejoin_points = frozenset({"hello"})
+
+    class Probe:
         @hookimpl
-        def xce_rejoin_points(self, role: str) -> list[str] | None:
-            return ["hello"] if role == "probe" else None
+        def xce_roles(self) -> list[RoleSpec]:
+            return [RoleSpec("probe", ProbeRole)]
 
     pm = xce_plugin_manager(Probe())
     names = {i.name for i in pm.info()}
     assert {"rejoin", "resreq"} <= names and "worker" not in names
-    assert pm.rejoin_points("probe") == frozenset({"hello"})
+    assert list(pm.roles()) == ["probe"]
     assert {i.name for i in xce_plugin_manager(builtins=False).info()} == set()
+
+
+def test_role_fixture_builds_the_object_as_xce_run_does(xce_plugin_manager: Any, xce_role: Any) -> None:
+    """The guide's unit-test recipe: a role object from a config dict, no connection."""
+    from xce_auditor import plugin
+
+    from xcecore.config import ConfigError
+    from xcecore.hookspecs import hookimpl
+    from xcecore.records import ConfigSection, Field
+    from xcecore.role import Role, RoleSpec
+
+    pm = xce_plugin_manager(plugin)
+    role = xce_role(pm, "auditor", {"auditor": {"log_file": "/tmp/x/audit.jsonl"}})
+    assert role.join_attributes() == {"log_file": "/tmp/x/audit.jsonl"}
+    assert role.ctx.identity.startswith("auditor@") and role.ctx.client is None
+
+    class Needy:
+        @hookimpl
+        def xce_roles(self) -> list[RoleSpec]:
+            return [RoleSpec("needy", Role)]
+
+        @hookimpl
+        def xce_config_sections(self) -> list[ConfigSection]:
+            return [ConfigSection("needy", {"token": Field((str,), required=True, doc="API token")})]
+
+    pm = xce_plugin_manager(Needy())
+    with pytest.raises(ConfigError, match="needy.token is required: API token"):
+        xce_role(pm, "needy")
+    assert xce_role(pm, "needy", {"needy": {"token": "t"}}).ctx.section == {"token": "t"}

@@ -7,21 +7,19 @@ from typing import Any
 import pytest
 import xce_scheduler.plugin as plugin
 from sched_records import host, job, state
-from xce_scheduler.role import view_for
 
 from xcecore.config import ConfigError, validate
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def test_hooks_through_the_plugin_manager(xce_plugin_manager: Any) -> None:
+def test_role_through_the_plugin_manager(xce_plugin_manager: Any, xce_role: Any) -> None:
     pm = xce_plugin_manager(plugin)
     assert "scheduler" in pm.roles()
-    assert pm.rejoin_points("scheduler") >= {"jobdispatch"}
-    assert "jobdispatch" not in pm.rejoin_points("worker")
-    cfg = validate({}, pm.config_sections())
-    assert pm.join_attributes("scheduler", cfg) == {}
-    assert cfg.section("scheduler")["interval"] == 0.05
+    role = xce_role(pm, "scheduler")
+    assert role.rejoin_points == {"hello", "jobdispatch"}
+    assert role.join_attributes() == {}
+    assert role.ctx.section["interval"] == 0.05
 
 
 def test_config_is_checked(xce_plugin_manager: Any) -> None:
@@ -32,58 +30,81 @@ def test_config_is_checked(xce_plugin_manager: Any) -> None:
         validate({"scheduler": {"max_dispatch_per_cycle": "x"}}, pm.config_sections())
 
 
-def test_push_feeds_the_view_of_that_client(xce_plugin_manager: Any) -> None:
+def test_pushes_feed_the_role_view(xce_plugin_manager: Any, xce_role: Any) -> None:
     pm = xce_plugin_manager(plugin)
-
-    class FakeClient:
-        pass
-
-    client = FakeClient()
-    pm.push(client, "scheduler", "state", 1, state([host("a")], [job(1)]))
-    pm.push(client, "worker", "job", 2, job(2))  # not ours: ignored
-    pm.push(client, "scheduler", "job", 3, job(3))
-    snap = view_for(client).snapshot()
-    assert sorted(j["jobid"] for j in snap.pending) == [1, 3]
-    assert view_for(FakeClient()).snapshot().pending == ()
+    role = xce_role(pm, "scheduler")
+    role.push("state", 1, state([host("a")], [job(1)]))
+    role.push("job", 3, job(3))
+    assert sorted(j["jobid"] for j in role.view.snapshot().pending) == [1, 3]
+    assert xce_role(pm, "scheduler").view.snapshot().pending == ()  # one view per role object
 
 
-def test_monitor_is_the_picker(xce_plugin_manager: Any, mocker: Any) -> None:
+class FakeClient:
+    """Records calls; ``rejoin_pending`` as the core client has it."""
+
+    def __init__(self, rejoin_pending: bool) -> None:
+        self.rejoin_pending = rejoin_pending
+        self.calls: list[str] = []
+
+    async def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(op)
+        if op == "hello":
+            self.rejoin_pending = False  # the client re-joins after its rejoin point
+        return {}
+
+
+def test_a_pending_rejoin_goes_through_hello_before_a_dispatch(xce_plugin_manager: Any, xce_role: Any) -> None:
+    """After a reconnect, jobdispatch (which needs a join) would only earn NOT_JOINED: the
+    scheduler says hello first, its rejoin point, so the client re-joins before dispatching."""
+    import anyio
+
     pm = xce_plugin_manager(plugin)
-    ctx = mocker.Mock()
-    names = [m.name for m in pm.monitors("scheduler", ctx)]
-    assert names == ["picker"]
-    assert pm.monitors("worker", ctx) == []
+    client = FakeClient(rejoin_pending=True)
+    role = xce_role(pm, "scheduler", client=client)
+    anyio.run(role.call, "jobdispatch", {"jobid": 1, "alloc": []})
+    assert client.calls == ["hello", "jobdispatch"]
+    anyio.run(role.call, "jobdispatch", {"jobid": 2, "alloc": []})
+    assert client.calls == ["hello", "jobdispatch", "jobdispatch"]  # joined: no more hellos
 
 
-def test_role_wiring_builds_once_without_deadlock(xce_plugin_manager: Any, mocker: Any) -> None:
-    """The picker monitor and main both ask for the app; building it asks for the view."""
+def test_back_on_a_primary_with_a_rejoin_pending_it_says_hello(xce_plugin_manager: Any, xce_role: Any) -> None:
+    import anyio
+
+    pm = xce_plugin_manager(plugin)
+    client = FakeClient(rejoin_pending=True)
+    role = xce_role(pm, "scheduler", client=client)
+    assert role.connection_state("reconnecting", None, "") is None
+    pending = role.connection_state("connected", None, "")
+    assert pending is not None
+
+    async def settle() -> None:
+        await pending
+
+    anyio.run(settle)
+    assert client.calls == ["hello"]
+    assert role.connection_state("connected", None, "") is None  # nothing pending: nothing sent
+
+
+def test_monitor_is_the_picker(xce_plugin_manager: Any, xce_role: Any, mocker: Any) -> None:
+    role = xce_role(xce_plugin_manager(plugin), "scheduler", client=mocker.Mock())
+    assert [m.name for m in role.monitors()] == ["picker"]
+
+
+def test_the_picker_runs_on_its_thread_and_stops(xce_plugin_manager: Any, xce_role: Any, mocker: Any) -> None:
     import threading
 
-    from xce_scheduler import role
-
-    from xcecore.config import validate as _validate
+    from xcecore.testing import wait_for
 
     pm = xce_plugin_manager(plugin)
-    ctx = mocker.Mock()
-    ctx.pm = pm
-    ctx.section = _validate({"scheduler": {"interval": 0.01}}, pm.config_sections()).section(
-        "scheduler")
-    pm.push(ctx.client, "scheduler", "state", 1, state([host("a")], []))
-    got: list[Any] = []
-    t = threading.Thread(target=lambda: got.append(role.app_for(ctx)), daemon=True)
-    t.start()
-    t.join(5)
-    assert got, "app_for deadlocked"
-    app = got[0]
-    assert app is role.app_for(ctx)
-    assert app.view is role.view_for(ctx.client)
-    assert app.picker.interval == 0.01
+    role = xce_role(pm, "scheduler", {"scheduler": {"interval": 0.01}}, client=mocker.Mock())
+    role.push("state", 1, state([host("a")], []))
+    (monitor,) = role.monitors()
+    app = role.app
+    assert app is role.app and app.view is role.view and app.picker.interval == 0.01
     stop = threading.Event()
-    runner = threading.Thread(target=role.run_picker, args=(ctx, stop), daemon=True)
+    runner = threading.Thread(target=monitor.run, args=(stop,), daemon=True)
     runner.start()
     try:
-        from xcecore.testing import wait_for
-
         wait_for(lambda: app.status.cycles >= 3, 5, what="picker cycles")
     finally:
         stop.set()

@@ -14,13 +14,13 @@ from xce_worker import plugin
 from xce_worker.attrs import join_attributes
 from xce_worker.monitors import ResvalBoard, _loop, system_monitor
 from xce_worker.notifier import Notifier
-from xce_worker.pushes import PushHandler, PushInbox, inbox_for
+from xce_worker.pushes import PushHandler, PushInbox
 from xce_worker.settings import SECTION, WorkerSettings
 from xce_worker.spool import Journal
 
 from xcecore.config import ConfigError, validate
 from xcecore.connection import BackendUnavailable
-from xcecore.records import Monitor
+from xcecore.role import Monitor
 from xcecore.wire import RemoteError
 
 pytestmark = pytest.mark.timeout(30)
@@ -83,48 +83,53 @@ def test_two_workers_get_distinct_state_dirs() -> None:
     assert a.state_dir != b.state_dir and a.hname != b.hname
 
 
-# ---------------------------------------------------------------- hooks through the manager
-def test_hooks_through_plugin_manager(xce_plugin_manager: Any, mocker: MockerFixture) -> None:
+# ---------------------------------------------------------------- the role object
+def test_role_through_plugin_manager(xce_plugin_manager: Any, xce_role: Any, mocker: MockerFixture) -> None:
     pm = xce_plugin_manager(plugin)
     mocker.patch("xce_worker.attrs.host_facts", return_value=FACTS)
     cfg = validate({"worker": {"hname": "w1", "slots": 2}}, [SECTION])
-    assert pm.join_attributes("worker", cfg)["max_slots"] == 2
-    assert pm.join_attributes("scheduler", cfg) == {}
-    assert pm.rejoin_points("worker") == frozenset({"hello"})
-    assert pm.rejoin_points("scheduler") == frozenset()
+    assert pm.join_attributes("worker", cfg)["max_slots"] == 2  # type: ignore[index]
+    role = xce_role(pm, "worker", {"worker": {"hname": "w1"}})
+    assert role.rejoin_points == {"hello"}
+    assert role.join_attributes()["hname"] == "w1"
     assert "worker" in pm.roles()
 
 
-def test_join_attributes_hook_spied(xce_plugin_manager: Any, mocker: MockerFixture) -> None:
-    pm = xce_plugin_manager(plugin)
-    spy = mocker.spy(pm.pm.hook, "xce_join_attributes")
-    mocker.patch("xce_worker.attrs.host_facts", return_value=FACTS)
-    cfg = validate({"worker": {"hname": "w1"}}, [SECTION])
-    pm.join_attributes("worker", cfg)
-    spy.assert_called_once_with(role="worker", config=cfg)
-
-
-def test_monitors_hook_gives_every_loop(xce_plugin_manager: Any, mocker: MockerFixture,
-                                        tmp_path: Path) -> None:
-    pm = xce_plugin_manager(plugin)
-    ctx = mocker.Mock()
-    ctx.section = section(hname="m1", state_dir=str(tmp_path))
-    monitors = pm.monitors("worker", ctx)
+def test_monitors_give_every_loop(xce_plugin_manager: Any, xce_role: Any, tmp_path: Path) -> None:
+    role = xce_role(xce_plugin_manager(plugin), "worker",
+                    {"worker": {"hname": "m1", "state_dir": str(tmp_path)}})
+    monitors = role.monitors()
     assert [m.name for m in monitors] == ["hardware", "system", "jobs", "pushes", "notifier"]
     assert all(isinstance(m, Monitor) and callable(m.run) for m in monitors)
-    assert pm.monitors("scheduler", ctx) == []
-    from xce_worker.daemon import worker_for
-    worker_for.forget(ctx)
 
 
-def test_push_hook_only_queues(mocker: MockerFixture) -> None:
+def test_push_only_queues(xce_plugin_manager: Any, xce_role: Any, mocker: MockerFixture) -> None:
     client = mocker.Mock()
-    plugin.xce_push(client=client, role="worker", event="job", seq=1, data={"jobid": 1})
-    plugin.xce_push(client=client, role="scheduler", event="job", seq=2, data={})
-    box = inbox_for(client)
-    assert box.get(0.1) == ("job", 1, {"jobid": 1})
-    assert box.get(0.01) is None
+    role = xce_role(xce_plugin_manager(plugin), "worker", client=client)
+    assert role.push("job", 1, {"jobid": 1}) is None
+    assert role.inbox.get(0.1) == ("job", 1, {"jobid": 1})
+    assert role.inbox.get(0.01) is None
     assert not client.method_calls  # never touches the client
+
+
+def test_configured_facts_win_in_the_hardware_reports_too(tmp_path: Path, mocker: MockerFixture) -> None:
+    """worker.ncpus = 16 on a 2-CPU host: the hardware monitor reports 16 as the join does,
+    so ``select[ncpus>=16]`` (which reads the reported values over the join's) matches."""
+    from xce_worker.attrs import host_view
+    from xce_worker.monitors import hardware_monitor
+
+    small = {**FACTS, "ncpus": 2, "ncores": 2, "nthreads": 1}
+    mocker.patch("xce_worker.attrs.host_facts", return_value=small)
+    sec = section(hname="big", ncpus=16, maxmem=64000)
+    posted: list[dict[str, Any]] = []
+    board = ResvalBoard(lambda key, op, args: posted.append(args["values"]), tmp_path)
+    stop = threading.Event()
+    stop.set()  # one sample, then return
+    hardware_monitor(board, "big", 60.0, stop, facts=lambda: host_view(sec))
+    assert posted[0]["ncpus"] == 16 and posted[0]["maxmem"] == 64000
+    assert posted[0]["ncores"] == 2 and posted[0]["nthreads"] == 8
+    assert {k: join_attributes(sec)[k] for k in ("ncpus", "maxmem", "nthreads")} == {
+        k: posted[0][k] for k in ("ncpus", "maxmem", "nthreads")}
 
 
 # ---------------------------------------------------------------- monitor scheduling
@@ -218,7 +223,7 @@ def test_push_thread_runs_in_order(mocker: MockerFixture) -> None:
     pm.start.side_effect = lambda j: seen.append(j["jobid"])
     box, stop = PushInbox(), threading.Event()
     for i in range(1, 6):
-        box.put("job", i, job(i))
+        box.put(("job", i, job(i)))
     t = threading.Thread(target=PushHandler("h1", pm).run, args=(box, stop))
     t.start()
     deadline = time.monotonic() + 5

@@ -139,7 +139,7 @@ class LocalCluster:
         """The config file every process of this cluster reads."""
         key = f'key = "{self.key}"\n' if self.key else ""
         return (
-            f'[cluster]\npeers = "{self.peers}"\nstate_dir = "{self.state_dir}"\n{key}{self.cluster_extra}'
+            f'[cluster]\npeers = "{self.peers}"\n{key}{self.cluster_extra}'
             "[client]\nliveness_timeout = 1.5\nheartbeat_interval = 0.2\n"
             "connect_timeout = 0.5\nbackoff_base = 0.02\nbackoff_cap = 0.5\n"
             f"{self.extra_config}"
@@ -162,7 +162,10 @@ class LocalCluster:
     def start_candidate(self, index: int) -> Proc:
         """Start controller candidate ``index`` (0-based) on its port."""
         role = self.server_role
-        proc = self.spawn(f"{role}{index}", role, f'{role}.listen="127.0.0.1:{self.ports[index]}"')
+        # The state directory goes on the command line: extra_config may hold a [controller]
+        # table of its own, and TOML allows a table once.
+        proc = self.spawn(f"{role}{index}", role, f'{role}.listen="127.0.0.1:{self.ports[index]}"',
+                          f'{role}.state_dir="{self.state_dir}"')
         self.candidates[index] = proc
         return proc
 

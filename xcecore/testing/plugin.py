@@ -4,13 +4,17 @@ Installing xce makes these fixtures available to any test session:
 
 - ``xce_cluster``: a factory for a :class:`LocalCluster` — one to three controller candidates
   as real processes on free loopback ports sharing a temporary state directory, plus any
-  role (``cluster.start_role("worker", hname="n1")``) as a real ``xce run`` process. Every
-  process it started is killed (by pid) at teardown, also when the test fails.
+  role (``cluster.start_role("worker", 'worker.hname="n1"')``, each override a
+  ``section.key=value`` in TOML syntax) as a real ``xce run`` process. Every process it
+  started is killed (by pid) at teardown, also when the test fails.
 - ``xce_client``: a factory for a client already joined to a cluster as a chosen role
   (``xce_client(cluster, "worker", hname="n1", ncpus=4)``), a blocking
   :class:`~xcecore.syncclient.SyncClient` closed at teardown.
 - ``xce_plugin_manager``: a factory for a plugin manager holding only the plugins a test
   names (objects or modules), for unit tests that mock hooks.
+- ``xce_role``: a factory for a role's object built in-process, as ``xce run`` builds it
+  (``xce_role(pm, "auditor", {"auditor": {"log_file": ...}})``), not connected: call its
+  ``join_attributes()``, ``push(...)``, ``connection_state(...)`` directly.
 
 Which candidate is primary is read from the handshake each candidate answers with, so these
 helpers do not depend on the client library they are used to test.
@@ -101,6 +105,18 @@ def xce_plugin_manager() -> Callable[..., Any]:
         return pm
 
     return make
+
+
+@pytest.fixture
+def xce_role() -> Callable[..., Any]:
+    """Factory: ``xce_role(pm, role, raw_config=None, client=None)`` -> the role's object.
+
+    ``raw_config`` is the config file's content as a dict (validated against the manager's
+    sections, as a file would be); ``client`` stands in for the connected client (a fake).
+    """
+    from xcecore.testing.roles import make_role
+
+    return make_role
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

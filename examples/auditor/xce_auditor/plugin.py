@@ -1,10 +1,10 @@
 """The auditor role: joins as ``auditor``, hears every job change, appends it to a log.
 
-This is the whole of a third-party role. Connecting to the primary through the candidate
-list, following redirects, re-connecting after a failover and re-joining are the core's
-work: the role has no reconnect code at all. After each (re-)join the controller pushes the
-full state; the auditor compares it with what it last saw, so a change that happened while
-it was away is logged too, once.
+This is the whole of a third-party role: a role object and two hooks. Connecting to the
+primary through the candidate list, following redirects, re-connecting after a failover and
+re-joining are the core's work: the role has no reconnect code at all. After each (re-)join
+the controller pushes the full state; the auditor compares it with what it last saw, so a
+change that happened while it was away is logged too, once.
 """
 
 from __future__ import annotations
@@ -13,17 +13,13 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from xcecore.attached import Attached
 from xcecore.hookspecs import hookimpl
-from xcecore.records import ConfigSection, Field, RoleSpec
-
-if TYPE_CHECKING:
-    from xcecore.connection import Client
-    from xcecore.runtime import RoleContext
+from xcecore.records import ConfigSection, Field
+from xcecore.role import Handled, Role, RoleContext, RoleSpec
 
 ROLE = "auditor"
 
@@ -56,22 +52,38 @@ class Ledger:
         return len(lines)
 
 
-# One ledger per client, made at its first push from the log file it joined with.
-ledger_for: Attached[Ledger] = Attached(lambda client: Ledger(Path(client.join_attrs["log_file"])))
+class AuditorRole(Role):
+    """Logs job state changes; ``main`` is the base class's: serve pushes until stopped."""
 
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        self.log_file = Path(ctx.section["log_file"]).resolve()
+        self._ledger: Ledger | None = None  # opened at the first push: building the role does no I/O
 
-async def main(ctx: RoleContext) -> None:
-    """Nothing to drive: pushes do the work until the role is stopped."""
-    import anyio
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger, read from the log file on first use."""
+        if self._ledger is None:
+            self._ledger = Ledger(self.log_file)
+        return self._ledger
 
-    while not ctx.stop.is_set():
-        await anyio.sleep(0.2)
+    def join_attributes(self) -> dict[str, Any]:
+        """The auditor joins with its log file's path, for operators reading ``status``."""
+        return {"log_file": str(self.log_file)}
+
+    def push(self, event: str, seq: int, data: Any) -> Handled:
+        """Log job changes: the full state after each join, then each job delta."""
+        if event == "state":
+            self.ledger.observe(data["jobs"])
+        elif event == "job":
+            self.ledger.observe([data])
+        return None
 
 
 @hookimpl
 def xce_roles() -> Iterable[RoleSpec]:
     """The auditor role."""
-    return [RoleSpec(ROLE, main, "append-only JSON-lines log of every job state change")]
+    return [RoleSpec(ROLE, AuditorRole, "append-only JSON-lines log of every job state change")]
 
 
 @hookimpl
@@ -79,22 +91,3 @@ def xce_config_sections() -> Iterable[ConfigSection]:
     """``[auditor] log_file``."""
     return [ConfigSection(ROLE, {"log_file": Field((str,), "xce-audit.jsonl", "where to append"),
                                  "hname": Field((str,), None, "host name in the identity")})]
-
-
-@hookimpl
-def xce_join_attributes(role: str, config: Any) -> dict[str, Any] | None:
-    """The auditor joins with its log file's path, for operators reading `status`."""
-    if role != ROLE:
-        return None
-    return {"log_file": str(Path(config.section(ROLE)["log_file"]).resolve())}
-
-
-@hookimpl
-def xce_push(client: Client, role: str, event: str, seq: int, data: Any) -> None:
-    """Log job changes: the full state after each join, then each job delta."""
-    if role != ROLE:
-        return
-    if event == "state":
-        ledger_for(client).observe(data["jobs"])
-    elif event == "job":
-        ledger_for(client).observe([data])

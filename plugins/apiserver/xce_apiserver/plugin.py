@@ -1,7 +1,9 @@
-"""Hook implementations of the API server role (``xce run apiserver``).
+"""The API server's plugin: the ``apiserver`` role, its ``[apiserver]`` section, and the
+``xce apiserver`` commands.
 
 Importing this module must stay cheap (the ``xce`` command imports every plugin module at
-start): FastAPI, uvicorn and pydantic are imported only inside the role's main.
+start): the role object (:class:`xce_apiserver.session.ApiServerRole`) and FastAPI, uvicorn
+and pydantic are imported only when the role runs.
 """
 
 from __future__ import annotations
@@ -9,28 +11,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from loguru import logger
-
-from xce_apiserver.backend import REJOIN_POINTS
-from xce_apiserver.session import find_session, session_for
 from xcecore.hookspecs import hookimpl
-from xcecore.records import ConfigSection, Field, RoleSpec
+from xcecore.records import ConfigSection, Field
+from xcecore.role import RoleSpec
 
 if TYPE_CHECKING:
     import click
 
-    from xcecore.candidates import Candidate
-    from xcecore.config import Config
-    from xcecore.runtime import RoleContext
+    from xcecore.role import Role, RoleContext
 
 ROLE = "apiserver"
 
 
 def _check_section(values: dict[str, Any]) -> None:
     from xce_apiserver.auth import parse_users
-    from xce_apiserver.server import split_listen
+    from xcecore.protocol import parse_hostport
 
-    split_listen(values["listen"])
+    parse_hostport(values["listen"], what="apiserver.listen", port_zero=True)
     parse_users(values["users"])
     if values["backend_retries"] < 0:
         raise ValueError(f"backend_retries must be >= 0, got {values['backend_retries']}")
@@ -57,75 +54,23 @@ SECTION = ConfigSection(
 )
 
 
-async def main(ctx: RoleContext) -> None:
-    """Serve the REST API until the role stops."""
-    import importlib
+def apiserver_role(ctx: RoleContext) -> Role:
+    """Build the API server's role object (its store and health; the app comes in main)."""
+    from xce_apiserver.session import ApiServerRole
 
-    import anyio
-
-    # FastAPI, pydantic and uvicorn take a good part of a second to import: on a thread, so
-    # the client's reader and heartbeats on this loop go on meanwhile (a failover during
-    # start-up is noticed at once, not after the imports).
-    role = await anyio.to_thread.run_sync(importlib.import_module, "xce_apiserver.role")
-    await role.run(ctx)
+    return ApiServerRole(ctx)
 
 
 @hookimpl
 def xce_roles() -> Iterable[RoleSpec]:
     """The apiserver role."""
-    return [RoleSpec(ROLE, main, "REST API (FastAPI) over a push-fed view of the cluster")]
+    return [RoleSpec(ROLE, apiserver_role, "REST API (FastAPI) over a push-fed view of the cluster")]
 
 
 @hookimpl
 def xce_config_sections() -> Iterable[ConfigSection]:
     """``[apiserver]``."""
     return [SECTION]
-
-
-@hookimpl
-def xce_join_attributes(role: str, config: Config) -> dict[str, Any] | None:
-    """The API server joins with the address its REST API listens on."""
-    if role != ROLE:
-        return None
-    return {"listen": config.section(ROLE).get("listen", SECTION.fields["listen"].default)}
-
-
-@hookimpl
-def xce_rejoin_points(role: str) -> Iterable[str] | None:
-    """Every write op the API server forwards is a rejoin point."""
-    return REJOIN_POINTS if role == ROLE else None
-
-
-@hookimpl
-def xce_push(client: Any, role: str, event: str, seq: int, data: Any) -> None:
-    """Feed the store; ``state`` replaces it."""
-    if role != ROLE:
-        return
-    store = session_for(client).store
-    store.apply(event, data)
-    if event == "state":
-        logger.info(
-            "apiserver: full state from {} (seq {}): {} jobs, {} hosts, {} queues; serving it",
-            store.server, seq, len(store.jobs), len(store.hosts), len(store.queues),
-        )
-
-
-@hookimpl
-def xce_connection_state(client: Any, state: str, candidate: Candidate | None, detail: str) -> None:
-    """A re-join (heartbeat recovery or write path) marks the backend healthy again."""
-    session = find_session(client)
-    if session is None:
-        if getattr(client, "role", None) != ROLE:
-            return
-        session = session_for(client)
-    if state in ("rejoined", "connected"):
-        if session.health.is_degraded():
-            logger.info("apiserver: {} {}; backend healthy again, writes resume", state, candidate)
-        session.health.mark_healthy()
-    elif state == "degraded":
-        logger.warning("apiserver: connection degraded ({}); writes answer 503 for up to {:g} s",
-                       detail, session.degraded_ttl)
-        session.health.mark_degraded(session.degraded_ttl, f"connection degraded: {detail}")
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""The API server role's main: build the app over the session's store and serve it."""
+"""The API server role's main: build the app over the role's store and serve it."""
 
 from __future__ import annotations
 
@@ -8,24 +8,23 @@ from xce_apiserver.app import create_app
 from xce_apiserver.auth import Authenticator, parse_users
 from xce_apiserver.backend import Backend
 from xce_apiserver.server import bind, bound_address, serve, write_port_file
-from xce_apiserver.session import drop_session, session_for
-from xcecore.runtime import RoleContext
+from xce_apiserver.session import ApiServerRole
 
 
-async def run(ctx: RoleContext) -> None:
+async def run(role: ApiServerRole) -> None:
     """Serve the REST API on ``[apiserver] listen`` until the role stops."""
+    ctx = role.ctx
+    assert ctx.client is not None
     section = ctx.section
-    session = session_for(ctx.client)
-    session.degraded_ttl = float(section["degraded_ttl"])
     users = parse_users(section["users"])
     if not users:
         logger.warning("apiserver: no [apiserver] users configured: every route but health "
                        "answers 401 (add users with `xce apiserver hash-password`)")
     auth = Authenticator(users, token_ttl=float(section["token_ttl"]))
-    backend = Backend(ctx.client, session.health, timeout=float(section["backend_timeout"]),
+    backend = Backend(ctx.client, role.health, timeout=float(section["backend_timeout"]),
                       retries=section["backend_retries"],
-                      degraded_ttl=session.degraded_ttl)
-    app = create_app(session.store, backend, session.health, auth, ctx.pm.resreq_evaluator)
+                      degraded_ttl=role.degraded_ttl)
+    app = create_app(role.store, backend, role.health, auth, ctx.pm.resreq_evaluator)
     sock = bind(section["listen"])
     address = bound_address(sock)
     if section.get("port_file"):
@@ -35,5 +34,4 @@ async def run(ctx: RoleContext) -> None:
     try:
         await serve(app, sock, ctx.stop)
     finally:
-        drop_session(ctx.client)
         logger.info("apiserver: REST API on {} stopped", address)

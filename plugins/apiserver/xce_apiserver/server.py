@@ -11,33 +11,19 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import threading
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-
-def split_listen(listen: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port); port 0 means any free port."""
-    text = listen.strip()
-    if text.startswith("["):
-        host, sep, port = text[1:].partition("]:")
-    else:
-        host, sep, port = text.rpartition(":")
-        if ":" in host:
-            raise ValueError(f"apiserver.listen {listen!r}: bracket IPv6 hosts, as [::1]:8080")
-    if not sep or not host:
-        raise ValueError(f"apiserver.listen {listen!r}: expected host:port, e.g. 127.0.0.1:8080")
-    if not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"apiserver.listen {listen!r}: port {port!r} is not 0-65535")
-    return host, int(port)
+from xcecore.bridge import StopEvent
+from xcecore.protocol import format_hostport, parse_hostport
 
 
 def bind(listen: str) -> socket.socket:
     """A listening socket for ``host:port`` (``[::1]:0`` and port 0 allowed)."""
-    host, port = split_listen(listen)
+    host, port = parse_hostport(listen, what="apiserver.listen", port_zero=True)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must be IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY on an accepted
     # connection only when its socket's proto is IPPROTO_TCP, and accepted sockets inherit the
@@ -60,7 +46,7 @@ def bind(listen: str) -> socket.socket:
 def bound_address(sock: socket.socket) -> str:
     """``host:port`` of a bound socket."""
     host, port = sock.getsockname()[:2]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return format_hostport(host, port)
 
 
 def write_port_file(path: str, port: int) -> None:
@@ -71,7 +57,7 @@ def write_port_file(path: str, port: int) -> None:
     tmp.replace(target)
 
 
-async def serve(app: Any, sock: socket.socket, stop: threading.Event) -> None:
+async def serve(app: Any, sock: socket.socket, stop: StopEvent) -> None:
     """Serve ``app`` on ``sock`` until ``stop`` is set or this task is cancelled."""
     import uvicorn
 
@@ -85,8 +71,7 @@ async def serve(app: Any, sock: socket.socket, stop: threading.Event) -> None:
     server = _Server(config)
 
     async def watch_stop() -> None:
-        while not stop.is_set() and not server.should_exit:
-            await anyio.sleep(0.1)
+        await stop.wait_async()
         server.should_exit = True
 
     async with anyio.create_task_group() as tg:

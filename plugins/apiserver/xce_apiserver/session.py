@@ -1,42 +1,73 @@
-"""What one API server client session holds: its store and its backend health.
+"""The API server role's object: the store fed by its pushes and its backend health.
 
-Pushes and connection-state changes reach the plugin through hooks that only name the
-client, and they start before the role's main runs (the ``state`` push follows the join), so
-the session is found, or made, by client.
+Pushes and connection-state changes start before the role's main runs (the ``state`` push
+follows the join), so the role object holds the store and the health from the start; main
+builds the REST app over them. This module stays light: FastAPI, pydantic and uvicorn load in
+main, on a thread.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from loguru import logger
+
+from xce_apiserver.backend import REJOIN_POINTS
 from xce_apiserver.health import BackendHealth
 from xce_apiserver.store import Store
-from xcecore.attached import Attached
+from xcecore.candidates import Candidate
+from xcecore.role import Handled, Role, RoleContext
 
 
-@dataclass
-class ApiSession:
-    """The store fed by one client's pushes, and that client's backend health."""
+class ApiServerRole(Role):
+    """REST under ``/xce/v1`` over a push-fed store; writes go through one backend wrapper."""
 
-    store: Store = field(default_factory=Store)
-    health: BackendHealth = field(default_factory=BackendHealth)
-    degraded_ttl: float = 5.0
+    rejoin_points = frozenset(REJOIN_POINTS)
+    """Every write op the API server forwards is a rejoin point."""
 
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        self.store = Store()
+        self.health = BackendHealth()
+        self.degraded_ttl = float(ctx.section["degraded_ttl"])
 
-_sessions: Attached[ApiSession] = Attached(lambda client: ApiSession())
+    def join_attributes(self) -> dict[str, Any]:
+        """The address its REST API listens on, for operators reading ``status``."""
+        return {"listen": self.ctx.section["listen"]}
 
+    def push(self, event: str, seq: int, data: Any) -> Handled:
+        """Feed the store; ``state`` replaces it."""
+        store = self.store
+        store.apply(event, data)
+        if event == "state":
+            logger.info(
+                "apiserver: full state from {} (seq {}): {} jobs, {} hosts, {} queues; serving it",
+                store.server, seq, len(store.jobs), len(store.hosts), len(store.queues),
+            )
+        return None
 
-def session_for(client: Any) -> ApiSession:
-    """The session of ``client``, made on first use."""
-    return _sessions(client)
+    def connection_state(self, state: str, candidate: Candidate | None, detail: str) -> Handled:
+        """A re-join (heartbeat recovery or write path) marks the backend healthy again; a
+        degraded connection makes writes fail fast."""
+        health = self.health
+        if state in ("rejoined", "connected"):
+            if health.is_degraded():
+                logger.info("apiserver: {} {}; backend healthy again, writes resume", state, candidate)
+            health.mark_healthy()
+        elif state == "degraded":
+            logger.warning("apiserver: connection degraded ({}); writes answer 503 for up to {:g} s",
+                           detail, self.degraded_ttl)
+            health.mark_degraded(self.degraded_ttl, f"connection degraded: {detail}")
+        return None
 
+    async def main(self) -> None:
+        """Serve the REST API until the role stops."""
+        import importlib
 
-def find_session(client: Any) -> ApiSession | None:
-    """The session of ``client`` if it has one."""
-    return _sessions.find(client)
+        import anyio
 
-
-def drop_session(client: Any) -> None:
-    """Forget the session of ``client`` (when the role stops)."""
-    _sessions.forget(client)
+        # FastAPI, pydantic and uvicorn take a good part of a second to import: on a thread, so
+        # the client's reader and heartbeats on this loop go on meanwhile (a failover during
+        # start-up is noticed at once, not after the imports).
+        role = await anyio.to_thread.run_sync(importlib.import_module, "xce_apiserver.role")
+        await role.run(self)

@@ -16,23 +16,25 @@ from loguru import logger
 
 from xce_controller.plugin import tune_gc
 from xce_controller.server import serve
-from xce_controller.settings import settings_from_config
+from xce_controller.settings import SECTION, config_of, settings_from_config
 from xcecore import auth
 from xcecore.config import EVENT_LOOPS
 from xcecore.runtime import loop_options
 
+_DEFAULTS = {k: f.default for k, f in SECTION.fields.items()}
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m xce_controller", description=__doc__.splitlines()[0])
-    p.add_argument("--listen", default="127.0.0.1:7600", help="host:port (port 0: any free port)")
+    p.add_argument("--listen", default=_DEFAULTS["listen"], help="host:port (port 0: any free port)")
     p.add_argument("--advertise", default=None, help="address clients are redirected to")
     p.add_argument("--state-dir", required=True, help="state directory shared by the candidates")
     p.add_argument("--key", default=None, help="cluster key (prefer --key-file)")
     p.add_argument("--key-file", default=None, help="file holding the cluster key")
     p.add_argument("--admins", default="", help="comma-separated administrator user names")
-    p.add_argument("--host-timeout", type=float, default=30.0)
-    p.add_argument("--max-subscriber-queue", type=int, default=10000)
-    p.add_argument("--clean-period", type=float, default=3600.0,
+    p.add_argument("--host-timeout", type=float, default=_DEFAULTS["host_timeout"])
+    p.add_argument("--max-subscriber-queue", type=int, default=_DEFAULTS["max_subscriber_queue"])
+    p.add_argument("--clean-period", type=float, default=_DEFAULTS["clean_period"],
                    help="seconds a finished job is kept before it is purged (0: forever)")
     p.add_argument("--peers", default=None, help="the candidate list, for status")
     p.add_argument("--log-level", default="INFO")
@@ -43,16 +45,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def _run(args: argparse.Namespace) -> None:
     key = auth.load_key(args.key, args.key_file)
-    cluster = {"state_dir": args.state_dir, "peers": args.peers}
+    cluster = {"peers": args.peers} if args.peers else {}
     section = {
+        "state_dir": args.state_dir,
         "listen": args.listen,
-        "advertise": args.advertise,
         "admins": [a for a in args.admins.split(",") if a],
         "host_timeout": args.host_timeout,
         "max_subscriber_queue": args.max_subscriber_queue,
         "clean_period": args.clean_period,
+        **({"advertise": args.advertise} if args.advertise else {}),
     }
-    settings = settings_from_config(cluster, section, key)
+    settings = settings_from_config(config_of(cluster, section), key)
     async with anyio.create_task_group() as tg:
 
         async def on_signal() -> None:

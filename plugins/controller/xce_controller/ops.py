@@ -32,6 +32,7 @@ class Caller:
     joined: bool = False
     worker_host: str | None = None  # a joined worker's host name
     cid: int = 0  # the server's connection id
+    pushes: str = "all"  # what its join subscribed to: "all" or "none"
 
 
 class ServerView(Protocol):
@@ -155,6 +156,11 @@ def op_join(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -
     role, attrs = args["role"], args.get("attrs", {})
     if role != caller.role:
         raise RemoteError(ErrorCode.DENIED, f"join: handshake says role {caller.role!r}, not {role!r}")
+    sub = args.get("subscribe", {})
+    pushes = sub.get("pushes", "all")
+    if set(sub) - {"pushes"} or pushes not in ("all", "none"):
+        raise RemoteError(ErrorCode.INVALID, 'join: subscribe must be {"pushes": "all" | "none"}',
+                          {"arg": "subscribe"})
     ch = Changes()
     if role == WORKER:
         hname = attrs.get("hname")
@@ -163,8 +169,8 @@ def op_join(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -
         ch = srv.state.join_worker(attrs, now)
         srv.replace_worker(caller, hname)
         caller.worker_host = hname
-    caller.joined = True
-    member = srv.state.add_member(caller.identity, role, now)
+    caller.joined, caller.pushes = True, pushes
+    member = srv.state.add_member(caller.identity, role, now, None if role == WORKER else attrs, pushes)
     ch.events.extend(member.events)
     ch.result = {"member": caller.identity, "server": srv.address, "role": role}
     ch.after = lambda: srv.subscribe(caller)
@@ -177,6 +183,8 @@ def op_hello(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) 
 
 def op_heartbeat(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     ch = srv.state.heartbeat(caller.worker_host, now) if caller.worker_host else Changes()
+    if caller.joined:
+        srv.state.member_seen(caller.identity, now)
     ch.result = {"time": now}
     return ch
 
@@ -365,7 +373,7 @@ WORKER_ONLY = frozenset({WORKER})
 
 OPS: dict[str, OpSpec] = {
     "join": OpSpec(op_join, ANY, "write", dedupe=False,
-                   args={"role": Arg(STR, True), "attrs": Arg(OBJ)}),
+                   args={"role": Arg(STR, True), "attrs": Arg(OBJ), "subscribe": Arg(OBJ)}),
     "hello": OpSpec(op_hello, ANY, "read"),
     "heartbeat": OpSpec(op_heartbeat, ANY, "volatile", member_roles=None, dedupe=False),
     "jobsubmit": OpSpec(op_jobsubmit, FRONT_ENDS, "write", args={

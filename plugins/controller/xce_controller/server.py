@@ -31,10 +31,11 @@ from loguru import logger
 from xce_controller.election import Election, FileLockElection
 from xce_controller.ops import Caller, check_call, now
 from xce_controller.pushes import Fanout, Gate, Outbox, Subscriber, encode_rows, reply_frame
-from xce_controller.settings import ControllerSettings, format_address, parse_listen
+from xce_controller.settings import ControllerSettings, parse_listen
 from xce_controller.state import Changes, ClusterState, Event
 from xce_controller.store import SQLiteStore, Write
 from xcecore import auth, wire
+from xcecore.protocol import format_hostport as format_address
 from xcecore.wire import ErrorCode, RemoteError
 
 ElectionFactory = Callable[[str, str], Any]
@@ -398,6 +399,8 @@ class Controller:
         if conn is None:
             return
         self.fanout.remove(conn.cid)
+        if caller.pushes == "none":  # a member that asked for no pushes gets none, not even state
+            return
         view = self.state.full_state(self.address, caller.worker_host)
         sub = Subscriber(caller.identity, conn.outbox, caller.worker_host, conn.close)
         self.fanout.add(conn.cid, sub)

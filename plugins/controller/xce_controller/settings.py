@@ -1,68 +1,69 @@
-"""The controller's settings, built from the ``[cluster]`` and ``[controller]`` config tables.
+"""The ``[controller]`` config section, and the settings a candidate builds from a validated config.
 
-The server core takes a :class:`ControllerSettings` and nothing else from the configuration
-system, so it runs the same under ``xce run controller``, ``python -m xce_controller`` and
-in-process tests.
+Every default of the controller is written once, here: the section's :class:`Field` records
+carry them, and :func:`settings_from_config` reads them only from a validated
+:class:`~xcecore.config.Config` (``xce run controller``, ``python -m xce_controller`` and the
+tests all build one), so no other module repeats a default. The server core takes a
+:class:`ControllerSettings` and nothing else from the configuration system.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from xcecore.wire import DEFAULT_MAX_FRAME
+from xcecore.config import CORE_SECTIONS, Config, validate
+from xcecore.protocol import parse_hostport
+from xcecore.records import ConfigSection, Field
 
-if TYPE_CHECKING:  # the state model loads only when a controller runs, not for every `xce` command
-    from xce_controller.state import ClusterConf
-
-
-def _default_conf() -> ClusterConf:
-    from xce_controller.state import ClusterConf
-
-    return ClusterConf(queues=DEFAULT_QUEUES)
-
-DEFAULT_LISTEN = "127.0.0.1:7600"
-DEFAULT_CLEAN_PERIOD = 3600.0  # LSF's CLEAN_PERIOD default
 DEFAULT_QUEUES: tuple[dict[str, Any], ...] = (
     {"name": "normal", "priority": 30, "description": "For normal low-priority jobs (default)"},
     {"name": "priority", "priority": 43, "description": "Jobs submitted here run first"},
 )
+HOST_TIMEOUT = 30.0
+"""Seconds without a worker heartbeat before its host is unavail (the default)."""
+IDEM_TTL = 86400.0
+"""Seconds an idempotency key's result is kept (the default: one day)."""
+HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a client may take to finish its handshake (not configurable)."""
+
+
+@dataclass(slots=True)
+class ClusterConf:
+    """The static configuration the state model needs (built by :func:`settings_from_config`)."""
+
+    name: str = "xce"
+    resources: list[dict[str, Any]] = field(default_factory=list)  # site resource definitions
+    admins: frozenset[str] = frozenset()
+    default_queue: str = "normal"
+    host_timeout: float = HOST_TIMEOUT
+    host_groups: dict[str, Any] = field(default_factory=dict)
+    user_groups: dict[str, Any] = field(default_factory=dict)
+    queues: tuple[dict[str, Any], ...] = DEFAULT_QUEUES
 
 
 @dataclass(frozen=True, slots=True)
 class ControllerSettings:
-    """Everything :func:`xce_controller.server.serve` needs."""
+    """Everything :func:`xce_controller.server.serve` needs; made by :func:`settings_from_config`."""
 
     state_dir: str
-    listen: str = DEFAULT_LISTEN
-    advertise: str | None = None
-    key: bytes | None = None
-    max_frame: int = DEFAULT_MAX_FRAME
-    conf: ClusterConf = field(default_factory=_default_conf)
-    max_subscriber_queue: int = 10000
-    max_inflight: int = 4096
-    idem_ttl: float = 86400.0
-    clean_period: float = DEFAULT_CLEAN_PERIOD  # 0: finished jobs are kept forever
-    handshake_timeout: float = 10.0
-    peers: tuple[str, ...] = ()
+    listen: str
+    advertise: str | None
+    key: bytes | None
+    max_frame: int
+    conf: ClusterConf
+    max_subscriber_queue: int
+    max_inflight: int
+    idem_ttl: float
+    clean_period: float  # 0: finished jobs are kept forever
+    peers: tuple[str, ...]
+    handshake_timeout: float = HANDSHAKE_TIMEOUT
 
 
 def parse_listen(text: str) -> tuple[str, int]:
     """``host:port`` or ``[v6]:port`` (port 0 picks a free port) -> (host, port)."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"controller.listen {text!r}: expected host:port, e.g. 127.0.0.1:7600")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"controller.listen {text!r}: bracket IPv6 addresses, as [::1]:7600")
-    return host, int(port)
-
-
-def format_address(host: str, port: int) -> str:
-    """The ``host:port`` text, IPv6 bracketed."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return parse_hostport(text, what="controller.listen", port_zero=True)
 
 
 def check_queues(queues: Any) -> tuple[dict[str, Any], ...]:
@@ -93,61 +94,89 @@ def check_queues(queues: Any) -> tuple[dict[str, Any], ...]:
 
 
 def check_controller_section(section: dict[str, Any]) -> None:
-    """The ``check`` of the ``[controller]`` config section."""
-    parse_listen(section.get("listen") or DEFAULT_LISTEN)
-    queues = check_queues(section.get("queues") or list(DEFAULT_QUEUES))
-    default = section.get("default_queue") or "normal"
-    if default not in {q["name"] for q in queues}:
-        raise ValueError(f"controller.default_queue {default!r} is not a configured queue")
+    """The ``check`` of the ``[controller]`` section (it sees the given keys plus defaults)."""
+    parse_listen(section["listen"])
+    if section.get("advertise") is not None:
+        parse_hostport(section["advertise"], what="controller.advertise")
+    queues = check_queues(section["queues"])
+    if section["default_queue"] not in {q["name"] for q in queues}:
+        raise ValueError(f"controller.default_queue {section['default_queue']!r} is not a configured queue")
     for key in ("host_timeout", "idem_ttl"):
-        if key in section and section[key] is not None and section[key] <= 0:
-            raise ValueError(f"controller.{key} must be > 0")
-    clean = section.get("clean_period")
-    if clean is not None:
-        if isinstance(clean, bool) or not isinstance(clean, int | float):
-            raise ValueError(f"controller.clean_period must be a number of seconds, got {clean!r}")
-        if not clean >= 0:  # also refuses NaN
-            raise ValueError(
-                f"controller.clean_period must be >= 0 (0 keeps finished jobs), got {clean!r}"
-            )
+        if not section[key] > 0:  # also refuses NaN
+            raise ValueError(f"controller.{key} must be > 0, got {section[key]!r}")
+    for key in ("max_subscriber_queue", "max_inflight"):
+        if section[key] < 1:
+            raise ValueError(f"controller.{key} must be >= 1, got {section[key]!r}")
+    if not section["clean_period"] >= 0:  # also refuses NaN
+        raise ValueError(
+            f"controller.clean_period must be >= 0 (0 keeps finished jobs), got {section['clean_period']!r}")
 
 
-def settings_from_config(
-    cluster: Mapping[str, Any], controller: Mapping[str, Any], key: bytes | None
-) -> ControllerSettings:
-    """Build settings from the ``[cluster]`` and ``[controller]`` tables (defaults applied)."""
-    from xce_controller.state import ClusterConf
+_NUM = (float, int)
+SECTION = ConfigSection(
+    "controller",
+    {
+        "listen": Field((str,), "127.0.0.1:7600", "host:port this candidate listens on"),
+        "advertise": Field((str,), None, "address clients are redirected to (default: listen)"),
+        "state_dir": Field((str,), None, "state directory shared by every candidate (flock, SQLite)",
+                           required=True),
+        "admins": Field((list,), [], "user names with administrator rights"),
+        "host_timeout": Field(_NUM, HOST_TIMEOUT, "seconds without a worker heartbeat before unavail"),
+        "queues": Field((list,), [dict(q) for q in DEFAULT_QUEUES],
+                        "queues: tables {name, priority, description, open, active}"),
+        "default_queue": Field((str,), "normal", "queue of a submission that names none"),
+        "host_groups": Field((dict,), {}, "host group name -> list of hosts"),
+        "user_groups": Field((dict,), {}, "user group name -> list of users"),
+        "max_subscriber_queue": Field((int,), 10000, "unsent pushes before a member is dropped"),
+        "max_inflight": Field((int,), 4096, "requests in flight per connection"),
+        "idem_ttl": Field(_NUM, IDEM_TTL, "seconds an idempotency key's result is kept"),
+        "clean_period": Field(
+            _NUM, 3600.0,
+            "seconds a finished (DONE/EXIT) job is kept after it ends before it is purged "
+            "(like LSF CLEAN_PERIOD); 0 keeps finished jobs forever",
+        ),
+    },
+    "the controller role",
+    check=check_controller_section,
+)
 
-    c = dict(controller)
-    check_controller_section(c)
-    queues = check_queues(c.get("queues") or list(DEFAULT_QUEUES))
-    state_dir = c.get("state_dir") or cluster.get("state_dir")
-    if not state_dir:
-        raise ValueError("controller: set cluster.state_dir (shared by every candidate)")
+
+def config_of(cluster: Mapping[str, Any] | None = None, controller: Mapping[str, Any] | None = None) -> Config:
+    """A validated config of just ``[cluster]`` and ``[controller]`` (``python -m
+    xce_controller``, in-process tests); raises ``ConfigError`` naming a bad key."""
+    return validate({"cluster": dict(cluster or {}), "controller": dict(controller or {})},
+                    [*CORE_SECTIONS, SECTION])
+
+
+def settings_from_config(config: Config, key: bytes | None) -> ControllerSettings:
+    """The candidate's settings from a validated config (``[cluster]`` and ``[controller]``).
+
+    Raises ``ConfigError`` when ``controller.state_dir`` is missing.
+    """
+    cluster, c = config.cluster, config.require("controller")
     peers = cluster.get("peers") or ()
     if isinstance(peers, str):
         peers = tuple(p.strip() for p in peers.split(",") if p.strip())
     conf = ClusterConf(
-        name=str(cluster.get("name") or "xce"),
-        resources=[dict(r) for r in cluster.get("resources") or ()],
-        admins=frozenset(c.get("admins") or ()),
-        default_queue=c.get("default_queue") or "normal",
-        host_timeout=float(c.get("host_timeout") or 30.0),
-        host_groups=dict(c.get("host_groups") or {}),
-        user_groups=dict(c.get("user_groups") or {}),
-        queues=queues,
+        name=cluster["name"],
+        resources=[dict(r) for r in cluster["resources"]],
+        admins=frozenset(c["admins"]),
+        default_queue=c["default_queue"],
+        host_timeout=float(c["host_timeout"]),
+        host_groups=dict(c["host_groups"]),
+        user_groups=dict(c["user_groups"]),
+        queues=check_queues(c["queues"]),
     )
     return ControllerSettings(
-        state_dir=str(state_dir),
-        listen=c.get("listen") or DEFAULT_LISTEN,
-        advertise=c.get("advertise"),
+        state_dir=str(c["state_dir"]),
+        listen=c["listen"],
+        advertise=c["advertise"],
         key=key,
-        max_frame=int(cluster.get("max_frame") or DEFAULT_MAX_FRAME),
+        max_frame=int(cluster["max_frame"]),
         conf=conf,
-        max_subscriber_queue=int(c.get("max_subscriber_queue") or 10000),
-        max_inflight=int(c.get("max_inflight") or 4096),
-        idem_ttl=float(c.get("idem_ttl") or 86400.0),
-        clean_period=float(DEFAULT_CLEAN_PERIOD if c.get("clean_period") is None
-                           else c["clean_period"]),
+        max_subscriber_queue=int(c["max_subscriber_queue"]),
+        max_inflight=int(c["max_inflight"]),
+        idem_ttl=float(c["idem_ttl"]),
+        clean_period=float(c["clean_period"]),
         peers=tuple(peers),
     )

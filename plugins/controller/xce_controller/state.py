@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from xce_controller.settings import ClusterConf as ClusterConf  # the state's config; re-exported
 from xce_controller.store import Loaded
 from xcecore.protocol import ACTIVE, FINISHED
 from xcecore.wire import ErrorCode, RemoteError
@@ -39,20 +40,6 @@ class Changes:
     rows: list[Row] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     after: Callable[[], None] | None = None  # run by the server once the reply is queued
-
-
-@dataclass(slots=True)
-class ClusterConf:
-    """The static configuration the state needs."""
-
-    name: str = "xce"
-    resources: list[dict[str, Any]] = field(default_factory=list)  # site resource definitions
-    admins: frozenset[str] = frozenset()
-    default_queue: str = "normal"
-    host_timeout: float = 30.0
-    host_groups: dict[str, Any] = field(default_factory=dict)
-    user_groups: dict[str, Any] = field(default_factory=dict)
-    queues: tuple[dict[str, Any], ...] = ()
 
 
 def conflict(message: str) -> RemoteError:
@@ -218,11 +205,23 @@ class ClusterState:
 
     # -- members -----------------------------------------------------------------------------
 
-    def add_member(self, identity: str, role: str, now: float) -> Changes:
-        member = {"identity": identity, "role": role, "joined_at": now}
+    def add_member(self, identity: str, role: str, now: float, attrs: Record | None = None,
+                   pushes: str = "all") -> Changes:
+        """A member joined (or re-joined). ``attrs`` (its join attributes) are kept for
+        ``status``; a worker's are its host's, so pass None for it."""
+        member: Record = {"identity": identity, "role": role, "joined_at": now, "last_seen": now,
+                          "pushes": pushes}
+        if attrs is not None:
+            member["attrs"] = attrs
         self.members[identity] = member
         data = {"identity": identity, "role": role, "joined": True}
         return Changes(events=[Event("member", data)])
+
+    def member_seen(self, identity: str, now: float) -> None:
+        """A joined member's heartbeat: its ``last_seen`` (shown by ``status``), any role."""
+        member = self.members.get(identity)
+        if member is not None:
+            member["last_seen"] = now
 
     def remove_member(self, identity: str) -> Changes:
         member = self.members.pop(identity, None)

@@ -90,7 +90,7 @@ class SQLiteStore:
             raise RuntimeError("store is not open")
         return self._db
 
-    def load(self, idem_ttl: float = 7 * 86400.0) -> Loaded:
+    def load(self, idem_ttl: float) -> Loaded:
         """Read the whole state (and prune idempotency keys older than ``idem_ttl``)."""
         db = self.db
         out = Loaded()

@@ -1,19 +1,21 @@
-"""Hook implementations of the scheduler role (``xce run scheduler``).
+"""The scheduler's plugin: the ``scheduler`` role and its ``[scheduler]`` config section.
 
-The scheduler joins with no attributes, re-joins after ``jobdispatch`` when a reconnect left a
-rejoin pending, keeps its view from the pushes, and runs the picker as a monitor thread and
-the allocator as its main. Heavy work happens in those, never at import.
+The role object (:class:`xce_scheduler.role.SchedulerRole`) joins with no attributes, keeps
+its view from the pushes, and runs the picker as a monitor thread and the allocator as its
+main. Heavy work happens in those, never at import.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xcecore.config import Config
 from xcecore.hookspecs import hookimpl
-from xcecore.records import ConfigSection, Field, Monitor, RoleSpec
-from xcecore.runtime import RoleContext
+from xcecore.records import ConfigSection, Field
+from xcecore.role import RoleSpec
+
+if TYPE_CHECKING:
+    from xcecore.role import Role, RoleContext
 
 ROLE = "scheduler"
 
@@ -31,17 +33,17 @@ def _check(values: dict[str, Any]) -> None:
         raise ValueError("status_log_interval must be > 0 seconds")
 
 
-async def main(ctx: RoleContext) -> None:
-    """Run the scheduler (the allocator; the picker runs as a monitor thread)."""
-    from xce_scheduler.role import main as run
+def scheduler_role(ctx: RoleContext) -> Role:
+    """Build the scheduler's role object (imports the scheduler's machinery only now)."""
+    from xce_scheduler.role import SchedulerRole
 
-    await run(ctx)
+    return SchedulerRole(ctx)
 
 
 @hookimpl
 def xce_roles() -> Iterable[RoleSpec]:
     """The scheduler role."""
-    return [RoleSpec(ROLE, main, "decides where pending jobs run (job picker + allocator)")]
+    return [RoleSpec(ROLE, scheduler_role, "decides where pending jobs run (job picker + allocator)")]
 
 
 @hookimpl
@@ -69,35 +71,3 @@ def xce_config_sections() -> Iterable[ConfigSection]:
             check=_check,
         )
     ]
-
-
-@hookimpl
-def xce_join_attributes(role: str, config: Config) -> dict[str, Any] | None:
-    """The scheduler joins with no attributes."""
-    return {} if role == ROLE else None
-
-
-@hookimpl
-def xce_rejoin_points(role: str) -> Iterable[str] | None:
-    """Re-join after ``jobdispatch`` when a reconnect left a rejoin pending."""
-    return ["jobdispatch"] if role == ROLE else None
-
-
-@hookimpl
-def xce_push(client: Any, role: str, event: str, seq: int, data: Any) -> None:
-    """Update the scheduler's view (a ``state`` push replaces it; deltas update it)."""
-    if role != ROLE:
-        return
-    from xce_scheduler.role import view_for
-
-    view_for(client).apply(event, data)
-
-
-@hookimpl
-def xce_monitors(role: str, ctx: RoleContext) -> Iterable[Monitor] | None:
-    """The job picker, on its own thread."""
-    if role != ROLE:
-        return None
-    from xce_scheduler.role import run_picker
-
-    return [Monitor("picker", run_picker)]

@@ -52,19 +52,34 @@ def host_facts() -> dict[str, Any]:
     }
 
 
+FACT_KEYS = ("type", "model", "ncpus", "ncores", "nthreads", "maxmem", "maxswp", "maxtmp")
+
+
+def host_view(section: dict[str, Any], facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The host's facts as the cluster must see them: a configured value always wins.
+
+    ``facts`` defaults to :func:`host_facts`. The join attributes and the hardware monitor's
+    reports both come from here, so a host configured with ``ncpus = 16`` is a 16-CPU host
+    for ``GET /hosts`` and for ``select[ncpus>=16]`` alike.
+    """
+    facts = host_facts() if facts is None else facts
+    view: dict[str, Any] = {}
+    for key in FACT_KEYS:
+        value = section.get(key)
+        view[key] = value if value is not None else facts[key]
+    if section.get("ncpus") is not None and section.get("nthreads") is None:
+        view["nthreads"] = max(1, view["ncpus"] // max(1, view["ncores"]))
+    return view
+
+
 def join_attributes(section: dict[str, Any], facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """The worker's join attributes from its (validated) ``[worker]`` section.
 
-    ``facts`` defaults to :func:`host_facts`; a configured value always wins over a fact,
-    so a test or a second worker on one machine can pose as a different host.
+    ``facts`` defaults to :func:`host_facts`; a configured value always wins over a fact
+    (:func:`host_view`), so a test or a second worker on one machine can pose as another host.
     """
-    facts = host_facts() if facts is None else facts
     attrs: dict[str, Any] = {"hname": section.get("hname") or socket.gethostname()}
-    for key in ("type", "model", "ncpus", "ncores", "nthreads", "maxmem", "maxswp", "maxtmp"):
-        value = section.get(key)
-        attrs[key] = value if value is not None else facts[key]
-    if section.get("ncpus") is not None and section.get("nthreads") is None:
-        attrs["nthreads"] = max(1, attrs["ncpus"] // max(1, attrs["ncores"]))
+    attrs.update(host_view(section, facts))
     attrs["cpuf"] = float(section.get("cpuf", 1.0))
     slots = section.get("slots")
     attrs["max_slots"] = int(slots if slots is not None else attrs["ncpus"])

@@ -1,25 +1,27 @@
-"""One running worker: its journal, process manager, monitors, push handler and notifier.
+"""The worker role's object (:class:`WorkerRole`) and one running worker's parts (:class:`Worker`).
 
-Built once per role context, by whichever of ``xce_monitors`` or the role's main asks first
-(the runtime asks for monitors right after the first join, before main). Building it opens
-the journal and re-adopts the jobs a previous run of this worker left behind, before any
-push is handled, so a job is never started twice.
+The role object exists before the worker connects: it answers the join attributes and queues
+the pushes that arrive right after the join. Its parts (journal, process manager, monitors,
+push handler, notifier) are built when the runtime asks for the monitors, right after the
+first join and before main; building them opens the journal and re-adopts the jobs a previous
+run of this worker left behind before any push is handled, so a job is never started twice.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 from loguru import logger
 
+from xce_worker.attrs import host_view, join_attributes
 from xce_worker.monitors import ResvalBoard, hardware_monitor, system_monitor
 from xce_worker.notifier import Notifier
 from xce_worker.procman import ProcessManager
-from xce_worker.pushes import PushHandler, inbox_for
+from xce_worker.pushes import PushHandler, PushInbox
 from xce_worker.settings import WorkerSettings
 from xce_worker.spool import Journal
-from xcecore.attached import Attached
-from xcecore.records import Monitor
-from xcecore.runtime import RoleContext
+from xcecore.role import Handled, Monitor, Role, RoleContext
 
 HARDWARE_EVERY = 12  # hardware facts are re-read every 12 monitor intervals
 # Reports of different jobs in flight at once (each job's own reports still go in order): a
@@ -30,8 +32,9 @@ REPORT_LANES = 8
 class Worker:
     """The parts of one worker and the threads that run them."""
 
-    def __init__(self, ctx: RoleContext) -> None:
+    def __init__(self, ctx: RoleContext, inbox: PushInbox) -> None:
         self.ctx = ctx
+        self.inbox = inbox
         self.settings = s = WorkerSettings.from_section(ctx.section)
         s.state_dir.mkdir(parents=True, exist_ok=True)
         post = ctx.client.post_latest if ctx.client is not None else None
@@ -51,16 +54,18 @@ class Worker:
 
     def monitors(self) -> list[Monitor]:
         """Every thread of the worker, as monitors the runtime starts and stops."""
-        s = self.settings
-        inbox = inbox_for(self.ctx.client)
+        s, section = self.settings, self.ctx.section
         return [
-            Monitor("hardware", lambda ctx, stop: hardware_monitor(
-                self.board, s.hname, s.monitor_interval * HARDWARE_EVERY, stop)),
-            Monitor("system", lambda ctx, stop: system_monitor(
+            # The hardware facts, with the configured values in place of what psutil sees: a
+            # configured ncpus = 16 must hold for matching as it does for the join.
+            Monitor("hardware", lambda stop: hardware_monitor(
+                self.board, s.hname, s.monitor_interval * HARDWARE_EVERY, stop,
+                facts=lambda: host_view(section))),
+            Monitor("system", lambda stop: system_monitor(
                 self.board, s.hname, s.monitor_interval, stop)),
-            Monitor("jobs", lambda ctx, stop: self.procman.usage_loop(s.monitor_interval, stop)),
-            Monitor("pushes", lambda ctx, stop: self.pushes.run(inbox, stop)),
-            Monitor("notifier", lambda ctx, stop: self.notifier.run(stop)),
+            Monitor("jobs", lambda stop: self.procman.usage_loop(s.monitor_interval, stop)),
+            Monitor("pushes", lambda stop: self.pushes.run(self.inbox, stop)),
+            Monitor("notifier", lambda stop: self.notifier.run(stop)),
         ]
 
     async def liveness(self) -> None:
@@ -83,7 +88,8 @@ class Worker:
                 failing = True
                 logger.warning("worker {}: liveness probe failed ({}); next in {:g} s", hname,
                                exc, interval)
-            await anyio.sleep(interval)
+            with anyio.move_on_after(interval):  # the next probe, or stop at once when told
+                await self.ctx.stop.wait_async()
 
     def shutdown(self) -> None:
         """Stop (blocking): jobs stay running unless configured, undelivered reports stay
@@ -97,6 +103,47 @@ class Worker:
                     left, self.journal.path)
 
 
-worker_for: Attached[Worker] = Attached(Worker)
-"""The worker of a role context, built on first use."""
+class WorkerRole(Role):
+    """The worker daemon of one host (``xce run worker``)."""
+
+    rejoin_points = frozenset({"hello"})
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        self.inbox = PushInbox()
+        self._worker: Worker | None = None
+
+    def join_attributes(self) -> dict[str, Any]:
+        """The host's attributes (``hname``, ``max_slots``, ncpus, maxmem, resources...)."""
+        return join_attributes(self.ctx.section)
+
+    def push(self, event: str, seq: int, data: Any) -> Handled:
+        """Queue the push for the worker's ``pushes`` thread (never blocks the event loop)."""
+        self.inbox.put((event, seq, data))
+        return None
+
+    @property
+    def worker(self) -> Worker:
+        """The worker's parts, built on first use (the runtime asks for monitors first)."""
+        if self._worker is None:
+            self._worker = Worker(self.ctx, self.inbox)
+        return self._worker
+
+    def monitors(self) -> list[Monitor]:
+        """Hardware, system, job-usage, push and report-delivery loops, each on its own thread."""
+        return self.worker.monitors()
+
+    async def main(self) -> None:
+        """Run until told to stop: the liveness probe, then a graceful stop."""
+        import faulthandler
+        import signal
+
+        # `kill -USR1 <worker pid>` prints every thread's stack to stderr: for a hung worker.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        worker = self.worker
+        try:
+            await worker.liveness()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(worker.shutdown)
 

@@ -161,9 +161,13 @@ def _loop(name: str, hname: str, interval: float, stop: threading.Event,
 
 
 def hardware_monitor(board: ResvalBoard, hname: str, interval: float,
-                     stop: threading.Event) -> None:
-    """Static facts (ncpus, maxmem, ...): sampled rarely, as hardware seldom changes."""
-    _loop("hardware", hname, interval, stop, lambda: board.update("hardware", host_facts()))
+                     stop: threading.Event, facts: Callable[[], dict[str, Any]] = host_facts) -> None:
+    """Static facts (ncpus, maxmem, ...): sampled rarely, as hardware seldom changes.
+
+    ``facts`` gives them; the worker passes :func:`xce_worker.attrs.host_view` of its section,
+    so configured values replace what the hardware says.
+    """
+    _loop("hardware", hname, interval, stop, lambda: board.update("hardware", facts()))
 
 
 def system_monitor(board: ResvalBoard, hname: str, interval: float,

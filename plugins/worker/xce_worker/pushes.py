@@ -1,7 +1,7 @@
 """What the worker does with the controller's pushes (``state``, ``job``, ``signal``...).
 
-``xce_push`` runs on the client's event loop and must not block, so it only drops each push in
-the client's :class:`PushInbox`; the worker's ``pushes`` thread takes them in order and acts:
+The role's ``push`` runs on the client's event loop and must not block, so it only drops each
+push in the role's :class:`PushInbox`; the worker's ``pushes`` thread takes them in order and acts:
 
 - ``state`` (after every join and re-join: the truth): start each job allocated here that is
   active and not yet started (never twice: the journal's claims decide), apply its pending
@@ -17,37 +17,17 @@ before the role's main runs) wait in the inbox.
 
 from __future__ import annotations
 
-import queue
 import threading
 from typing import Any
 
 from loguru import logger
 
 from xce_worker.procman import ProcessManager
-from xcecore.attached import Attached
+from xcecore.bridge import Inbox
 from xcecore.protocol import ACTIVE
 
-
-class PushInbox:
-    """A thread-safe FIFO of ``(event, seq, data)`` between the event loop and a thread."""
-
-    def __init__(self) -> None:
-        self._q: queue.SimpleQueue[tuple[str, int, Any]] = queue.SimpleQueue()
-
-    def put(self, event: str, seq: int, data: Any) -> None:
-        """Called on the event loop; never blocks."""
-        self._q.put((event, seq, data))
-
-    def get(self, timeout: float) -> tuple[str, int, Any] | None:
-        """The next push, or None after ``timeout`` seconds."""
-        try:
-            return self._q.get(timeout=timeout)
-        except queue.Empty:
-            return None
-
-
-inbox_for: Attached[PushInbox] = Attached(lambda client: PushInbox())
-"""The inbox of a client (one per client, so several workers can share a process)."""
+PushInbox = Inbox[tuple[str, int, Any]]
+"""``(event, seq, data)`` from the event loop to the ``pushes`` thread, in order."""
 
 
 def _hosts(job: dict[str, Any]) -> list[str]:
