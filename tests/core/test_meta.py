@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from xce_controller import hookspecs as controller_hookspecs
 
 from xcecore import hookspecs
