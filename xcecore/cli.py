@@ -137,6 +137,11 @@ def config_check(ctx: click.Context) -> None:
     root.command.plugin_manager(root)
     cfg = root.ensure_object(dict)["config"]
     click.echo(orjson.dumps(cfg.as_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
+    if cfg.unchecked:  # sections of plugins not installed (or disabled) here: kept, not checked
+        names = ", ".join(f"[{n}]" for n in sorted(cfg.unchecked))
+        click.echo(f"not checked (no loaded plugin declares them): {names}", err=True)
+    for section, keys in sorted(cfg.missing.items()):
+        click.echo(f"[{section}] lacks required {', '.join(keys)}: needed when its role runs", err=True)
 
 
 @main.command(context_settings={"ignore_unknown_options": False})

@@ -58,7 +58,8 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
         "cluster",
         {
             "name": Field(_S, "xce", "cluster name"),
-            "peers": Field((str, list), None, "controller candidates, 'h1:7600,h2:7600,h3:7600'"),
+            "peers": Field((str, list), None, "controller candidates separated by ',' (not ';'), "
+                                              "'h1:7600,h2:7600,h3:7600', or a list of them"),
             "address": Field(_S, None, "single controller address (when no peers)"),
             "port": Field(_I, None, "single controller port (when no peers)"),
             "key": Field(_S, None, "cluster key (shared secret); keyless is loopback-only"),

@@ -216,3 +216,27 @@ def test_autoload_off_loads_only_named(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     names = {row["name"] for row in orjson.loads(res.stdout)}
     assert "scheduler" in names and "worker" not in names and "controller" not in names
+
+
+def test_one_file_for_every_host(tmp_path: Path) -> None:
+    """A host with only the worker accepts the shared file (its other sections unchecked)."""
+    shared = HERE.parents[1] / "examples" / "configs" / "three-on-one-host.toml"
+    env = {"XCE_DISABLE_PLUGIN_AUTOLOAD": "1", "XCE_PLUGINS": "worker"}
+    res = _xce("--config", str(shared), "plugins", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    res = _xce("--config", str(shared), "config", "check", env=env)
+    assert res.returncode == 0, res.stderr
+    assert "not checked (no loaded plugin declares them): [apiserver], [controller], [scheduler]" in res.stderr
+    assert '"worker"' in res.stdout
+
+
+def test_a_required_key_fails_only_the_role_that_owns_it(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[plugins]\nmodules = ["fake_role_plugin"]\n')
+    env = {"PYTHONPATH": str(HERE)}
+    res = _xce("--config", str(cfg), "plugins", env=env)
+    assert res.returncode == 0, res.stderr  # other commands run on a host without [fakerole]
+    res = _xce("--config", str(cfg), "config", "check", env=env)
+    assert res.returncode == 0 and "[fakerole] lacks required out" in res.stderr, res.stderr
+    res = _xce("--config", str(cfg), "run", "fakerole", env=env)
+    assert res.returncode != 0 and "fakerole.out is required: where to write" in res.stderr, res.stderr

@@ -6,6 +6,8 @@ role_probe_plugin.py) loaded by module name in its own process only.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,12 @@ def test_async_handlers_are_awaited_and_members_are_shown(xce_cluster: Any, xce_
     assert jobid >= 1
     assert not [r for r in _lines(none_out) if "push" in r], _lines(none_out)
     assert {"state": "connected"} in _lines(none_out) and quiet.alive()
+    # `xce status` shows every member with what it joined with.
+    res = subprocess.run([sys.executable, "-m", "xcecore", "--config", str(cluster.config_path), "status"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    row = next(line for line in res.stdout.splitlines() if line.startswith("probe@p1"))
+    assert "colour=green" in row and " all " in row, res.stdout
 
 
 def test_a_missing_required_key_stops_the_role_before_it_connects(xce_cluster: Any, tmp_path: Path) -> None:

@@ -171,3 +171,28 @@ def test_reports_survive_a_worker_restart(
     for jobid in (short, long):
         assert w2.text().count(f"reported job {jobid} finish") == 1
         assert f"reported job {jobid} finish" not in w.text()
+
+
+def test_a_configured_ncpus_wins_for_selection_too(xce_cluster: Any, tmp_path: Path) -> None:
+    """worker.ncpus = 16 on a small host: GET /hosts showed 16 while select[ncpus>=16] matched
+    nothing, because the hardware monitor reported the real count into the load values."""
+    import os as _os
+
+    real = _os.cpu_count() or 1
+    want = max(16, real * 4)
+    cl: LocalCluster = xce_cluster(1)
+    state = tmp_path / "big"
+    w = start_worker(cl, "big", state, "big", f"worker.ncpus={want}")
+    sched = cl.start_role("scheduler")
+    with admin(cl) as c:
+        wait_for(lambda: monitor_updates(state) >= 2, 20, what="the monitors' first reports")
+        host = next(h for h in c.call("hostinfo", {})["hosts"] if h["name"] == "big")
+        assert host["attrs"]["ncpus"] == want
+        wait_for(lambda: next(h for h in c.call("hostinfo", {})["hosts"]
+                              if h["name"] == "big")["resvals"].get("ncpus") == want, 20,
+                 what="the hardware monitor reporting the configured ncpus")
+        jobid = c.call("jobsubmit", {"command": "true", "user": "alice",
+                                     "resreq": f"select[ncpus>={want}]"})["jobid"]
+        wait_for(lambda: job_state(c, jobid)["state"] == "DONE", 30,
+                 what=f"the job selecting ncpus>={want} runs ({job_state(c, jobid)})")
+    assert w.alive() and sched.alive()

@@ -240,3 +240,21 @@ def test_without_run_as_user_jobs_run_as_the_worker(pm: ProcessManager, tmp_path
     assert pm.start(job(1, f"id -un > {out}", user="somebody-else", cwd=str(tmp_path)))
     assert ended(pm, 1)["exit_status"] == 0
     assert out.read_text().strip() == getpass.getuser()
+
+
+def test_job_usage_reports_swap_as_swap_not_the_virtual_size() -> None:
+    """``swap`` is what the kernel swapped out (VmSwap), not the virtual memory size."""
+    from xce_worker.procman import job_usage, swapped_bytes
+
+    usage = job_usage(os.getpid())
+    assert usage is not None
+    me = psutil.Process()
+    own = [me, *me.children(recursive=True)]
+    assert usage["vmem"] >= me.memory_info().vms / (1024 * 1024) * 0.9
+    swapped = sum(swapped_bytes(p.pid) for p in own) / (1024 * 1024)
+    assert abs(usage["swap"] - swapped) < max(1.0, swapped * 0.1)
+    assert usage["swap"] < usage["vmem"]  # a Python process maps far more than it swaps
+    status = Path(f"/proc/{os.getpid()}/status").read_text()
+    line = next(x for x in status.splitlines() if x.startswith("VmSwap:"))
+    assert swapped_bytes(os.getpid()) == int(line.split()[1]) * 1024
+    assert swapped_bytes(2**22 + 12345) == 0  # no such process

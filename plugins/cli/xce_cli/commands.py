@@ -261,13 +261,19 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ans = probe(cand.host, cand.port, cfg.key, timeout=1.0)
         state = (ans or {}).get("state", "down") if (ans or {}).get("ok") else "down"
         rows.append({"candidate": str(cand), "state": state})
+    members = st.get("member_list", [])
     if as_json:
         emit_json({"candidates": rows, "primary": st["primary"], "jobs": st["jobs"], "hosts": st["hosts"],
-                   "members": st["members"]})
+                   "members": st["members"], "member_list": members})
         return
     _table(["CANDIDATE", "STATE"], [[r["candidate"], r["state"]] for r in rows], title="controller candidates")
     click.echo(f"primary {st['primary']} since {_when(st['since'])}: {st['jobs']} jobs, {st['hosts']} hosts, "
                f"{st['members']} members joined")
+    # Every member, with the attributes it joined with (a worker's are its host's: xce hosts).
+    _table(["MEMBER", "ROLE", "JOINED", "LAST SEEN", "PUSHES", "ATTRIBUTES"],
+           [[m["identity"], m["role"], _when(m.get("joined_at")), _when(m.get("last_seen")),
+             m.get("pushes"), " ".join(f"{k}={v}" for k, v in sorted((m.get("attrs") or {}).items()))]
+            for m in members], title="members")
 
 
 @click.group()

@@ -409,8 +409,25 @@ class ProcessManager:
             rj.done.wait(max(0.0, deadline - time.monotonic()))
 
 
+def swapped_bytes(pid: int) -> int:
+    """How much of process ``pid`` is swapped out (``VmSwap`` in ``/proc/<pid>/status``);
+    0 where the kernel does not say (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmSwap:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def job_usage(pid: int) -> dict[str, Any] | None:
-    """Resource usage of the process tree under ``pid`` (None if it is gone)."""
+    """Resource usage of the process tree under ``pid`` (None if it is gone).
+
+    ``mem`` is the resident size, ``swap`` what is swapped out, ``vmem`` the virtual size
+    (MB each): the virtual size is address space, not swap, and is reported on its own.
+    """
     import psutil
 
     try:
@@ -418,14 +435,15 @@ def job_usage(pid: int) -> dict[str, Any] | None:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return None
-    mem = swap = utime = stime = 0.0
+    mem = swap = vmem = utime = stime = 0.0
     nthreads, pids = 0, []
     for p in procs:
         try:
             with p.oneshot():
                 m, t = p.memory_info(), p.cpu_times()
                 mem += m.rss
-                swap += m.vms
+                vmem += m.vms
+                swap += swapped_bytes(p.pid)
                 utime += t.user + t.children_user
                 stime += t.system + t.children_system
                 nthreads += p.num_threads()
@@ -433,7 +451,8 @@ def job_usage(pid: int) -> dict[str, Any] | None:
         except psutil.Error:
             continue
     mb = 1024 * 1024
-    return {"mem": round(mem / mb, 3), "swap": round(swap / mb, 3), "utime": round(utime, 3),
+    return {"mem": round(mem / mb, 3), "swap": round(swap / mb, 3), "vmem": round(vmem / mb, 3),
+            "utime": round(utime, 3),
             "stime": round(stime, 3), "nthreads": nthreads, "pids": pids}
 
 
