@@ -39,6 +39,7 @@ from typing import Any
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import anyio.lowlevel
 from benchkit import (
     PARKED_QUEUE,
     RESULTS,
@@ -128,7 +129,7 @@ async def one_kill(bc: BenchCluster, client: Any, rng: random.Random, seq: list[
     async with anyio.create_task_group() as tg:
         tg.start_soon(in_flight_write)
         for _ in range(100):  # until the request is registered on the link (sent or sending)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             conn = client._conn
             if conn is not None and conn.pending:
                 break

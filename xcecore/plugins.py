@@ -100,12 +100,7 @@ def select_plugins(
                 f"unknown plugin {name!r}; choose one of: {', '.join(sorted(known))}"
             )
     wanted = enable + [n for n in env_named if n not in enable]
-    if not autoload:
-        chosen = [n for n in names if n in wanted]
-    elif enable:
-        chosen = [n for n in names if n in wanted]
-    else:
-        chosen = names
+    chosen = [n for n in names if n in wanted] if not autoload or enable else names
     builtins = [n for n in BUILTINS if n not in disable]
     return builtins + [n for n in chosen if n not in disable]
 

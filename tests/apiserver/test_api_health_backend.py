@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from xce_apiserver.backend import REJOIN_POINTS, Backend, BackendUnavailableError
 from xce_apiserver.health import BackendHealth
@@ -67,7 +68,7 @@ async def test_concurrent_use_from_many_tasks() -> None:
             seen.append(h.is_degraded())
             h.retry_after()
             if n % 50 == 0:
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
 
     async def thread_worker() -> None:
         def hammer() -> None:

@@ -6,6 +6,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import anyio
+
 from xcecore.hookspecs import hookimpl
 from xcecore.records import ConfigSection, Field
 from xcecore.role import Role, RoleSpec
@@ -16,8 +18,8 @@ class FakeRole(Role):
 
     async def main(self) -> None:
         ctx = self.ctx
-        out = Path(ctx.section["out"])
-        out.write_text(f"{ctx.role} {ctx.identity} {ctx.section['greeting']} {os.getpid()}\n")
+        text = f"{ctx.role} {ctx.identity} {ctx.section['greeting']} {os.getpid()}\n"
+        await anyio.to_thread.run_sync(Path(ctx.section["out"]).write_text, text)
 
 
 @hookimpl

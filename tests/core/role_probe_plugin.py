@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import orjson
 
 from xcecore.candidates import Candidate
@@ -30,7 +31,7 @@ class ProbeRole(Role):
         return {"colour": self.ctx.section["colour"]}
 
     async def _record(self, what: dict[str, Any]) -> None:
-        await anyio.sleep(0)  # a real suspension: the core must await this to get the line
+        await anyio.lowlevel.checkpoint()  # a real suspension: the core must await this to get the line
         with self.out.open("ab") as fh:
             fh.write(orjson.dumps(what) + b"\n")
 

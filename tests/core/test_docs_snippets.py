@@ -81,11 +81,18 @@ def test_the_thread_side_loop_calls_and_hands_back_to_the_loop() -> None:
 
     async def run() -> None:
         ctx.bridge.bind()
+        handed = anyio.Event()
+        seen = role.seen  # type: ignore[attr-defined]
+
+        def on_loop(count: int) -> None:  # the snippet's loop-side method, then our signal
+            seen(count)
+            handed.set()
+
+        role.seen = on_loop  # type: ignore[attr-defined]
         thread = threading.Thread(target=monitor.run, args=(ctx.stop,))
         thread.start()
         with anyio.fail_after(10):
-            while getattr(role, "hosts", None) is None:
-                await anyio.sleep(0.01)
+            await handed.wait()
         ctx.stop.set()
         await anyio.to_thread.run_sync(thread.join, 10)
         assert not thread.is_alive()

@@ -134,10 +134,8 @@ def tokenize(text: str) -> list[Token]:
         else:
             if bad in "\"'":
                 raise ResreqError(SYNTAX, "unterminated string", text=text, offset=pos)
-            if bad in "&|":
-                msg = f"unexpected {bad!r}; did you mean '{bad}{bad}'?"
-            else:
-                msg = f"unexpected character {bad!r}"
+            msg = (f"unexpected {bad!r}; did you mean '{bad}{bad}'?" if bad in "&|"
+                   else f"unexpected character {bad!r}")
             raise ResreqError(SYNTAX, msg, text=text, offset=pos)
         pos = end
     n = len(text)

@@ -344,7 +344,7 @@ class _Parser:
                     raise self.err(SYNTAX, f"expected a value, found {self.describe(tok)}",
                                    tok.start, max(tok.end, tok.start + 1), section)
             else:
-                if (kind == OP or kind == IDENT) and t in _BINARY:
+                if kind in (OP, IDENT) and t in _BINARY:
                     prec = _BINARY[t]
                     while ops and ops[-1][0] >= prec:
                         self.reduce(operands, ops, section)

@@ -11,6 +11,7 @@ module does not depend on the client library it is used to test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -229,10 +230,8 @@ class LocalCluster:
     def close(self) -> None:
         """Kill every process this cluster started, by pid."""
         for proc in reversed(self.procs):
-            try:
+            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
                 proc.kill()
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
 
     def logs(self) -> str:
         """Every process's log, for failure messages."""

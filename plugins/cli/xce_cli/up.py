@@ -22,7 +22,11 @@ CLIENT_ROLES = ("scheduler", "apiserver")
 
 
 def _config_extra(root: Path, user: str, api_port: int, password: str) -> str:
-    from xce_apiserver.auth import hash_password
+    try:
+        from xce_apiserver.auth import hash_password
+    except ImportError:
+        raise click.ClickException("xce up runs every built-in role, the API server among them: "
+                                   "pip install 'xce-cli[up]'") from None
 
     return (
         f'[controller]\nadmins = ["{user}", "admin"]\nhost_timeout = 10.0\n'

@@ -119,9 +119,7 @@ class LoadSampler:
         self._last = now
         r1m, _r5m, r15m = os.getloadavg()
         running = self._procs_running()
-        if running is None:
-            self._r15s = r1m
-        elif self._r15s is None:
+        if running is None or self._r15s is None:
             self._r15s = r1m
         else:  # exponential average with a 15 s time constant, like LSF's r15s
             self._r15s += (1.0 - math.exp(-dt / 15.0)) * (running - self._r15s)
