@@ -1,0 +1,555 @@
+"""The controller's state transitions as pure functions: every branch, every refusal, every row.
+
+No I/O: a :class:`ClusterState` in memory, transitions called directly, their ``Changes``
+(rows to commit, events to push, result) checked. A refused transition must leave the state
+as it was. ``benchmarks/bench_mutation_state.py`` measures how many mutants of ``state.py``
+these tests kill.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from xce_controller.settings import ClusterConf
+from xce_controller.state import Changes, ClusterState, queue_record
+from xce_controller.store import Loaded
+
+from xcecore.wire import RemoteError
+
+pytestmark = pytest.mark.timeout(30)
+
+QUEUES = ({"name": "normal", "priority": 30}, {"name": "night", "priority": 20, "open": True},
+          {"name": "high", "priority": 43, "description": "first"})
+T0 = 1000.0
+
+
+def new_state(**conf: Any) -> ClusterState:
+    return ClusterState(ClusterConf(queues=QUEUES, host_timeout=30.0, **conf))
+
+
+def code(exc: pytest.ExceptionInfo[RemoteError]) -> str:
+    return str(exc.value.code)
+
+
+def refused(st: ClusterState, fn: Any, *args: Any) -> RemoteError:
+    """Call a transition that must refuse, and check that it changed nothing."""
+    before = copy.deepcopy((st.jobs, st.hosts, st.queues, st.members, st.active_on, st.next_jobid))
+    with pytest.raises(RemoteError) as err:
+        fn(*args)
+    after = (st.jobs, st.hosts, st.queues, st.members, st.active_on, st.next_jobid)
+    assert after == before, "a refused transition changed the state"
+    return err.value
+
+
+def rows_of(ch: Changes, table: str) -> list[Any]:
+    return [r for r in ch.rows if r[0] == table]
+
+
+def events(ch: Changes, name: str) -> list[Any]:
+    return [e for e in ch.events if e.name == name]
+
+
+def with_hosts(st: ClusterState, *names: str, slots: int = 2) -> ClusterState:
+    for n in names:
+        st.join_worker({"hname": n, "max_slots": slots}, T0)
+    return st
+
+
+def submit(st: ClusterState, ntasks: int = 1, queue: str | None = None, user: str = "alice") -> int:
+    args: dict[str, Any] = {"command": "true", "user": user, "ntasks": ntasks}
+    if queue:
+        args["queue"] = queue
+    return int(st.submit(args, T0).result["jobid"])
+
+
+def running(st: ClusterState, host: str = "n1", ntasks: int = 1) -> int:
+    jobid = submit(st, ntasks)
+    st.dispatch(jobid, [{"host": host, "ntasks": ntasks}], False)
+    return jobid
+
+
+# -- records and views ---------------------------------------------------------------------
+
+
+def test_queue_record_defaults_and_status() -> None:
+    q = queue_record({"name": "q"})
+    assert q == {"name": "q", "priority": 30, "description": "", "open": True, "active": True,
+                 "status": "Open:Active"}
+    q = queue_record({"name": "q", "priority": "7", "open": False, "active": False, "description": 5})
+    assert (q["priority"], q["description"], q["status"]) == (7, "5", "Closed:Inact")
+    assert queue_record({"name": "q", "open": False})["status"] == "Closed:Active"
+    assert queue_record({"name": "q", "active": False})["status"] == "Open:Inact"
+
+
+def test_views_queues_conf_and_lookups() -> None:
+    st = new_state(name="c1", admins=frozenset({"root"}), default_queue="night",
+                   host_groups={"g": ["n1"]}, user_groups={"u": ["a"]},
+                   resources=[{"name": "gpu", "type": "bool"}])
+    assert [q["name"] for q in st.sorted_queues()] == ["high", "normal", "night"]
+    st.queues["aaa"] = queue_record({"name": "aaa", "priority": 30})
+    assert [q["name"] for q in st.sorted_queues()] == ["high", "aaa", "normal", "night"]
+    conf = st.clusterconf()
+    assert conf == {"name": "c1", "resources": [{"name": "gpu", "type": "bool"}], "admins": ["root"],
+                    "default_queue": "night", "host_timeout": 30.0, "host_groups": {"g": ["n1"]},
+                    "user_groups": {"u": ["a"]}, "queues": ["high", "aaa", "normal", "night"]}
+    for fn, arg, what in ((st.job, 9, "job"), (st.host, "x", "host"), (st.queue, "x", "queue")):
+        with pytest.raises(RemoteError) as err:
+            fn(arg)
+        assert code(err) == "NOT_FOUND" and err.value.data == {"what": what, "name": arg}
+    assert st.is_admin("admin", None) and st.is_admin("cli", "root")
+    assert not st.is_admin("cli", "alice") and not st.is_admin("cli", None)
+
+
+def test_full_state_for_members_and_for_a_worker() -> None:
+    st = with_hosts(new_state(), "n1", "n2")
+    on_n1, on_n2 = running(st, "n1"), running(st, "n2")
+    pending = submit(st)
+    st.add_member("scheduler@x", "scheduler", T0)
+    full = st.full_state("srv")
+    assert full["server"] == "srv" and full["cluster"] == st.clusterconf()
+    assert [h["name"] for h in full["hosts"]] == ["n1", "n2"]
+    assert {j["jobid"] for j in full["jobs"]} == {on_n1, on_n2, pending}
+    assert [m["identity"] for m in full["members"]] == ["scheduler@x"]
+    assert full["queues"] == st.sorted_queues() and full["resources"] == st.conf.resources
+    mine = st.full_state("srv", "n1")
+    assert [h["name"] for h in mine["hosts"]] == ["n1"]
+    assert [j["jobid"] for j in mine["jobs"]] == [on_n1] and mine["members"] == []
+    st.notify("n1", {"jobid": on_n1, "event": "finish", "exit_status": 0}, T0)
+    assert st.full_state("srv", "n1")["jobs"] == []
+    assert st.full_state("srv", "ghost")["hosts"] == []
+    # The worker's view trusts the index only as far as the jobs agree with it.
+    again = running(st, "n1")
+    st.active_on["n1"].update({on_n2, on_n1, 999})  # on n2 / finished / gone: none of them is n1's
+    assert [j["jobid"] for j in st.full_state("srv", "n1")["jobs"]] == [again]
+
+
+# -- members and hosts ---------------------------------------------------------------------
+
+
+def test_members_join_leave_and_are_seen() -> None:
+    st = new_state()
+    ch = st.add_member("probe@h", "probe", T0, {"colour": "blue"}, "none")
+    assert st.members["probe@h"] == {"identity": "probe@h", "role": "probe", "joined_at": T0,
+                                     "last_seen": T0, "pushes": "none", "attrs": {"colour": "blue"}}
+    (ev,) = ch.events
+    assert (ev.name, ev.data) == ("member", {"identity": "probe@h", "role": "probe", "joined": True})
+    assert not ch.rows
+    st.add_member("worker@n1", "worker", T0)
+    assert "attrs" not in st.members["worker@n1"] and st.members["worker@n1"]["pushes"] == "all"
+    st.member_seen("probe@h", T0 + 5)
+    assert st.members["probe@h"]["last_seen"] == T0 + 5
+    st.member_seen("nobody@h", T0 + 5)  # unknown: ignored
+    assert "nobody@h" not in st.members
+    ch = st.remove_member("probe@h")
+    assert "probe@h" not in st.members
+    assert ch.events[0].name == "member"
+    assert ch.events[0].data == {"identity": "probe@h", "role": "probe", "joined": False}
+    assert st.remove_member("probe@h").events == []
+
+
+def test_join_worker_creates_then_refreshes_its_host() -> None:
+    st = new_state()
+    ch = st.join_worker({"hname": "n1", "ncpus": 4}, T0)
+    host = st.hosts["n1"]
+    assert host == {"name": "n1", "available": True, "closed": False, "comment": "", "max_slots": 4,
+                    "used_slots": 0, "attrs": {"hname": "n1", "ncpus": 4}, "resvals": {},
+                    "joined_at": T0, "state": "ok"}
+    assert rows_of(ch, "hosts") == [("hosts", "n1", host)] and st.last_seen["n1"] == T0
+    (ev,) = ch.events
+    assert ev.name == "host" and ev.hosts == frozenset({"n1"}) and ev.data is host
+    host["available"], host["used_slots"] = False, 1
+    st.join_worker({"hname": "n1", "max_slots": 8}, T0 + 1)
+    assert host["attrs"] == {"hname": "n1", "max_slots": 8}
+    assert (host["available"], host["max_slots"], host["used_slots"], host["joined_at"]) == (True, 8, 1, T0 + 1)
+    assert host["state"] == "ok" and st.last_seen["n1"] == T0 + 1
+    assert st.join_worker({"hname": "n2"}, T0).result is None and st.hosts["n2"]["max_slots"] == 1
+    st.join_worker({"hname": "n3", "ncpus": "4"}, T0)  # not an int: the default 1 slot
+    assert st.hosts["n3"]["max_slots"] == 1
+    for bad in (0, -1, True, "2", 2.0):
+        err = refused(st, st.join_worker, {"hname": "n4", "max_slots": bad}, T0)
+        assert err.code == "INVALID" and "n4" not in st.hosts
+        assert err.message == "join: attrs 'max_slots'/'ncpus' must be int >= 1"
+
+
+def test_heartbeat_brings_an_unavailable_host_back() -> None:
+    st = with_hosts(new_state(), "n1")
+    assert st.heartbeat("n1", T0 + 1).rows == [] and st.last_seen["n1"] == T0 + 1
+    st.hosts["n1"]["available"] = False
+    st.hosts["n1"]["state"] = "unavail"
+    ch = st.heartbeat("n1", T0 + 2)
+    assert st.hosts["n1"]["available"] and st.hosts["n1"]["state"] == "ok"
+    assert rows_of(ch, "hosts") == [("hosts", "n1", st.hosts["n1"])] and events(ch, "host")
+    assert st.heartbeat("ghost", T0).rows == [] and st.last_seen["ghost"] == T0
+
+
+def test_expire_hosts_after_the_timeout_only() -> None:
+    st = with_hosts(new_state(), "n1", "n2")
+    st.last_seen["n2"] = T0 + 10
+    assert st.expire_hosts(T0 + 30).rows == []  # exactly host_timeout: not yet
+    ch = st.expire_hosts(T0 + 30.5)
+    assert [r[1] for r in rows_of(ch, "hosts")] == ["n1"]
+    assert st.hosts["n1"]["available"] is False and st.hosts["n1"]["state"] == "unavail"
+    assert st.hosts["n2"]["available"]
+    assert st.expire_hosts(T0 + 31).rows == []  # already unavail: no second row
+    st.hosts["n3"] = {**st.hosts["n2"], "name": "n3"}  # loaded, never seen since: not expired
+    st.last_seen.pop("n3", None)
+    assert "n3" not in [r[1] for r in st.expire_hosts(T0 + 100).rows]
+    assert [r[1] for r in st.expire_hosts(T0 + 100).rows] == []
+
+
+def test_closing_a_host_and_resource_values() -> None:
+    st = with_hosts(new_state(), "n1")
+    ch = st.host_control("n1", "close", "disk")
+    assert st.hosts["n1"]["closed"] and st.hosts["n1"]["comment"] == "disk"
+    assert st.hosts["n1"]["state"] == "closed" and ch.result is st.hosts["n1"] and rows_of(ch, "hosts")
+    st.host_control("n1", "open", "")
+    assert not st.hosts["n1"]["closed"] and st.hosts["n1"]["state"] == "ok"
+    assert refused(st, st.host_control, "x", "close", "").code == "NOT_FOUND"
+    ch = st.set_resvals("n1", {"r1m": 0.5})
+    assert st.hosts["n1"]["resvals"] == {"r1m": 0.5} and ch.rows == [] and ch.result == {"host": "n1"}
+    assert ch.events[0].data == {"host": "n1", "values": {"r1m": 0.5}} and ch.events[0].name == "resvals"
+    assert refused(st, st.set_resvals, "x", {}).code == "NOT_FOUND"
+
+
+# -- jobs: submit, control -------------------------------------------------------------------
+
+
+def test_submit_takes_the_default_queue_and_counts_ids() -> None:
+    st = new_state()
+    ch = st.submit({"command": "sleep 1", "user": "bob"}, T0)
+    job = st.jobs[1]
+    assert ch.result == {"jobid": 1, "queue": "normal", "state": "PEND"}
+    assert rows_of(ch, "jobs") == [("jobs", 1, job)] and events(ch, "job")[0].data is job
+    assert job == {"jobid": 1, "name": "", "user": "bob", "project": "default", "queue": "normal",
+                   "command": "sleep 1", "cwd": "", "env": {}, "resreq": "", "ntasks": 1,
+                   "state": "PEND", "submit_time": T0, "start_time": None, "end_time": None,
+                   "alloc": [], "pid": None, "exit_status": None, "pend_reason": None, "reason": None,
+                   "signal": None, "attempt": 0, "forced": False, "usage": {}}
+    full = {"command": "x", "user": "eve", "name": "n", "project": "p", "cwd": "/w", "env": {"A": "1"},
+            "resreq": "select[mem>1]", "ntasks": 3}
+    rec = st.jobs[st.submit(full, T0).result["jobid"]]
+    assert {k: rec[k] for k in full} == full
+    del st.jobs[rec["jobid"]]
+    st.next_jobid -= 1
+    assert st.submit({"command": "x", "user": "bob", "queue": "night"}, T0).result["jobid"] == 2
+    assert st.jobs[2]["queue"] == "night" and st.next_jobid == 3
+    assert refused(st, st.submit, {"command": "x", "user": "u", "queue": "nope"}, T0).code == "NOT_FOUND"
+    st.queues["night"]["open"] = False
+    err = refused(st, st.submit, {"command": "x", "user": "u", "queue": "night"}, T0)
+    assert err.code == "CONFLICT" and "closed" in err.message
+
+
+def test_control_of_pending_jobs() -> None:
+    st = new_state()
+    jobid = submit(st)
+    ch = st.control(jobid, "stop", T0)
+    assert st.jobs[jobid]["state"] == "PSUSP" and rows_of(ch, "jobs") == [("jobs", jobid, st.jobs[jobid])]
+    assert ch.result is st.jobs[jobid] and events(ch, "job") and not events(ch, "signal")
+    assert refused(st, st.control, jobid, "stop", T0).code == "CONFLICT"
+    ch = st.control(jobid, "resume", T0)
+    assert st.jobs[jobid]["state"] == "PEND" and rows_of(ch, "jobs")
+    assert refused(st, st.control, jobid, "resume", T0).code == "CONFLICT"
+    for action in ("checkpoint", "requeue", "nonsense"):
+        assert refused(st, st.control, jobid, action, T0).code == "CONFLICT"
+    assert refused(st, st.control, jobid, "requeue", T0).message == f"job {jobid} is PEND: cannot requeue it"
+    st.jobs[jobid]["pend_reason"] = "no slots"
+    ch = st.control(jobid, "kill", T0 + 1)
+    job = st.jobs[jobid]
+    assert (job["state"], job["end_time"], job["reason"], job["pend_reason"]) == ("EXIT", T0 + 1, "killed", None)
+    assert rows_of(ch, "jobs") and not events(ch, "signal")
+    held = submit(st)
+    st.control(held, "stop", T0)
+    st.control(held, "kill", T0)
+    assert st.jobs[held]["state"] == "EXIT"
+    err = refused(st, st.control, 99, "kill", T0)
+    assert (err.code, err.message) == ("NOT_FOUND", "no such job: 99")
+
+
+def test_control_of_running_jobs_signals_their_hosts() -> None:
+    st = with_hosts(new_state(), "n1")
+    jobid = running(st)
+    ch = st.control(jobid, "stop", T0)
+    (sig,) = events(ch, "signal")
+    assert sig.data == {"jobid": jobid, "signal": "stop", "hosts": ["n1"], "attempt": 0}
+    assert sig.hosts == frozenset({"n1"}) and st.jobs[jobid]["state"] == "USUSP"
+    assert rows_of(ch, "jobs") and st.jobs[jobid]["signal"] == "stop"
+    assert refused(st, st.control, jobid, "checkpoint", T0).code == "CONFLICT"  # only RUN
+    ch = st.control(jobid, "resume", T0)
+    assert st.jobs[jobid]["state"] == "RUN" and events(ch, "signal")[0].data["signal"] == "resume"
+    ch = st.control(jobid, "checkpoint", T0)
+    assert events(ch, "signal")[0].data["signal"] == "checkpoint" and st.jobs[jobid]["state"] == "RUN"
+    assert rows_of(ch, "jobs")
+    st.jobs[jobid]["state"] = "SSUSP"
+    st.control(jobid, "stop", T0)
+    assert st.jobs[jobid]["state"] == "USUSP"
+    st.jobs[jobid]["state"] = "SSUSP"
+    st.control(jobid, "resume", T0)
+    assert st.jobs[jobid]["state"] == "RUN"
+    assert refused(st, st.control, jobid, "resume", T0).code == "CONFLICT"  # RUN: nothing to resume
+    ch = st.control(jobid, "kill", T0)
+    assert events(ch, "signal")[0].data["signal"] == "kill" and st.jobs[jobid]["state"] == "RUN"
+    assert rows_of(ch, "jobs")
+
+
+RESET = {"state": "PEND", "alloc": [], "pid": None, "start_time": None, "end_time": None,
+         "exit_status": None, "reason": None, "signal": None, "forced": False, "attempt": 0}
+
+
+def test_requeue_of_a_running_job_frees_its_slots_and_counts_the_attempt() -> None:
+    st = with_hosts(new_state(), "n1")
+    jobid = running(st, ntasks=2)
+    assert st.hosts["n1"]["used_slots"] == 2 and st.active_on["n1"] == {jobid}
+    st.jobs[jobid].update(pid=7, start_time=T0, signal="stop", forced=True, reason="r", exit_status=1,
+                          end_time=T0)
+    ch = st.control(jobid, "requeue", T0)
+    job = st.jobs[jobid]
+    assert {k: job[k] for k in RESET} == {**RESET, "attempt": 1}
+    assert st.hosts["n1"]["used_slots"] == 0 and st.active_on["n1"] == set()
+    assert events(ch, "signal")[0].data == {"jobid": jobid, "signal": "kill", "hosts": ["n1"], "attempt": 0}
+    assert rows_of(ch, "hosts") and rows_of(ch, "jobs")
+    (host_ev,) = events(ch, "host")
+    assert host_ev.data is st.hosts["n1"]
+    (job_ev,) = events(ch, "job")
+    assert job_ev.hosts == frozenset({"n1"})  # the old host hears that the job left it
+    done = running(st)
+    st.notify("n1", {"jobid": done, "event": "finish", "exit_status": 3}, T0)
+    st.jobs[done].update(pid=7, start_time=T0, signal="stop", forced=True)
+    ch = st.control(done, "requeue", T0)
+    assert {k: st.jobs[done][k] for k in RESET} == {**RESET, "attempt": 1}
+    assert not events(ch, "signal") and rows_of(ch, "jobs")
+
+
+# -- jobs: dispatch, reports -----------------------------------------------------------------
+
+
+def test_dispatch_checks_everything_first() -> None:
+    st = with_hosts(new_state(), "n1", "n2", slots=2)
+    jobid = submit(st, ntasks=2)
+    alloc = [{"host": "n1", "ntasks": 1}, {"host": "n2", "ntasks": 1}]
+    err = refused(st, st.dispatch, jobid, [{"host": "n1", "ntasks": 1}], False)
+    assert (err.code, err.message) == ("INVALID", f"jobdispatch: alloc gives 1 tasks, job {jobid} needs 2")
+    assert refused(st, st.dispatch, jobid, [{"host": "n1", "ntasks": 3}], False).code == "INVALID"
+    err = refused(st, st.dispatch, jobid, [{"host": "nx", "ntasks": 2}], True)
+    assert err.message == f"host nx is unknown: cannot dispatch job {jobid} to it"
+    st.hosts["n2"]["available"] = False
+    err = refused(st, st.dispatch, jobid, alloc, True)  # force does not reach an unavail host
+    assert err.code == "CONFLICT" and "unavail" in err.message
+    st.hosts["n2"]["available"] = True
+    st.hosts["n2"]["closed"] = True
+    assert "closed" in refused(st, st.dispatch, jobid, alloc, False).message
+    st.hosts["n2"]["closed"] = False
+    st.hosts["n2"]["used_slots"] = 2
+    assert "free slots" in refused(st, st.dispatch, jobid, alloc, False).message
+    st.hosts["n2"]["used_slots"] = 1
+    st.queues["normal"]["active"] = False
+    assert "inactive" in refused(st, st.dispatch, jobid, alloc, False).message
+    st.queues["normal"]["active"] = True
+    st.jobs[jobid]["pend_reason"] = "waiting"
+    st.jobs[jobid]["signal"] = "kill"  # left from before a requeue: a new run starts clean
+    ch = st.dispatch(jobid, [{"host": "n1", "ntasks": 1, "x": 1}, {"host": "n2", "ntasks": 1}], False)
+    job = st.jobs[jobid]
+    assert ch.result == {"jobid": jobid, "state": "RUN", "alloc": alloc} and job["alloc"] == alloc
+    assert (job["state"], job["pend_reason"], job["forced"], job["signal"]) == ("RUN", None, False, None)
+    assert st.hosts["n1"]["used_slots"] == 1 and st.hosts["n2"]["used_slots"] == 2
+    assert st.active_on["n1"] == {jobid} == st.active_on["n2"]
+    assert sorted(r[1] for r in rows_of(ch, "hosts")) == ["n1", "n2"] and rows_of(ch, "jobs")
+    err = refused(st, st.dispatch, jobid, alloc, False)  # not PEND any more
+    assert err.message == f"job {jobid} is RUN, not PEND: cannot dispatch it"
+
+
+def test_force_dispatch_overrides_closed_hosts_and_full_slots() -> None:
+    st = with_hosts(new_state(), "n1", slots=1)
+    running(st)
+    st.host_control("n1", "close", "")
+    jobid = submit(st)
+    st.dispatch(jobid, [{"host": "n1", "ntasks": 1}], True)
+    assert st.jobs[jobid]["forced"] and st.hosts["n1"]["used_slots"] == 2
+    del st.queues["normal"]  # a job whose queue is gone from config still dispatches
+    other = submit(st, queue="night")
+    st.jobs[other]["queue"] = "normal"
+    st.dispatch(other, [{"host": "n1", "ntasks": 1}], True)
+    assert st.jobs[other]["state"] == "RUN"
+
+
+def test_reports_of_the_worker_move_the_job() -> None:
+    st = with_hosts(new_state(), "n1", "n2")
+    jobid = running(st)
+    err = refused(st, st.notify, "n2", {"jobid": jobid, "event": "start", "pid": 1}, T0)
+    assert (err.code, err.message) == ("DENIED", f"job {jobid} does not run on host n2")
+    ch = st.notify("n1", {"jobid": jobid, "event": "start", "pid": 42}, T0 + 1)
+    assert (st.jobs[jobid]["pid"], st.jobs[jobid]["start_time"]) == (42, T0 + 1)
+    assert rows_of(ch, "jobs") and ch.result is st.jobs[jobid]
+    st.notify("n1", {"jobid": jobid, "event": "stop"}, T0)
+    assert st.jobs[jobid]["state"] == "SSUSP"
+    st.notify("n1", {"jobid": jobid, "event": "stop"}, T0)  # already stopped: stays
+    assert st.jobs[jobid]["state"] == "SSUSP"
+    st.notify("n1", {"jobid": jobid, "event": "resume"}, T0)
+    assert st.jobs[jobid]["state"] == "RUN"
+    err = refused(st, st.notify, "n1", {"jobid": jobid, "event": "resume"}, T0)
+    assert err.message == f"job {jobid} is RUN: cannot record 'resume'"
+    st.jobs[jobid]["state"] = "USUSP"
+    st.notify("n1", {"jobid": jobid, "event": "stop"}, T0)
+    assert st.jobs[jobid]["state"] == "USUSP"
+    st.notify("n1", {"jobid": jobid, "event": "resume"}, T0)
+    assert st.jobs[jobid]["state"] == "RUN"
+    st.jobs[jobid]["signal"] = "stop"
+    ch = st.notify("n1", {"jobid": jobid, "event": "finish", "exit_status": 0}, T0 + 2)
+    job = st.jobs[jobid]
+    assert job["signal"] is None
+    assert (job["state"], job["exit_status"], job["end_time"], job["reason"]) == ("DONE", 0, T0 + 2, None)
+    assert st.hosts["n1"]["used_slots"] == 0 and rows_of(ch, "hosts") and rows_of(ch, "jobs")
+    # A repeated finish (a report sent again after a crash) is answered, and changes nothing.
+    again = st.notify("n1", {"jobid": jobid, "event": "finish", "exit_status": 0}, T0 + 3)
+    assert again.rows == [] and again.events == [] and again.result is job and job["end_time"] == T0 + 2
+    assert refused(st, st.notify, "n1", {"jobid": jobid, "event": "start", "pid": 1}, T0).code == "CONFLICT"
+    failing = running(st)
+    st.notify("n1", {"jobid": failing, "event": "finish", "exit_status": 2}, T0)
+    assert st.jobs[failing]["state"] == "EXIT" and st.jobs[failing]["reason"] == "exit status 2"
+
+
+def test_a_fail_report_ends_the_job_and_frees_its_slots() -> None:
+    st = with_hosts(new_state(), "n1")
+    jobid = running(st, ntasks=2)
+    st.jobs[jobid]["signal"] = "kill"
+    ch = st.notify("n1", {"jobid": jobid, "event": "fail", "reason": "cannot exec"}, T0 + 1)
+    job = st.jobs[jobid]
+    assert (job["state"], job["reason"]) == ("EXIT", "failed: cannot exec")
+    assert (job["end_time"], job["signal"]) == (T0 + 1, None)
+    assert job["exit_status"] is None
+    assert st.hosts["n1"]["used_slots"] == 0 and st.active_on["n1"] == set()  # no leaked slot
+    assert rows_of(ch, "hosts") == [("hosts", "n1", st.hosts["n1"])] and rows_of(ch, "jobs")
+    other = running(st)
+    st.notify("n1", {"jobid": other, "event": "fail", "exit_status": 127}, T0)
+    assert st.jobs[other]["reason"] == "failed: failed" and st.jobs[other]["exit_status"] == 127
+    again = st.notify("n1", {"jobid": other, "event": "fail"}, T0)
+    assert again.rows == [] and st.jobs[other]["state"] == "EXIT"
+
+
+def test_a_report_of_a_stale_attempt_never_touches_the_requeued_job() -> None:
+    """finish/fail of attempt 0 arriving after a requeue and a new dispatch (attempt 1) on the
+    same host must be refused, or the new run would be marked ended and its slots freed."""
+    st = with_hosts(new_state(), "n1")
+    jobid = running(st)
+    st.control(jobid, "requeue", T0)
+    st.dispatch(jobid, [{"host": "n1", "ntasks": 1}], False)
+    assert st.jobs[jobid]["attempt"] == 1
+    for event in ("finish", "fail", "start", "stop"):
+        args = {"jobid": jobid, "event": event, "attempt": 0, "exit_status": 0, "pid": 1}
+        err = refused(st, st.notify, "n1", args, T0)
+        assert err.code == "CONFLICT" and "attempt 0" in err.message
+    assert st.jobs[jobid]["state"] == "RUN" and st.hosts["n1"]["used_slots"] == 1
+    st.notify("n1", {"jobid": jobid, "event": "finish", "exit_status": 0, "attempt": 1}, T0)
+    assert st.jobs[jobid]["state"] == "DONE"
+
+
+def test_a_finish_for_a_job_that_is_not_active_is_refused() -> None:
+    st = with_hosts(new_state(), "n1")
+    jobid = running(st)
+    st.control(jobid, "requeue", T0)
+    st.jobs[jobid]["alloc"] = [{"host": "n1", "ntasks": 1}]  # as if the report named its host
+    for event in ("finish", "fail", "start", "stop", "resume"):
+        args = {"jobid": jobid, "event": event, "exit_status": 0, "pid": 1}
+        assert refused(st, st.notify, "n1", args, T0).code == "CONFLICT"
+    assert st.jobs[jobid]["state"] == "PEND"
+
+
+def test_usage_reports() -> None:
+    st = with_hosts(new_state(), "n1", "n2")
+    jobid = running(st)
+    ch = st.set_jusage("n1", jobid, {"mem": 5})
+    assert st.jobs[jobid]["usage"] == {"mem": 5} and ch.rows == [] and ch.result == {"jobid": jobid}
+    assert ch.events[0].data == {"jobid": jobid, "usage": {"mem": 5}} and ch.events[0].name == "jusage"
+    err = refused(st, st.set_jusage, "n2", jobid, {"mem": 6})
+    assert (err.code, err.message) == ("DENIED", f"job {jobid} does not run on host n2")
+    assert refused(st, st.set_jusage, "n1", 99, {}).code == "NOT_FOUND"
+
+
+# -- reasons, queues, cleaning, loading -----------------------------------------------------
+
+
+def test_pend_reasons_only_for_pending_jobs_and_only_when_changed() -> None:
+    st = with_hosts(new_state(), "n1")
+    a, b, run = submit(st), submit(st), running(st)
+    st.control(b, "stop", T0)
+    ch = st.set_reasons({a: "no slots", b: "held", run: "x", 99: "y"})
+    assert ch.result == 2 and ch.rows == []
+    assert ch.events[0].data == {"reasons": {str(a): "no slots", str(b): "held"}}
+    assert ch.events[0].name == "pend_reasons"
+    assert st.jobs[run]["pend_reason"] is None
+    ch = st.set_reasons({a: "no slots"})
+    assert ch.result == 0 and ch.events == []
+    assert st.set_reasons({a: None}).result == 1 and st.jobs[a]["pend_reason"] is None
+
+
+def test_queue_control_every_action() -> None:
+    st = new_state()
+    for action, key, value, status in (("close", "open", False, "Closed:Active"),
+                                       ("inactivate", "active", False, "Closed:Inact"),
+                                       ("open", "open", True, "Open:Inact"),
+                                       ("activate", "active", True, "Open:Active")):
+        ch = st.queue_control("normal", action)
+        q = st.queues["normal"]
+        assert q[key] is value and q["status"] == status and ch.result is q
+        assert ch.rows == [("queues", "normal", q)] and ch.events[0].data is q
+        assert ch.events[0].name == "queue"
+    assert refused(st, st.queue_control, "nope", "open").code == "NOT_FOUND"
+
+
+def test_clean_finished_removes_old_finished_jobs_durably() -> None:
+    st = with_hosts(new_state(), "n1")
+    old, recent, pend = running(st), running(st), submit(st)
+    st.notify("n1", {"jobid": old, "event": "finish", "exit_status": 0}, T0)
+    st.notify("n1", {"jobid": recent, "event": "finish", "exit_status": 0}, T0 + 50)
+    assert st.clean_finished(T0 + 60, 60, 10).result == []
+    ch = st.clean_finished(T0 + 60.5, 60, 10)
+    assert ch.result == [old] and old not in st.jobs and recent in st.jobs and pend in st.jobs
+    assert ch.rows == [("jobs", old, None), ("meta", "next_jobid", st.next_jobid)]
+    assert ch.events[0].name == "job_removed" and ch.events[0].data == {"jobids": [old]}
+    st.notify("n1", {"jobid": running(st), "event": "finish", "exit_status": 0}, T0)
+    ch = st.clean_finished(T0 + 1000, 60, 1)
+    assert len(ch.result) == 1  # the limit holds
+    st.jobs[pend]["end_time"] = 0.0  # not finished: never cleaned, whatever its end time
+    assert pend not in st.clean_finished(T0 + 1e6, 60, 100).result
+
+
+def test_load_takes_over_the_durable_state() -> None:
+    st = with_hosts(new_state(), "n1", "n2")
+    active = running(st, "n1", 1)
+    second = running(st, "n1", 1)
+    done = running(st, "n2")
+    st.notify("n2", {"jobid": done, "event": "finish", "exit_status": 0}, T0)
+    stored_q = dict(st.queues["normal"], open=False, active=True)
+    stored_night = dict(st.queues["night"], open=True, active=False)
+    loaded = Loaded(jobs=copy.deepcopy(st.jobs), hosts=copy.deepcopy(st.hosts),
+                    queues={"normal": stored_q, "night": stored_night,
+                            "gone": queue_record({"name": "gone", "priority": 1})},
+                    meta={"next_jobid": 40})
+    for h in loaded.hosts.values():
+        h["used_slots"] = 99  # recomputed from the jobs, never trusted
+    fresh = new_state()
+    fresh.load(loaded, T0 + 5)
+    assert fresh.jobs == st.jobs and fresh.next_jobid == 40
+    assert fresh.hosts["n1"]["used_slots"] == 2 and fresh.hosts["n2"]["used_slots"] == 0
+    assert fresh.active_on == {"n1": {active, second}}
+    assert fresh.last_seen == {"n1": T0 + 5, "n2": T0 + 5}
+    q = fresh.queues["normal"]
+    assert (q["open"], q["active"], q["status"], q["priority"]) == (False, True, "Closed:Active", 30)
+    night = fresh.queues["night"]
+    assert (night["open"], night["active"], night["status"]) == (True, False, "Open:Inact")
+    assert fresh.queues["gone"]["priority"] == 1 and fresh.queues["high"]["open"]
+    again = new_state()
+    again.load(Loaded(jobs=copy.deepcopy(st.jobs), meta={"next_jobid": 1}), T0)
+    assert again.next_jobid == max(st.jobs) + 1
+    empty = new_state()
+    empty.load(Loaded(), T0)
+    assert empty.next_jobid == 1 and empty.jobs == {}
+
+
+def test_freeing_slots_of_a_host_missing_from_the_index() -> None:
+    st = with_hosts(new_state(), "n1")
+    jobid = running(st)
+    del st.active_on["n1"]  # e.g. loaded before the index existed: freeing must not fail
+    st.notify("n1", {"jobid": jobid, "event": "finish", "exit_status": 0}, T0)
+    assert st.hosts["n1"]["used_slots"] == 0 and "n1" not in st.active_on
