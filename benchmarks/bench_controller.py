@@ -17,7 +17,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from xcecore import auth, wire
+from xcecore.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = b"bench-key"
@@ -102,12 +102,6 @@ def submit_frames(n: int, tag: str) -> list[bytes]:
         wire.encode(wire.request(i + 1, "jobsubmit", {"command": "sleep 1", "user": "bench"}, f"{tag}-{i}"))
         for i in range(n)
     ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(state_dir: Path, log_dir: Path) -> tuple[subprocess.Popen[bytes], str, Path]:

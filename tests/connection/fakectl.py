@@ -26,19 +26,9 @@ from anyio.abc import SocketAttribute, TaskGroup
 from anyio.streams.buffered import BufferedByteStream
 
 from xcecore import auth, wire
+from xcecore.testing import free_port as free_port  # the shared kit's, re-exported for these tests
 
 Mode = Literal["primary", "standby", "hang"]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port with nothing listening on it (a "refused" candidate)."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

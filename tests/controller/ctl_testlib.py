@@ -4,14 +4,12 @@ an in-process controller, and controller subprocesses that are always killed by 
 from __future__ import annotations
 
 import itertools
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,8 @@ from xce_controller.server import Controller, serve
 from xce_controller.settings import ControllerSettings, config_of, settings_from_config
 
 from xcecore import auth, wire
+from xcecore.testing import Proc as HarnessProc
+from xcecore.testing import free_port
 
 KEY = b"test-cluster-key"
 REPO = Path(__file__).resolve().parents[2]
@@ -114,28 +114,11 @@ async def running(state_dir: Path, *, wait_primary: bool = True, **controller: A
             tg.cancel_scope.cancel()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@dataclass
+class Proc(HarnessProc):
+    """A controller subprocess (the shared harness's process) and the address it serves."""
 
-
-class Proc:
-    """A controller subprocess."""
-
-    def __init__(self, popen: subprocess.Popen[bytes], address: str, log: Path) -> None:
-        self.popen = popen
-        self.address = address
-        self.log = log
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(5)
+    address: str = ""
 
 
 def start_controller(state_dir: Path, log_dir: Path, port: int | None = None, *extra: str) -> Proc:
@@ -148,7 +131,7 @@ def start_controller(state_dir: Path, log_dir: Path, port: int | None = None, *e
            "--key-file", str(keyfile), "--admins", "root", *extra]
     with open(log, "wb") as fh:
         popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
-    return Proc(popen, address, log)
+    return Proc(f"ctl-{port}", popen, log, address)
 
 
 @contextmanager
