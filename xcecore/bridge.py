@@ -64,6 +64,7 @@ class LoopBridge:
         """Detach (the loop is closing): later posts are dropped, later calls raise."""
         self._post = None
         self._token = None
+        self._thread = None
 
     @property
     def bound(self) -> bool:
