@@ -47,8 +47,8 @@ def main() -> None:
         # which would make every run compile every module of the project again).
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["XCE_CONFIG"] = str(cluster.config_path)
+        from xcecore.client import SyncClient
         from xcecore.runtime import client_config, load
-        from xcecore.syncclient import SyncClient
 
         _, config = load(cluster.config_path)
         with SyncClient.open(client_config(config, "cli@bench"), role="cli") as c:

@@ -30,7 +30,7 @@ from loguru import logger
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from xcecore.candidates import parse_peers  # noqa: E402
-from xcecore.connection import Client, ClientConfig  # noqa: E402
+from xcecore.client import Client, ClientConfig  # noqa: E402
 
 FAKECTL = ROOT / "tests" / "connection" / "fakectl.py"
 RESULTS = ROOT / "benchmarks" / "results"

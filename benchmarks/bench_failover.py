@@ -173,7 +173,7 @@ async def one_kill(bc: BenchCluster, client: Any, rng: random.Random, seq: list[
 
 async def run_kills(bc: BenchCluster, kills: int, seed: int) -> tuple[list[dict[str, Any]], int]:
     """``kills`` kill cycles with one writer client; the records and the final job count."""
-    from xcecore.connection import Client
+    from xcecore.client import Client
 
     rng = random.Random(seed)
     seq = [0]

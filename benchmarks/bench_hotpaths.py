@@ -55,7 +55,7 @@ def per_call(fn: Callable[[int], None], inner: int, repeat: int) -> list[float]:
 def post_call(quick: bool) -> dict[str, Any]:
     """Nanoseconds of the post-call check with nothing pending, net of the empty loop."""
     from xcecore.candidates import Candidate
-    from xcecore.connection import Client, ClientConfig
+    from xcecore.client import Client, ClientConfig
 
     client = Client(ClientConfig(candidates=(Candidate("127.0.0.1", 7600),), sender="cli@bench"),
                     role="worker", rejoin_points=("hello", "notify_job", "update_resvals"))

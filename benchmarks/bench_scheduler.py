@@ -165,7 +165,7 @@ class _Watch:
 
 def bench_latency(trials: int) -> dict[str, Any]:
     """Submit -> RUN push of one job at a time on an idle cluster of real processes."""
-    from xcecore.connection import SyncClient
+    from xcecore.client import SyncClient
     from xcecore.runtime import client_config, load
     from xcecore.testing import LocalCluster, wait_for
 

@@ -136,7 +136,7 @@ def run_size(n: int, nprocs: int, root: Path, window: float, spread: float,
     """One size: join storm, steady state, primary SIGKILL and re-join storm."""
     import psutil
 
-    from xcecore.connection import SyncClient
+    from xcecore.client import SyncClient
 
     bc = BenchCluster(root, host_timeout=HOST_TIMEOUT, cluster=f'event_loop = "{event_loop}"\n')
     sims: list[SimProc] = []

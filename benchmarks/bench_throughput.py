@@ -4,7 +4,7 @@ Run from the repository root::
 
     python benchmarks/bench_throughput.py [--quick]
 
-1. Library (``xcecore.connection.Client``, a separate process from the controller; three
+1. Library (``xcecore.client.Client``, a separate process from the controller; three
    candidates, each submit acknowledged after its SQLite commit): one client sequential; one
    client pipelined (many ``jobsubmit`` calls in flight as anyio tasks on one connection);
    8 clients sequential; 8 clients pipelined. Jobs go to an inactive queue.
@@ -74,7 +74,7 @@ async def _pipelined(client: Any, n: int, inflight: int) -> None:
 
 async def library(bc: BenchCluster, quick: bool) -> dict[str, Any]:
     """Jobs/s through the client library, four shapes, repeated."""
-    from xcecore.connection import Client
+    from xcecore.client import Client
 
     reps = 3 if quick else 5
     n_seq, n_pipe, n_each = (300, 2000, 150) if quick else (2000, 20000, 500)
@@ -160,7 +160,7 @@ async def rest(url: str, quick: bool) -> dict[str, Any]:
 
 async def dispatch(bc: BenchCluster, quick: bool) -> dict[str, Any]:
     """Submit -> RUN latency for single jobs, and completed trivial jobs per second."""
-    from xcecore.connection import Client
+    from xcecore.client import Client
 
     watcher = JobWatcher()
     n_single, bursts, n_burst = (10, 2, 50) if quick else (30, 5, 200)
@@ -217,7 +217,7 @@ async def _bursts(sub: Any, watcher: JobWatcher, n_burst: int, bursts: int) -> t
 
 async def completed(bc: BenchCluster, quick: bool, slots: int) -> dict[str, Any]:
     """Trivial jobs completed per second on a fresh cluster with ``slots`` slots in all."""
-    from xcecore.connection import Client
+    from xcecore.client import Client
 
     watcher = JobWatcher()
     bursts, n_burst = (3, 100) if quick else (7, 200)

@@ -4,7 +4,7 @@ Started by ``bench_storm.py`` (several of these processes, none of them the cont
 
     python benchmarks/simworkers.py --config XCE.toml --first 0 --count 2500 [--prefix sim]
 
-Each simulated worker is a real :class:`xcecore.connection.Client` with its own TCP connection,
+Each simulated worker is a real :class:`xcecore.client.Client` with its own TCP connection,
 joining as ``worker@<prefix><n>`` with realistic attributes (unique ``hname``, ncpus, maxmem,
 type, model, resources) and heartbeating every ``--heartbeat`` seconds through the core's own
 heartbeat loop; reconnect and re-join after a failover are the core's, untouched. All of them
@@ -76,7 +76,7 @@ def attrs_for(n: int, prefix: str) -> dict[str, Any]:
 
 async def serve(args: argparse.Namespace) -> None:
     """Join every client, then answer commands on stdin until ``quit``."""
-    from xcecore.connection import Client
+    from xcecore.client import Client
     from xcecore.runtime import client_config, load
 
     _, config = load(args.config)

@@ -7,15 +7,17 @@ accepting answer is the server's to fill (a controller says whether it is the pr
 client learns where to go without a further round trip.
 
 A cluster with no key is allowed only on loopback; :func:`check_keyless` enforces that.
+
+The client's side of the exchange is ONE function, :func:`client_answer`, which both the
+event-loop client and the one-shot commands call (through ``xcecore.client.dialer``); it is
+the seam where another credential (MUNGE, issue #18) will plug in. This module stays cheap to
+import for them: what only a server or the config loader needs is imported where it is used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
-import secrets
-from pathlib import Path
 from typing import Any
 
 from xcecore import wire
@@ -27,6 +29,8 @@ class AuthError(Exception):
 
 def make_challenge() -> str:
     """A fresh random challenge (128 bits, hex)."""
+    import secrets
+
     return secrets.token_hex(16)
 
 
@@ -48,7 +52,8 @@ def load_key(key: str | None, key_file: str | None) -> bytes | None:
         raise AuthError("configure either cluster.key or cluster.key_file, not both")
     if key_file is not None:
         try:
-            text = Path(key_file).read_text().strip()
+            with open(key_file, encoding="utf-8") as fh:
+                text = fh.read().strip()
         except OSError as exc:
             raise AuthError(f"cannot read cluster.key_file {key_file!r}: {exc.strerror}") from None
         if not text:
@@ -61,6 +66,8 @@ def is_loopback(host: str) -> bool:
     """True for loopback addresses and ``localhost``."""
     if host == "localhost":
         return True
+    import ipaddress
+
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -95,7 +102,10 @@ def check_client_answer(key: bytes | None, challenge: str, answer: dict[str, Any
 
 
 def client_answer(key: bytes | None, sender: str, hello: dict[str, Any]) -> dict[str, Any]:
-    """The client's answer to a server hello; raises AuthError on a protocol mismatch."""
+    """The client's answer to a server hello; raises AuthError on a protocol mismatch.
+
+    The one credential step of every client (see the module docstring).
+    """
     if hello.get("proto") != wire.PROTO_VERSION:
         raise AuthError(f"server speaks protocol {hello.get('proto')!r}, not {wire.PROTO_VERSION}")
     challenge = hello.get("challenge")

@@ -10,10 +10,7 @@ form into an ordered, validated, de-duplicated tuple of :class:`Candidate`, clam
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
-
-from loguru import logger
+from typing import Any, NamedTuple
 
 from xcecore.protocol import AddressError, format_hostport, parse_hostport
 
@@ -24,9 +21,12 @@ class CandidateError(AddressError):
     """A peers string or address/port is malformed; the message names the entry and why."""
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One controller candidate address. ``host`` is unbracketed (``::1``, not ``[::1]``)."""
+class Candidate(NamedTuple):
+    """One controller candidate address. ``host`` is unbracketed (``::1``, not ``[::1]``).
+
+    A named tuple, not a dataclass: the one-shot commands import this module, and
+    ``dataclasses`` alone would cost them ~10 ms of start-up here.
+    """
 
     host: str
     port: int
@@ -89,6 +89,8 @@ def parse_peers(
             raise CandidateError(f"peers {peers!r}: candidate {cand} is listed twice")
         found.append(cand)
     if len(found) > N_MAX_MASTERS:
+        from loguru import logger  # only here: the one-shot commands never import loguru
+
         dropped = ", ".join(str(c) for c in found[N_MAX_MASTERS:])
         logger.warning(
             "candidates: {} listed, at most {} are used; dropping {}",

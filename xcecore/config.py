@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from xcecore.client.settings import CLIENT_KEYS, CLUSTER_KEYS, KeySpec
 from xcecore.records import ConfigSection, Field
 
 ENV_CONFIG = "XCE_CONFIG"
@@ -47,9 +48,12 @@ def _check_cluster(values: dict[str, Any]) -> None:
                          f"got {values['event_loop']!r}")
 
 
+def _fields(keys: Mapping[str, KeySpec]) -> dict[str, Field]:
+    """Config fields from a table of ``(types, default, doc)`` owned by another module."""
+    return {name: Field(types, default, doc) for name, (types, default, doc) in keys.items()}
+
+
 _S = (str,)
-_I = (int,)
-_F = (float, int)
 _B = (bool,)
 _L = (list,)
 
@@ -58,14 +62,7 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
         "cluster",
         {
             "name": Field(_S, "xce", "cluster name"),
-            "peers": Field((str, list), None, "controller candidates separated by ',' (not ';'), "
-                                              "'h1:7600,h2:7600,h3:7600', or a list of them"),
-            "address": Field(_S, None, "single controller address (when no peers)"),
-            "port": Field(_I, None, "single controller port (when no peers)"),
-            "key": Field(_S, None, "cluster key (shared secret); keyless is loopback-only"),
-            "key_file": Field(_S, None, "file holding the cluster key"),
-            "max_frame": Field(_I, 16 * 1024 * 1024, "largest accepted wire frame, bytes"),
-            "allow_unlisted_redirect": Field(_B, False, "follow redirects to unlisted hosts"),
+            **_fields(CLUSTER_KEYS),  # how a client reaches the controller (xcecore.client)
             "resources": Field(_L, [], "site resources: [{name, type, consumable?, ...}]"),
             "event_loop": Field(_S, "auto", "role processes' loop: auto (uvloop if installed), "
                                             "uvloop, asyncio"),
@@ -75,13 +72,7 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
     ),
     ConfigSection(
         "client",
-        {
-            "connect_timeout": Field(_F, 1.0, "seconds per candidate for connect + handshake"),
-            "liveness_timeout": Field(_F, 2.0, "seconds without a frame before a link is dead"),
-            "heartbeat_interval": Field(_F, 0.5, "seconds between a member's heartbeats (0: none)"),
-            "backoff_base": Field(_F, 0.02, "first back-off after a failed pass, seconds"),
-            "backoff_cap": Field(_F, 2.0, "largest back-off, seconds"),
-        },
+        _fields(CLIENT_KEYS),
         "connection manager tuning shared by every client role",
     ),
     ConfigSection(

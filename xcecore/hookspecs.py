@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import click
 
     from xcecore.candidates import Candidate
-    from xcecore.connection import Client
+    from xcecore.client import Client
     from xcecore.records import ConfigSection
     from xcecore.role import RoleSpec
 
@@ -105,7 +105,7 @@ def xce_reconnected(client: Client, candidate: Candidate) -> None:
     reconnects (never for the first connect). Implementations must only record that something
     is needed (the built-in one marks a rejoin pending) and return at once. Calling the client
     from here would wait on the lock this call holds: the client detects it and raises
-    :class:`xcecore.connection.HookContractError` instead of deadlocking.
+    :class:`xcecore.client.HookContractError` instead of deadlocking.
     """
 
 

@@ -38,6 +38,14 @@ OP_NAMES: Final[tuple[OpName, ...]] = (
 )
 """Every op the controller answers (``docs/protocol-ops.md``); a test keeps its table equal."""
 
+KEYED_WRITES: Final = frozenset({"jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
+                                 "notify_job"})
+"""The durable writes the controller records under their idempotency key (``rid``) with
+their result, in the write's own transaction: a repeat of the key is answered from that
+record, and the ``outcome`` op can say what became of a key. A client reports a lost reply
+of one of these as an unknown outcome (``OutcomeUnknown``); every other op is a read or a
+repeatable update (join, heartbeat, resource values, pend reasons), simply retried."""
+
 
 class ErrorCode(StrEnum):
     """Error codes carried in ``reply.error.code`` (what a refused or failed request says)."""

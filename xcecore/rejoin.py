@@ -14,7 +14,7 @@ from xcecore.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from xcecore.candidates import Candidate
-    from xcecore.connection import Client
+    from xcecore.client import Client
 
 
 @hookimpl

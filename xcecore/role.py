@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import pluggy
     from anyio.from_thread import BlockingPortal
 
-    from xcecore.connection import Client, SyncClient
+    from xcecore.client import Client, SyncClient
 
 
 # -------------------------------------------------------------------------------------------

@@ -18,15 +18,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from loguru import logger
 
-from xcecore import auth
-from xcecore.candidates import Candidate, candidates_from_config
+from xcecore.candidates import Candidate
 from xcecore.config import CORE_SECTIONS, Config, ConfigError, parse_override, read_file, validate
 from xcecore.log import setup_logging
 from xcecore.plugins import PluginManager
 from xcecore.role import Monitor, Role, RoleContext, RoleSpec
 
 if TYPE_CHECKING:
-    from xcecore.connection import Client, ClientConfig
+    from xcecore.client import Client, ClientConfig
 
 
 class RoleError(Exception):
@@ -50,21 +49,10 @@ def load(
 
 
 def client_config(config: Config, sender: str) -> ClientConfig:
-    """The one translation of configuration into the connection manager's settings."""
-    from xcecore.connection import ClientConfig
+    """The client's settings from a loaded configuration (see ``xcecore.client.client_config``)."""
+    from xcecore.client import client_config as from_sections
 
-    cluster, tuning = config.cluster, config.section("client")
-    cands = candidates_from_config(cluster)
-    key = auth.load_key(cluster.get("key"), cluster.get("key_file"))
-    auth.check_keyless(key, [c.host for c in cands])
-    return ClientConfig(
-        candidates=cands,
-        sender=sender,
-        key=key,
-        allow_unlisted_redirect=cluster["allow_unlisted_redirect"],
-        max_frame=cluster["max_frame"],
-        **tuning,
-    )
+    return from_sections(config.cluster, config.section("client"), sender)
 
 
 def _awaitables(results: Iterable[object]) -> list[Awaitable[Any]] | None:
@@ -160,7 +148,7 @@ async def run_role_async(spec: RoleSpec, ctx: RoleContext) -> None:
                 if not spec.client:
                     await role.main()
                     return
-                from xcecore.connection import Client, SyncClient
+                from xcecore.client import Client, SyncClient
 
                 cfg = client_config(ctx.config, ctx.identity)
                 attrs = dict(role.join_attributes())

@@ -17,16 +17,37 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import orjson
+from typing import TYPE_CHECKING, Any, Protocol
 
 from xcecore.protocol import ErrorCode as ErrorCode  # the vocabulary lives in protocol
 
+if TYPE_CHECKING:
+    import orjson
+else:
+
+    class _LazyOrjson:
+        """Stands in for the ``orjson`` module until first used, then is replaced by it.
+
+        Importing orjson costs more than all of this module (it loads ``dataclasses`` and with
+        it ``inspect``: ~10 ms here), and the one-shot commands import this module for the
+        framing and the error codes only (they encode with the standard library's ``json``).
+        After the first use the global name is the module itself, so encoding costs exactly
+        what a plain ``import orjson`` would.
+        """
+
+        def __getattr__(self, name: str) -> Any:
+            import orjson as module
+
+            globals()["orjson"] = module
+            return getattr(module, name)
+
+    orjson = _LazyOrjson()
+
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 PROTO_VERSION = 1
-_LEN = struct.Struct(">I")
+FRAME_HEADER = struct.Struct(">I")
+"""The 4-byte big-endian length that precedes every frame body."""
+_LEN = FRAME_HEADER
 
 
 class WireError(Exception):
@@ -54,6 +75,11 @@ class RemoteError(Exception):
 def encode(obj: Any) -> bytes:
     """Encode one message as a frame: length prefix plus orjson body."""
     body = orjson.dumps(obj)
+    return _LEN.pack(len(body)) + body
+
+
+def frame(body: bytes) -> bytes:
+    """A frame holding ``body`` (JSON bytes encoded by the caller): length prefix plus body."""
     return _LEN.pack(len(body)) + body
 
 
@@ -152,14 +178,27 @@ async def write_message(stream: _Sender, obj: Any) -> None:
     await stream.send(encode(obj))
 
 
-@dataclass(slots=True)
 class Request:
-    """A validated request."""
+    """A validated request (a plain class: this module must not load ``dataclasses``)."""
 
-    id: int
-    op: str
-    args: dict[str, Any] = field(default_factory=dict)
-    rid: str | None = None
+    __slots__ = ("args", "id", "op", "rid")
+
+    def __init__(self, id: int, op: str, args: dict[str, Any] | None = None,
+                 rid: str | None = None) -> None:
+        self.id = id
+        self.op = op
+        self.args: dict[str, Any] = {} if args is None else args
+        self.rid = rid
+
+    def __repr__(self) -> str:
+        return f"Request(id={self.id!r}, op={self.op!r}, args={self.args!r}, rid={self.rid!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return (self.id, self.op, self.args, self.rid) == (other.id, other.op, other.args, other.rid)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaced
 
 
 def parse_request(msg: dict[str, Any]) -> Request:

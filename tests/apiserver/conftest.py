@@ -67,7 +67,7 @@ def full_state(jobs: int = 3, hosts: int = 3) -> dict[str, Any]:
 
 
 class FakeClient:
-    """Stands in for ``xcecore.connection.Client``: answers like the controller would."""
+    """Stands in for ``xcecore.client.Client``: answers like the controller would."""
 
     def __init__(self, store: Store) -> None:
         self.store = store

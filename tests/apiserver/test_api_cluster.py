@@ -12,8 +12,8 @@ import httpx
 import pytest
 from xce_apiserver.auth import hash_password
 
+from xcecore.client import SyncClient
 from xcecore.config import Config
-from xcecore.connection import SyncClient
 from xcecore.runtime import client_config, load
 from xcecore.testing import LocalCluster, Proc, wait_for
 

@@ -10,7 +10,7 @@ import pytest
 from xce_apiserver.backend import REJOIN_POINTS, Backend, BackendUnavailableError
 from xce_apiserver.health import BackendHealth
 
-from xcecore.connection import BackendUnavailable
+from xcecore.client import BackendUnavailable
 from xcecore.wire import RemoteError
 
 pytestmark = pytest.mark.timeout(60)

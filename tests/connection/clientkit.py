@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from xcecore.candidates import parse_peers
-from xcecore.connection import Client, ClientConfig
+from xcecore.client import Client, ClientConfig
 
 
 def make_config(*addresses: str, **overrides: Any) -> ClientConfig:

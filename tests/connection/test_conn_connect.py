@@ -11,7 +11,7 @@ from clientkit import make_config
 from fakectl import FakeController, SharedStore, free_port
 
 from xcecore.candidates import Candidate, parse_address
-from xcecore.connection import BackendUnavailable, Client, ClientConfig
+from xcecore.client import BackendUnavailable, Client, ClientConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

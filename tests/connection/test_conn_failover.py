@@ -8,7 +8,7 @@ from clientkit import make_config
 from fakectl import FakeController, SharedStore
 
 from xcecore.candidates import parse_address
-from xcecore.connection import Client
+from xcecore.client import Client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

@@ -13,8 +13,7 @@ from fakectl import FakeController, SharedStore
 
 from xcecore import hookspecs, rejoin
 from xcecore.candidates import Candidate, parse_address
-from xcecore.connection import Client, HookContractError
-from xcecore.syncclient import SyncClient
+from xcecore.client import Client, HookContractError, SyncClient
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

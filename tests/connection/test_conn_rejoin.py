@@ -11,7 +11,7 @@ from fakectl import FakeController, SharedStore
 
 from xcecore import wire
 from xcecore.candidates import parse_address
-from xcecore.connection import Client
+from xcecore.client import Client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -157,7 +157,7 @@ async def test_heartbeat_skips_reconnect_while_failover_lock_is_held():
         held, release = anyio.Event(), anyio.Event()
 
         async def failover_elsewhere() -> None:
-            async with c._lock:
+            async with c._lock.hold("a failover elsewhere"):
                 held.set()
                 await release.wait()
 
@@ -200,5 +200,5 @@ async def test_slow_state_observer_does_not_stall_the_connection():
                 for _ in range(5):
                     await a.restart()
                     await c.call("hello")
-            assert len(c._states) <= c._states.limit
+            assert len(c.machine.states) <= c.machine.states.limit
             gate.set()

@@ -6,10 +6,10 @@ import pytest
 from clientkit import make_config
 from fakectl import FakeController
 
-from xcecore.backoff import Backoff
 from xcecore.candidates import parse_address
-from xcecore.connection import BackendUnavailable, Client
-from xcecore.link import open_link
+from xcecore.client import BackendUnavailable, Client
+from xcecore.client.backoff import Backoff
+from xcecore.client.link import open_link
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -37,9 +37,9 @@ def test_busy_cap_lets_a_fast_policy_spread_under_load():
 async def test_open_link_marks_a_timeout_but_not_a_refusal():
     async with FakeController("h", mode="hang") as h, FakeController("s", mode="standby") as s:
         hung = await open_link(parse_address(h.address), sender="w@x", key=None,
-                               timeout=0.1, max_frame=1 << 20)
+                               connect_timeout=0.1, max_frame=1 << 20)
         standby = await open_link(parse_address(s.address), sender="w@x", key=None,
-                                  timeout=1.0, max_frame=1 << 20)
+                                  connect_timeout=1.0, max_frame=1 << 20)
     assert hung.stream is None and hung.timed_out
     assert standby.stream is None and not standby.timed_out
 
@@ -53,7 +53,7 @@ def _spy_backoff(monkeypatch: pytest.MonkeyPatch) -> list[float]:
             asked.append(at_least)
             return 0.0
 
-    monkeypatch.setattr("xcecore.connection.Backoff", Spy)
+    monkeypatch.setattr("xcecore.client.asyncclient.Backoff", Spy)
     return asked
 
 

@@ -10,8 +10,7 @@ import pytest
 from clientkit import make_config
 from fakectl import FakeController, SharedStore
 
-from xcecore.connection import BackendUnavailable, Client
-from xcecore.syncclient import SyncClient
+from xcecore.client import BackendUnavailable, Client, SyncClient
 
 pytestmark = [pytest.mark.timeout(30)]
 
@@ -116,8 +115,7 @@ def test_sync_call_gives_up_when_the_role_stops() -> None:
 
     from anyio.from_thread import start_blocking_portal
 
-    from xcecore.connection import ClientClosed
-    from xcecore.syncclient import SyncClient
+    from xcecore.client import ClientClosed, SyncClient
 
     cancelled = threading.Event()
 

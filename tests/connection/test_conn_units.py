@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from xcecore.backoff import Backoff
 from xcecore.candidates import Candidate
-from xcecore.connstate import (
-    StateQueue,
-    candidate_order,
-    classify_handshake,
-    hello_hint,
-    liveness_expired,
-    reply_error,
-    resolve_redirect,
-    seq_gap,
-)
+from xcecore.client.backoff import Backoff
+from xcecore.client.dialer import candidate_order, classify_handshake, hello_hint, resolve_redirect
+from xcecore.client.machine import StateQueue, liveness_expired, reply_error, seq_gap
 
 A, B, C = Candidate("h1", 1), Candidate("h2", 2), Candidate("h3", 3)
 

@@ -74,7 +74,7 @@ async def test_standby_names_the_primary_in_its_hello(tmp_path):
 
     from xcecore import wire
     from xcecore.candidates import parse_address
-    from xcecore.link import open_link
+    from xcecore.client.link import open_link
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -88,7 +88,7 @@ async def test_standby_names_the_primary_in_its_hello(tmp_path):
         assert hello["state"] == "standby" and hello["primary"] == primary
         assert hello["server"] == standby.address and "challenge" in hello
         dialed = await open_link(parse_address(standby.address), sender="w@x", key=b"wrong key",
-                                 timeout=5.0, max_frame=1 << 20)
+                                 connect_timeout=5.0, max_frame=1 << 20)
         assert dialed.stream is None and dialed.redirect == primary  # even with a wrong key
         # A client that authenticates anyway still gets the verdict in the third message.
         assert (await handshake_state(standby.address))["primary"] == primary

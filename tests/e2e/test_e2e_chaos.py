@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from e2ekit import jobs_named
 
-from xcecore.connection import SyncClient
+from xcecore.client import SyncClient
 from xcecore.runtime import client_config, load
 from xcecore.testing.cluster import wait_for
 

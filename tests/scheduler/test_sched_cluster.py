@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from xcecore.connection import SyncClient
+from xcecore.client import SyncClient
 from xcecore.runtime import client_config, load
 from xcecore.testing import LocalCluster, Proc, wait_for
 

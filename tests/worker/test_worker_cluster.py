@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 import pytest
 
+from xcecore.client import SyncClient
 from xcecore.runtime import client_config, load
-from xcecore.syncclient import SyncClient
 from xcecore.testing import LocalCluster, Proc, wait_for
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.e2e]

@@ -19,7 +19,7 @@ from xce_worker.settings import SECTION, WorkerSettings
 from xce_worker.spool import Journal
 
 from xcecore.config import ConfigError, validate
-from xcecore.connection import BackendUnavailable
+from xcecore.client import BackendUnavailable
 from xcecore.role import Monitor
 from xcecore.wire import RemoteError
 

@@ -9,7 +9,7 @@ Installing xce makes these fixtures available to any test session:
   started is killed (by pid) at teardown, also when the test fails.
 - ``xce_client``: a factory for a client already joined to a cluster as a chosen role
   (``xce_client(cluster, "worker", hname="n1", ncpus=4)``), a blocking
-  :class:`~xcecore.syncclient.SyncClient` closed at teardown.
+  :class:`~xcecore.client.SyncClient` closed at teardown.
 - ``xce_plugin_manager``: a factory for a plugin manager holding only the plugins a test
   names (objects or modules), for unit tests that mock hooks.
 - ``xce_role``: a factory for a role's object built in-process, as ``xce run`` builds it
@@ -69,8 +69,8 @@ def xce_client() -> Iterator[Callable[..., Any]]:
     """
     from contextlib import ExitStack
 
+    from xcecore.client import SyncClient
     from xcecore.runtime import client_config, load
-    from xcecore.syncclient import SyncClient
 
     with ExitStack() as stack:
 

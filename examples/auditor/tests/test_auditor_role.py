@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from xcecore.connection import SyncClient
+from xcecore.client import SyncClient
 from xcecore.runtime import client_config, load
 from xcecore.testing import LocalCluster, wait_for
 

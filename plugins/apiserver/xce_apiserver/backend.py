@@ -31,7 +31,7 @@ _GRACE = 1.0
 
 
 class CoreClient(Protocol):
-    """What the wrapper needs of ``xcecore.connection.Client``."""
+    """What the wrapper needs of ``xcecore.client.Client``."""
 
     async def call(
         self,
@@ -54,10 +54,15 @@ class BackendUnavailableError(Exception):
 
 
 def _core_unavailable() -> tuple[type[BaseException], ...]:
-    """The core's "budget exhausted" exception (imported late: the module is not small)."""
-    from xcecore.connection import BackendUnavailable
+    """The core's "budget exhausted" exceptions (imported late: the module is not small).
 
-    return (BackendUnavailable,)
+    ``OutcomeUnknown`` (a write sent whose reply was lost) is answered like an exhausted
+    budget, 503, as before the client told the two apart; the REST edge is to answer it 504
+    with the idempotency key (issue #15).
+    """
+    from xcecore.client import BackendUnavailable, OutcomeUnknown
+
+    return (BackendUnavailable, OutcomeUnknown)
 
 
 class Backend:

@@ -35,7 +35,7 @@ class Session:
 
     def call(self, op: str, args: dict[str, Any] | None = None) -> Any:
         """Call ``op`` with the caller's user name; a controller error is one line and exit 1."""
-        from xcecore.connection import BackendUnavailable
+        from xcecore.client import BackendUnavailable
         from xcecore.wire import RemoteError
 
         body = {"user": self.user, **(args or {})}
@@ -51,7 +51,7 @@ class Session:
 def session(ctx: click.Context, role: str = "cli") -> Iterator[Session]:
     """Open a client to the controller for the running command (identity ``role@host``)."""
     from xcecore.cli import XceGroup
-    from xcecore.connection import SyncClient
+    from xcecore.client import SyncClient
     from xcecore.runtime import client_config
 
     root = ctx.find_root()

@@ -87,7 +87,7 @@ class Embedded:
     def client(self) -> Any:
         """A sync client to the cluster (kept open)."""
         if self._client is None:
-            from xcecore.connection import SyncClient
+            from xcecore.client import SyncClient
             from xcecore.runtime import client_config, load
 
             _, config = load(self.cluster.config_path)

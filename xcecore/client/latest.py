@@ -8,6 +8,7 @@ so a reconnect sends the newest value once, never a backlog of stale ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -43,10 +44,9 @@ class LatestBox:
         else:
 
             def wake() -> None:
-                try:
+                # RuntimeError: the loop closed under us; its client is gone anyway.
+                with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self._event.set)
-                except RuntimeError:  # the loop closed under us: its client is gone anyway
-                    pass
 
             self._wake = wake
         if self._items:  # posted before the loop ran

@@ -1,20 +1,19 @@
 """One established connection to a controller candidate: the layer under the failover logic.
 
-:func:`open_link` dials a candidate and runs the handshake; a :class:`Link` then carries many
-requests at once (matched to replies by id; one reader task), hands pushes to a callback, and
-checks liveness: no frame for ``liveness_timeout`` while a reply is owed kills the link. A link
-never reconnects: when it dies it tells its owner once (``on_lost``) and fails its outstanding
-requests with :class:`LinkLost`; :mod:`xcecore.connection` decides the rest.
+:func:`open_link` dials a candidate over a network backend and runs the handshake (its
+decisions are :mod:`xcecore.client.dialer`'s); a :class:`Link` then carries many requests at
+once (matched to replies by id; one reader task), hands pushes to a callback, and checks
+liveness: no frame for ``liveness_timeout`` while a reply is owed kills the link. A link never
+reconnects: when it dies it tells its owner once (``on_lost``) and fails its outstanding
+requests with :class:`LinkLost`; :mod:`xcecore.client.asyncclient` decides the rest.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from anyio.abc import SocketAttribute
@@ -22,7 +21,15 @@ from anyio.streams.buffered import BufferedByteStream
 
 from xcecore import auth, wire
 from xcecore.candidates import Candidate
-from xcecore.connstate import Handshake, classify_handshake, hello_hint, liveness_expired
+from xcecore.client.backend import TCP, NetworkBackend
+from xcecore.client.dialer import (
+    Handshake,
+    classify_handshake,
+    describe_os_error,
+    failure_of,
+    first_answer,
+)
+from xcecore.client.machine import Call, liveness_expired
 
 LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError,
                anyio.EndOfStream, anyio.IncompleteRead)
@@ -33,22 +40,15 @@ class LinkLost(Exception):
     """The link a request was on died before its reply arrived; retry after a reconnect."""
 
 
+
 def describe_error(exc: BaseException) -> str:
     """A short operator-facing cause for a link error ("connection refused", ...)."""
     if isinstance(exc, anyio.EndOfStream | anyio.IncompleteRead):
         return "closed by the controller"
-    seen: BaseException | None = exc
-    for _ in range(4):  # anyio wraps the OS error ("All connection attempts failed")
-        if seen is None:
-            break
-        if isinstance(seen, OSError) and seen.errno:
-            return os.strerror(seen.errno).lower()
-        seen = seen.__cause__ or seen.__context__
-    return str(exc) or type(exc).__name__
+    return describe_os_error(exc) or str(exc) or type(exc).__name__
 
 
-@dataclass(frozen=True, slots=True)
-class Dialed:
+class Opened(NamedTuple):
     """The outcome of :func:`open_link`.
 
     ``stream`` is set only when the candidate is the primary; ``redirect`` is the primary a
@@ -62,19 +62,21 @@ class Dialed:
 
 
 async def open_link(
-    cand: Candidate, *, sender: str, key: bytes | None, timeout: float, max_frame: int
-) -> Dialed:
-    """Connect to ``cand`` and run the client side of the handshake within ``timeout``."""
+    cand: Candidate, *, sender: str, key: bytes | None, connect_timeout: float, max_frame: int,
+    backend: NetworkBackend = TCP,
+) -> Opened:
+    """Connect to ``cand`` and run the client side of the handshake within ``connect_timeout``."""
+    timeout = connect_timeout
     stream: BufferedByteStream | None = None
     shake: Handshake | None = None
     failure = ""
     with anyio.move_on_after(timeout) as scope:
         try:
-            stream = BufferedByteStream(await anyio.connect_tcp(cand.host, cand.port))
+            stream = BufferedByteStream(await backend.connect(cand))
             hello = await wire.read_message(stream, max_frame)
-            shake = hello_hint(hello)
-            if shake is None:
-                await wire.write_message(stream, auth.client_answer(key, sender, hello))
+            shake, answer = first_answer(hello, key=key, sender=sender)
+            if answer is not None:
+                await wire.write_message(stream, answer)
                 shake = classify_handshake(await wire.read_message(stream, max_frame))
         except LINK_ERRORS as exc:
             failure = f"refused or closed the connection ({describe_error(exc)})"
@@ -85,17 +87,13 @@ async def open_link(
     redirect: str | None = None
     if shake is not None and not failure:
         if shake.kind == "primary" and stream is not None:
-            return Dialed(stream=stream)
+            return Opened(stream=stream)
         redirect = shake.primary
-        failure = {
-            "redirect": f"is a standby; primary is {shake.primary}",
-            "no_primary": "is a standby that knows no primary",
-            "denied": f"denied the handshake ({shake.message}); check cluster.key",
-        }.get(shake.kind, f"broke the handshake ({shake.message})")
+        failure = failure_of(shake)
     if stream is not None:
         with anyio.CancelScope(shield=True), contextlib.suppress(*LINK_ERRORS):
             await stream.aclose()
-    return Dialed(redirect=redirect, failure=failure, timed_out=scope.cancelled_caught)
+    return Opened(redirect=redirect, failure=failure, timed_out=scope.cancelled_caught)
 
 
 class _Pending:
@@ -164,8 +162,14 @@ class Link:
             self.scope.cancel()
         return len(pending)
 
-    async def request(self, op: str, args: dict[str, Any], rid: str | None) -> dict[str, Any]:
-        """Send one request and return its reply; :class:`LinkLost` if the link dies first."""
+    async def request(self, op: str, args: dict[str, Any], rid: str | None,
+                      call: Call | None = None) -> dict[str, Any]:
+        """Send one request and return its reply; :class:`LinkLost` if the link dies first.
+
+        ``call.sent`` is set the moment the frame starts to go out: from then on, a reply that
+        never comes leaves the call's outcome unknown (a request refused before that was not
+        sent at all).
+        """
         if not self.alive:
             raise LinkLost(f"lost connection to {self.candidate} ({self.reason})")
         n = next(self._ids)
@@ -178,6 +182,10 @@ class Link:
         try:
             try:
                 async with self.send_lock:  # fast_acquire: no loop pass when it is free
+                    if not self.alive:  # it died while we waited for the lock: nothing sent
+                        raise LinkLost(f"lost connection to {self.candidate} ({self.reason})")
+                    if call is not None:
+                        call.sent = True
                     # Holding the lock, nothing of ours is unsent: try the socket directly and
                     # leave only a remainder (a full socket buffer) to the stream.
                     sent = wire.write_now(self.sock, frame)

@@ -1,0 +1,246 @@
+"""The dialer: the candidate walk, redirects and the handshake, over an injectable ``dial``.
+
+Pure decisions with two thin drivers. :class:`Walk` is one pass over the controller
+candidates: it hands out the next candidate to dial, and, told how a dial failed, logs it and
+follows a standby's redirect at once (to a listed candidate only, unless configured
+otherwise; never twice to one candidate in a pass). :func:`walk` (blocking) and
+:func:`walk_async` drive a walk with a ``dial(candidate)`` that does the I/O -- a plain socket
+for the one-shot commands, an anyio stream for the event-loop client, an in-memory stream in
+tests -- so both clients walk, redirect and log exactly alike.
+
+The handshake's decisions live here too (:func:`first_answer`, :func:`classify_handshake`):
+what the server's first message says, the one credential step (``xcecore.auth``), and what
+its verdict tells the client to do. No I/O, no anyio: the one-shot commands import this.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
+
+from xcecore.candidates import Candidate, CandidateError, parse_address
+
+# ------------------------------------------------------------------------- handshake
+
+HandshakeKind = Literal["primary", "redirect", "no_primary", "denied", "invalid"]
+
+
+class Handshake(NamedTuple):
+    """What a server's handshake status tells the client to do.
+
+    ``primary``: stay. ``redirect``: go to ``primary`` at once. ``no_primary``: a standby that
+    knows no primary, try the next candidate. ``denied``: the server refused us (``message``).
+    ``invalid``: the status is not what the protocol says.
+    """
+
+    kind: HandshakeKind
+    server: str | None = None
+    primary: str | None = None
+    message: str = ""
+
+
+def hello_hint(hello: dict[str, Any]) -> Handshake | None:
+    """What a server's first message already says: a standby names its primary there, so a
+    client need not authenticate to be redirected (None: answer the challenge as usual)."""
+    if hello.get("state") != "standby":
+        return None
+    return classify_handshake({**hello, "ok": True})
+
+
+def classify_handshake(status: dict[str, Any]) -> Handshake:
+    """Classify the server's third handshake message (see docs/protocol.md, "Handshake")."""
+    if status.get("ok") is not True:
+        err = status.get("error")
+        message = err.get("message", "") if isinstance(err, dict) else ""
+        code = err.get("code", "?") if isinstance(err, dict) else "?"
+        return Handshake("denied", message=f"{code}: {message}" if message else str(code))
+    server = status.get("server")
+    server = server if isinstance(server, str) else None
+    state = status.get("state")
+    if state == "primary":
+        return Handshake("primary", server=server)
+    if state == "standby":
+        primary = status.get("primary")
+        if isinstance(primary, str) and primary:
+            return Handshake("redirect", server=server, primary=primary)
+        return Handshake("no_primary", server=server)
+    return Handshake("invalid", server=server, message=f"unknown server state {state!r}")
+
+
+def first_answer(hello: dict[str, Any], *, key: bytes | None, sender: str) -> \
+        tuple[Handshake | None, dict[str, Any] | None]:
+    """The client's move after the server's hello: ``(verdict, None)`` when the hello already
+    says where to go (a standby), else ``(None, answer)`` -- the credential to send.
+
+    The credential step is :func:`xcecore.auth.client_answer`, the one both clients use
+    (raises :class:`xcecore.auth.AuthError` on a protocol mismatch).
+    """
+    hint = hello_hint(hello)
+    if hint is not None:
+        return hint, None
+    from xcecore import auth
+
+    return None, auth.client_answer(key, sender, hello)
+
+
+def describe_os_error(exc: BaseException) -> str | None:
+    """A short operator-facing cause ("connection refused") from an ``OSError`` found in
+    ``exc`` or its causes (libraries wrap it), or None if there is none."""
+    import os
+
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno:
+            return os.strerror(seen.errno).lower()
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def failure_of(shake: Handshake) -> str:
+    """Why a handshake that is not ``primary`` did not give us a link, for the log."""
+    return {
+        "redirect": f"is a standby; primary is {shake.primary}",
+        "no_primary": "is a standby that knows no primary",
+        "denied": f"denied the handshake ({shake.message}); check cluster.key",
+    }.get(shake.kind, f"broke the handshake ({shake.message})")
+
+
+# -------------------------------------------------------------------- candidate order
+
+
+def resolve_redirect(
+    primary: str, candidates: Sequence[Candidate], allow_unlisted: bool
+) -> tuple[Candidate | None, str]:
+    """Where a redirect to ``primary`` may go: ``(candidate, "")`` or ``(None, why not)``."""
+    try:
+        target = parse_address(primary)
+    except CandidateError as exc:
+        return None, f"the redirect names a malformed address ({exc})"
+    if target in candidates or allow_unlisted:
+        return target, ""
+    return None, (
+        f"{target} is not a listed candidate "
+        "(set cluster.allow_unlisted_redirect = true to follow such redirects)"
+    )
+
+
+def candidate_order(
+    candidates: Sequence[Candidate], first: Candidate | None, lost: Candidate | None = None
+) -> list[Candidate]:
+    """The candidates in configured order, rotated to start at ``first`` (the last that worked).
+
+    An unlisted ``first`` (a followed unlisted redirect) is tried first, then the whole list.
+    ``lost``, the candidate whose connection just died, goes last: it is most likely the dead
+    primary, and a dead host costs a whole connect timeout, while a live one is reached through
+    a standby's redirect at the price of one short connection.
+    """
+    if first is None:
+        order = list(candidates)
+    elif first in candidates:
+        i = list(candidates).index(first)
+        order = [*candidates[i:], *candidates[:i]]
+    else:
+        order = [first, *candidates]
+    if lost is not None and lost in order:
+        order.remove(lost)
+        order.append(lost)
+    return order
+
+
+# ----------------------------------------------------------------------------- the walk
+
+L = TypeVar("L")
+
+
+class Dialed(NamedTuple, Generic[L]):
+    """The outcome of dialing one candidate.
+
+    ``link`` is set only when the candidate is the primary; ``redirect`` is the primary a
+    standby named; otherwise ``failure`` says what went wrong, for the log. ``timed_out``: the
+    candidate did not finish the handshake within the connect timeout (it is busy).
+    """
+
+    link: L | None = None
+    redirect: str | None = None
+    failure: str = ""
+    timed_out: bool = False
+
+
+class Walk:
+    """One pass over the candidates in ``order``, following redirects.
+
+    Iterate it for the candidates to dial; after each failed dial, call :meth:`failed` and
+    log what it returns. ``last_error`` is the last failure (for the give-up message),
+    ``timed_out`` whether some candidate was too busy to finish its handshake.
+    """
+
+    def __init__(self, order: Sequence[Candidate], candidates: Sequence[Candidate], *,
+                 allow_unlisted: bool, name: str) -> None:
+        self._queue = deque(order)
+        self.candidates = tuple(candidates)
+        self.allow_unlisted = allow_unlisted
+        self.name = name
+        self.tried: set[Candidate] = set()
+        self.last_error: BaseException | None = None
+        self.timed_out = False
+        self._redirect: Candidate | None = None
+
+    def __iter__(self) -> Iterator[Candidate]:
+        return self
+
+    def __next__(self) -> Candidate:
+        target, self._redirect = self._redirect, None
+        while target is None or target in self.tried:
+            if not self._queue:
+                raise StopIteration
+            target = self._queue.popleft()
+        self.tried.add(target)
+        return target
+
+    def failed(self, cand: Candidate, dialed: Dialed[Any]) -> tuple[str, str]:
+        """``cand`` did not give a link: record it, choose the redirect; the ``(level, line)``
+        to log."""
+        self.last_error = ConnectionError(f"{cand} {dialed.failure}")
+        self.timed_out = self.timed_out or dialed.timed_out
+        primary = dialed.redirect
+        if primary is None:
+            level = "ERROR" if dialed.failure.startswith("denied") else "WARNING"
+            return level, f"{self.name}: candidate {cand} {dialed.failure}; trying the next candidate"
+        target, why = resolve_redirect(primary, self.candidates, self.allow_unlisted)
+        if target is None:
+            self.last_error = ConnectionError(f"{cand} redirected to unlisted {primary}")
+            return "WARNING", (f"{self.name}: candidate {cand} is a standby redirecting to "
+                               f"{primary}, not followed: {why}")
+        if target in self.tried:
+            return "WARNING", (f"{self.name}: candidate {cand} is a standby redirecting to "
+                               f"{target}, already tried in this pass; going on")
+        self._redirect = target
+        return "WARNING", f"{self.name}: candidate {cand} is a standby, following redirect to {target}"
+
+
+Logger = Callable[[str, str], None]
+"""``log(level, line)``: how a driver reports each failed dial."""
+
+
+def walk(pass_: Walk, dial: Callable[[Candidate], Dialed[L]], log: Logger) -> L | None:
+    """Drive ``pass_`` with a blocking ``dial``: the primary's link, or None."""
+    for cand in pass_:
+        dialed = dial(cand)
+        if dialed.link is not None:
+            return dialed.link
+        log(*pass_.failed(cand, dialed))
+    return None
+
+
+async def walk_async(pass_: Walk, dial: Callable[[Candidate], Awaitable[Dialed[L]]],
+                     log: Logger) -> L | None:
+    """Drive ``pass_`` with an async ``dial``: the primary's link, or None."""
+    for cand in pass_:
+        dialed = await dial(cand)
+        if dialed.link is not None:
+            return dialed.link
+        log(*pass_.failed(cand, dialed))
+    return None
