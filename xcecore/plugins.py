@@ -22,7 +22,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
-from loguru import logger
 
 from xcecore import __version__, hookspecs
 from xcecore.records import ConfigSection
@@ -115,6 +114,8 @@ class PluginManager:
         self._entry_points: dict[str, EntryPoint] = {}
         self.skipped: list[str] = []
         if os.environ.get(ENV_TRACE):
+            from loguru import logger  # only when tracing: every `xce` command builds a manager
+
             self.pm.trace.root.setwriter(lambda msg: logger.debug("hook: {}", msg.rstrip()))
             self.pm.enable_tracing()
         # Historic: every plugin registered from now on is asked at its registration.

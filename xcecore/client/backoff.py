@@ -7,7 +7,6 @@ so a freshly promoted standby is not hit by all of them at once.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
 _MAX_EXPONENT = 62  # 2**62 * any sane base is far past any cap; stops float overflow
@@ -16,14 +15,15 @@ _MAX_EXPONENT = 62  # 2**62 * any sane base is far past any cap; stops float ove
 class Backoff:
     """Delays for successive failed passes: ``uniform(0, min(cap, base * 2**n))``.
 
-    ``uniform`` is injectable so tests can pin the draw.
+    ``uniform`` is injectable so tests can pin the draw (default: ``random.uniform``, imported
+    at the first draw: a one-shot command that never fails a pass never pays for ``random``).
     """
 
     def __init__(
         self,
         base: float,
         cap: float,
-        uniform: Callable[[float, float], float] = random.uniform,
+        uniform: Callable[[float, float], float] | None = None,
         *,
         busy_cap: float | None = None,
     ) -> None:
@@ -50,6 +50,10 @@ class Backoff:
         (thousands of clients retrying at once is how a join storm collapses).
         """
         ceiling = max(self.ceiling(), min(self.busy_cap, at_least))
+        if self._uniform is None:
+            from random import uniform
+
+            self._uniform = uniform
         delay = self._uniform(0.0, ceiling)
         self.failures += 1
         return delay

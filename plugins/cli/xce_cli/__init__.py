@@ -1,3 +1,3 @@
-"""The xce command-line client commands and the embedded demo cluster."""
+"""``xce up``: the embedded cluster and its failover demo."""
 
 __version__ = "0.1.0"

@@ -14,7 +14,7 @@ from xcecore.protocol import FINISHED
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from xce_cli.up import Embedded
+    from xce_cli.embedded import Embedded
 
 
 

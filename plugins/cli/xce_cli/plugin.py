@@ -1,7 +1,9 @@
-"""Adds the command-line client and ``xce up`` to the ``xce`` command.
+"""Adds ``xce up`` (the embedded cluster and its failover demo) to the ``xce`` command.
 
-Importing this module must stay cheap (every ``xce`` invocation imports it): command
-bodies import what they need when they run.
+The cluster commands (``xce submit``, ``xce jobs``, ...) are built into the core
+(:mod:`xcecore.cli`), so that they start without loading any plugin; this plugin's command
+loads only when ``xce up`` or the full ``xce --help`` is asked for. Importing this module
+stays cheap: command bodies import what they need when they run.
 """
 
 from __future__ import annotations
@@ -13,9 +15,7 @@ from xcecore.hookspecs import hookimpl
 
 @hookimpl
 def xce_cli_commands(group: click.Group) -> None:
-    """Register the client commands and ``xce up``."""
-    from xce_cli.commands import COMMANDS
+    """Register ``xce up``."""
     from xce_cli.up import up
 
-    for command in [*COMMANDS, up]:
-        group.add_command(command)
+    group.add_command(up)

@@ -1,0 +1,162 @@
+"""The embedded cluster of ``xce up``: its processes, and how to look at them.
+
+Real processes on loopback, started and ended through :class:`xcecore.testing.cluster.
+LocalCluster` (by pid), with one config file in the cluster's directory.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from xcecore.cli.session import user_name
+
+CLIENT_ROLES = ("scheduler", "apiserver")
+
+
+def _config_extra(root: Path, user: str, api_port: int, password: str) -> str:
+    try:
+        from xce_apiserver.auth import hash_password
+    except ImportError:
+        raise click.ClickException("xce up runs every built-in role, the API server among them: "
+                                   "pip install 'xce-cli[up]'") from None
+
+    return (
+        f'[controller]\nadmins = ["{user}", "admin"]\nhost_timeout = 10.0\n'
+        f'[apiserver]\nlisten = "127.0.0.1:{api_port}"\nport_file = "{root / "api.port"}"\n'
+        f'users = [{{ name = "admin", password_hash = "{hash_password(password)}", role = "admin" }},'
+        f' {{ name = "{user}", password_hash = "{hash_password(password)}", role = "user" }}]\n'
+        f'[scheduler]\nstatus_file = "{root / "scheduler.status"}"\n'
+    )
+
+
+class Embedded:
+    """The processes of an embedded cluster and how to look at them."""
+
+    def __init__(self, root: Path, candidates: int, workers: int, api_port: int, base_port: int = 0) -> None:
+        from xcecore.testing.cluster import LocalCluster
+
+        self.root = root
+        self.password = secrets.token_urlsafe(9)
+        self.user = user_name()
+        self.nworkers = workers
+        extra = _config_extra(root, self.user, api_port, self.password)
+        ports = [base_port + i for i in range(candidates)] if base_port else []
+        self.cluster = LocalCluster(root, candidates, key=secrets.token_hex(16), extra_config=extra, ports=ports)
+        self.roles: dict[str, Any] = {}
+        self._client: Any = None
+
+    def start(self, progress: Any = None) -> None:
+        """Start candidates, then workers, scheduler and API server."""
+        steps = self.cluster.ncandidates + self.nworkers + len(CLIENT_ROLES)
+        task = progress.add_task("starting the cluster", total=steps) if progress else None
+
+        def advance(what: str) -> None:
+            if progress is not None:
+                progress.update(task, advance=1, description=what)
+
+        self.cluster.start_candidate(0)
+        self.cluster.wait_primary(30)
+        advance("candidate 0 is primary")
+        for i in range(1, self.cluster.ncandidates):
+            self.cluster.start_candidate(i)
+            self.cluster.wait_state(i, "standby", 30)
+            advance(f"candidate {i} is a standby")
+        for n in range(1, self.nworkers + 1):
+            name = f"node{n}"
+            self.roles[name] = self.cluster.start_role(
+                "worker", f'worker.hname="{name}"', f'worker.state_dir="{self.root / name}"', name=name)
+            advance(f"worker {name} started")
+        for role in CLIENT_ROLES:
+            self.roles[role] = self.cluster.start_role(role)
+            advance(f"{role} started")
+        self.wait_members(self.expected_members(), 60)
+
+    def expected_members(self) -> set[str]:
+        """The identities every role joins with."""
+        host = socket.gethostname()
+        return {f"worker@node{n}" for n in range(1, self.nworkers + 1)} | {f"{r}@{host}" for r in CLIENT_ROLES}
+
+    def client(self) -> Any:
+        """A sync client to the cluster (kept open)."""
+        if self._client is None:
+            from xcecore.client import SyncClient
+            from xcecore.runtime import client_config, load
+
+            _, config = load(self.cluster.config_path)
+            self._cm = SyncClient.open(client_config(config, f"cli@{socket.gethostname()}"), role="cli")
+            self._client = self._cm.__enter__()
+        return self._client
+
+    def call(self, op: str, args: dict[str, Any] | None = None, timeout: float = 20.0) -> Any:
+        """Call the controller as the invoking user."""
+        return self.client().call(op, {"user": self.user, **(args or {})}, deadline=timeout)
+
+    def members(self) -> dict[str, float]:
+        """Identity -> joined_at of every member joined to the primary."""
+        return {m["identity"]: m["joined_at"] for m in self.call("status").get("member_list", [])}
+
+    def wait_members(self, expected: set[str], timeout: float, since: float = 0.0) -> dict[str, float]:
+        """Wait until every expected member has joined the primary after ``since``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            joined = {k: v for k, v in self.members().items() if k in expected and v >= since}
+            if set(joined) == expected:
+                return joined
+            if time.monotonic() > deadline:
+                missing = ", ".join(sorted(expected - set(joined)))
+                raise click.ClickException(f"roles not joined after {timeout:g} s: {missing}\n{self.cluster.logs()}")
+            time.sleep(0.02)
+
+    def api_url(self) -> str:
+        """The API server's base URL (once it has written its port)."""
+        port_file = self.root / "api.port"
+        port = port_file.read_text().strip() if port_file.exists() else "?"
+        return f"http://127.0.0.1:{port}/xce/v1"
+
+    def status_table(self) -> Any:
+        """A rich renderable of candidates, roles, hosts and jobs."""
+        from rich.console import Group
+        from rich.table import Table
+
+        cands = Table("candidate", "state", "pid", title="controller candidates", box=None)
+        for i, port in enumerate(self.cluster.ports):
+            proc = self.cluster.candidates.get(i)
+            state = self.cluster.state_of(i) or "down"
+            cands.add_row(f"127.0.0.1:{port}", state, str(proc.pid) if proc and proc.alive() else "-")
+        roles = Table("role", "pid", "joined to", title="roles", box=None)
+        try:
+            st = self.call("status", timeout=2.0)
+            members = {m["identity"] for m in st.get("member_list", [])}
+            primary = st["primary"]
+            jobs = self.call("jobinfo", timeout=2.0)["jobs"]
+            hosts = self.call("hostinfo", timeout=2.0)["hosts"]
+        except Exception as exc:  # the table shows the outage rather than dying with it
+            members, primary, jobs, hosts = set(), f"unreachable ({exc})", [], []
+        for ident in sorted(self.expected_members()):
+            name = ident.split("@")[0] if not ident.startswith("worker@") else ident.split("@")[1]
+            proc = self.roles.get(name)
+            roles.add_row(ident, str(proc.pid) if proc and proc.alive() else "exited",
+                          primary if ident in members else "(joining)")
+        host_t = Table("host", "state", "slots used", title="hosts", box=None)
+        for h in hosts:
+            host_t.add_row(h["name"], h["state"], f"{h['used_slots']}/{h['max_slots']}")
+        by_state: dict[str, int] = {}
+        for j in jobs:
+            by_state[j["state"]] = by_state.get(j["state"], 0) + 1
+        jobs_line = ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none yet"
+        return Group(cands, roles, host_t, f"jobs: {jobs_line}", f"API: {self.api_url()}")
+
+    def close(self) -> None:
+        """Stop every process this cluster started."""
+        if self._client is not None:
+            self._cm.__exit__(None, None, None)
+            self._client = None
+        for proc in self.roles.values():
+            proc.stop(5)
+        self.cluster.close()

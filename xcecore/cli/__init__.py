@@ -1,0 +1,115 @@
+"""The ``xce`` command.
+
+Start-up time is the design constraint: ``xce jobs`` and ``xce submit`` must answer like
+``bjobs`` and ``bsub`` (well under 60 ms here from a regular install). So a command is
+found by name before anything heavy is imported:
+
+- the **built-in commands** (:mod:`xcecore.cli.commands`: submit, jobs, hosts, ...;
+  :mod:`xcecore.cli.core`: version, plugins, config, run) are declared in
+  :mod:`xcecore.cli.spec` and reach the controller through
+  :class:`xcecore.client.OneShotClient` -- no event loop, no plugins, no entry-point scan;
+- any **other name** is a plugin command, added through ``xce_cli_commands`` as a click
+  command (:mod:`xcecore.cli.plugins`): only then are the plugins loaded.
+
+``xce --help`` lists both (it loads the plugins to find theirs). Global options come before
+the command name.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from xcecore.cli.spec import (
+    COMMANDS,
+    GLOBAL_HELP,
+    ArgError,
+    HelpRequested,
+    Options,
+    UsageError,
+    help_text,
+    parse,
+    parse_global,
+    usage,
+)
+
+BUILTIN_MODULES = ("xcecore.cli.commands", "xcecore.cli.core")
+
+
+def _builtins() -> None:
+    """Register every built-in command (cheap modules: no heavy imports at their top)."""
+    import importlib
+
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+def main_help(opts: Options) -> str:
+    """The top-level help: usage, global options, built-in and plugin commands."""
+    _builtins()
+    found: list[tuple[str, str]] = []
+    problem = ""
+    try:
+        from xcecore.cli.plugins import plugin_group
+
+        group, _ = plugin_group(opts, listing=True)
+        found = [(n, c.get_short_help_str(limit=200)) for n, c in sorted(group.commands.items())]
+    except Exception as exc:  # a broken plugin must not hide the built-in commands
+        problem = f"unavailable ({exc})"
+    width = max(len(n) for n in [*COMMANDS, *(n for n, _ in found)]) + 2
+    lines = ["usage: xce [OPTIONS] COMMAND [ARGS]...", "",
+             "xce: cluster workload management with controller high availability.", "",
+             GLOBAL_HELP, "", "commands:"]
+    lines += [f"  {c.name:<{width}}{c.help}" for c in COMMANDS.values()]
+    if found or problem:
+        lines += ["", f"plugin commands: {problem}".rstrip()]
+        lines += [f"  {n:<{width}}{text}" for n, text in found]
+    lines += ["", "Run `xce COMMAND --help` for the options of a command."]
+    return "\n".join(lines)
+
+
+def run(argv: list[str]) -> int:
+    """Run the ``xce`` command line ``argv`` (without the program name); the exit status."""
+    from xcecore.cli.session import CommandError
+
+    try:
+        opts, name, rest, wants_help = parse_global(argv)
+    except UsageError as exc:
+        sys.stderr.write(f"usage: xce [OPTIONS] COMMAND [ARGS]...\nxce: error: {exc}\n")
+        return 2
+    if name is None:
+        sys.stdout.write(main_help(opts) + "\n")
+        return 0
+    if wants_help:  # `xce --help jobs`
+        rest = ["--help"]
+    _builtins()
+    try:
+        cmd = COMMANDS.get(name)
+        if cmd is None:
+            from xcecore.cli.plugins import run_plugin_command
+
+            return run_plugin_command(opts, name, rest)
+        from xcecore.cli.session import Session
+
+        try:
+            ns = parse(cmd, rest)
+        except HelpRequested:
+            sys.stdout.write(help_text(cmd) + "\n")
+            return 0
+        except ArgError as exc:
+            sys.stderr.write(f"{usage(cmd)}\nTry 'xce {name} --help' for help.\n\nError: {exc}\n")
+            return 2
+        session = Session(opts)
+        try:
+            return cmd.run(session, ns) or 0
+        finally:
+            session.close()
+    except CommandError as exc:
+        sys.stderr.write(f"Error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """Entry point: ``xce`` (console script) and ``python -m xcecore``."""
+    sys.exit(run(sys.argv[1:] if argv is None else argv))

@@ -1,0 +1,277 @@
+"""The cluster commands: submit, jobs, job, hosts, host, queues, queue, run-job, status,
+outcome, admin.
+
+Each is one or a few controller calls through :class:`xcecore.cli.session.Session`; tables
+are plain aligned text, ``--json`` output is stable for scripts, and every error is one line
+and exit 1. These modules import nothing heavy: ``xce jobs`` costs the interpreter, the
+config file, one socket and the table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xcecore.cli.session import CommandError, Session, echo, emit_json, table, when
+from xcecore.cli.spec import Parsed, arg, command
+from xcecore.protocol import JOB_STATES, UNFINISHED
+
+JSON = arg("--json", dest="as_json", action="store_true", help="stable machine-readable output")
+
+
+def _select(s: Session, text: str, found: list[dict[str, Any]], site: list[Any]) -> list[dict[str, Any]]:
+    """The hosts of ``found`` that satisfy requirement ``text``, in its order (the configured
+    evaluator: this loads the plugins)."""
+    from xcecore.resreq import ResourceRegistry, ResreqError
+
+    evaluator = s.plugin_manager().resreq_evaluator(ResourceRegistry(site))
+    by_name = {h["name"]: h for h in found}
+    try:
+        matches = evaluator.select(text, [host_view(h) for h in found])
+    except ResreqError as exc:
+        raise CommandError(str(exc)) from None
+    return [by_name[m.name] for m in matches]
+
+
+def host_view(h: dict[str, Any]) -> dict[str, Any]:
+    """A host record flattened into the mapping the resource-requirement evaluator reads."""
+    view: dict[str, Any] = {**h.get("attrs", {}), **h.get("resvals", {})}
+    view["hname"] = h["name"]
+    view["status"] = h["state"]
+    view["maxslots"] = h["max_slots"]
+    view["slots"] = max(0, h["max_slots"] - h["used_slots"])
+    return view
+
+
+@command(
+    "submit", "Submit COMMAND as a job (like bsub); prints the job id.",
+    arg("-q", "--queue", help="queue to submit to (default: the cluster's default queue)"),
+    arg("-R", "--resreq", default="", help='resource requirement, e.g. "select[mem>4G] order[r1m]"'),
+    arg("-J", "--name", default="", help="job name"),
+    arg("-n", "--ntasks", default=1, type=int, help="number of tasks (>= 1)"),
+    arg("-P", "--project", default=None, help="project name"),
+    arg("--cwd", default=None, help="working directory (default: the current one)"),
+    JSON,
+    arg("command", nargs="...", help="the command and its arguments (after --)"),
+)
+def submit(s: Session, ns: Parsed) -> None:
+    import os
+    import shlex
+
+    words = list(ns.command)
+    if not words:
+        raise CommandError("submit: name the command to run, e.g. xce submit -- ./job.sh")
+    if ns.ntasks < 1:
+        raise CommandError(f"submit: -n/--ntasks must be >= 1, got {ns.ntasks}")
+    args: dict[str, Any] = {
+        "command": shlex.join(words) if len(words) > 1 else words[0],
+        "resreq": ns.resreq, "name": ns.name, "ntasks": ns.ntasks, "cwd": ns.cwd or os.getcwd(),
+    }
+    if ns.queue:
+        args["queue"] = ns.queue
+    if ns.project:
+        args["project"] = ns.project
+    if ns.resreq:  # like bsub: a bad requirement is refused here, with its position
+        _select(s, ns.resreq, [], s.call("clusterconf").get("resources", []))
+    res = s.call("jobsubmit", args)
+    if ns.as_json:
+        emit_json(res)
+    else:
+        echo(f"Job <{res['jobid']}> is submitted to queue <{res['queue']}>.")
+
+
+def _state(text: str) -> str:
+    state = text.upper()
+    if state not in JOB_STATES:
+        raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(JOB_STATES)})")
+    return state
+
+
+@command(
+    "jobs", "List jobs (like bjobs): your unfinished jobs unless filters say otherwise.",
+    arg("-u", "--user", dest="owner", help="only jobs of this user ('all' for everyone)"),
+    arg("-q", "--queue", help="only jobs of this queue"),
+    arg("-s", "--state", type=_state, help=f"only jobs in this state ({', '.join(JOB_STATES)})"),
+    arg("-a", "--all", dest="show_all", action="store_true", help="include finished jobs"),
+    JSON,
+    arg("jobids", nargs="*", type=int, help="only these jobs"),
+)
+def jobs(s: Session, ns: Parsed) -> None:
+    args: dict[str, Any] = {}
+    if ns.jobids:
+        args["jobids"] = list(ns.jobids)
+    if ns.queue:
+        args["queue"] = ns.queue
+    if ns.state:
+        args["state"] = ns.state
+    elif not ns.show_all and not ns.jobids:
+        args["states"] = sorted(UNFINISHED)
+    if ns.owner != "all" and not ns.jobids:
+        args["owner"] = ns.owner or s.user
+    found = s.call("jobinfo", args)["jobs"]
+    if ns.as_json:
+        emit_json(found)
+        return
+    if not found:
+        echo("No matching job found")
+        return
+    rows = [[j["jobid"], j["user"], j["state"], j["queue"],
+             " ".join(f"{a['ntasks']}*{a['host']}" if a["ntasks"] > 1 else a["host"] for a in j["alloc"]),
+             j["name"] or j["command"][:30], when(j["submit_time"]),
+             j["pend_reason"] if j["state"] == "PEND" else j.get("reason")] for j in found]
+    table(["JOBID", "USER", "STAT", "QUEUE", "EXEC_HOST", "JOB_NAME", "SUBMIT_TIME", "REASON"], rows)
+
+
+@command(
+    "job", "Control jobs: kill, stop, resume, requeue or checkpoint (like bkill/bstop/bresume).",
+    arg("action", choices=["kill", "stop", "resume", "requeue", "checkpoint"]),
+    arg("jobids", nargs="+", type=int),
+    JSON,
+)
+def job(s: Session, ns: Parsed) -> int:
+    results = []
+    failed = 0
+    for jobid in ns.jobids:
+        try:
+            rec = s.call("jobctrl", {"jobid": jobid, "action": ns.action})
+            results.append({"jobid": jobid, "ok": True, "state": rec["state"]})
+            if not ns.as_json:
+                echo(f"Job <{jobid}>: {ns.action} accepted (state {rec['state']})")
+        except CommandError as exc:
+            failed += 1
+            results.append({"jobid": jobid, "ok": False, "error": str(exc)})
+            if not ns.as_json:
+                echo(f"Job <{jobid}>: {exc}", err=True)
+    if ns.as_json:
+        emit_json(results)
+    return 1 if failed else 0
+
+
+@command(
+    "hosts", "List hosts (like bhosts / lshosts -R).",
+    arg("-R", "--resreq", help="only hosts that satisfy this requirement, in its order"),
+    JSON,
+    arg("names", nargs="*", help="only these hosts"),
+)
+def hosts(s: Session, ns: Parsed) -> None:
+    found = s.call("hostinfo", {"hosts": list(ns.names)} if ns.names else {})["hosts"]
+    if ns.resreq:
+        found = _select(s, ns.resreq, found, s.call("clusterconf").get("resources", []))
+    if ns.as_json:
+        emit_json(found)
+        return
+    rows = [[h["name"], h["state"], h["max_slots"], h["used_slots"], h["attrs"].get("type"),
+             h["attrs"].get("ncpus"), h["attrs"].get("maxmem"), h["resvals"].get("r1m"),
+             h["resvals"].get("mem"), h.get("comment")] for h in found]
+    table(["HOST_NAME", "STATUS", "MAX", "RUN", "TYPE", "NCPUS", "MAXMEM", "r1m", "mem", "COMMENT"], rows)
+
+
+@command(
+    "host", "Open or close a host (admin; like badmin hopen/hclose).",
+    arg("action", choices=["open", "close"]),
+    arg("host"),
+    arg("-C", "--comment", default="", help="why (shown by `xce hosts`)"),
+)
+def host(s: Session, ns: Parsed) -> None:
+    rec = s.call("hostctrl", {"host": ns.host, "action": ns.action, "comment": ns.comment})
+    echo(f"Host <{ns.host}>: {ns.action} done (state {rec['state']})")
+
+
+@command("queues", "List queues (like bqueues).", JSON)
+def queues(s: Session, ns: Parsed) -> None:
+    found = s.call("queueinfo")["queues"]
+    jobs_ = s.call("jobinfo", {"states": sorted(UNFINISHED)})["jobs"]
+    counts: dict[str, dict[str, int]] = {}
+    for j in jobs_:
+        c = counts.setdefault(j["queue"], {"PEND": 0, "RUN": 0, "SUSP": 0})
+        c[j["state"] if j["state"] in ("PEND", "RUN") else "SUSP"] += 1
+    zero = {"PEND": 0, "RUN": 0, "SUSP": 0}
+    if ns.as_json:
+        emit_json([{**q, **counts.get(q["name"], zero)} for q in found])
+        return
+    rows = []
+    for q in found:
+        c = counts.get(q["name"], zero)
+        rows.append([q["name"], q["priority"], q["status"], c["PEND"], c["RUN"], c["SUSP"]])
+    table(["QUEUE_NAME", "PRIO", "STATUS", "PEND", "RUN", "SUSP"], rows)
+
+
+@command(
+    "queue", "Open, close, activate or inactivate a queue (admin; like badmin qopen/qclose/qact/qinact).",
+    arg("action", choices=["open", "close", "activate", "inactivate"]),
+    arg("queue"),
+)
+def queue(s: Session, ns: Parsed) -> None:
+    rec = s.call("queuectrl", {"queue": ns.queue, "action": ns.action})
+    echo(f"Queue <{ns.queue}>: {ns.action} done ({rec['status']})")
+
+
+@command(
+    "run-job", "Force a pending job to run on named hosts (admin; like brun).",
+    arg("jobid", type=int),
+    arg("-m", "--hosts", dest="hostlist", required=True, help="host(s) to run on, comma-separated"),
+)
+def run_job(s: Session, ns: Parsed) -> None:
+    names = [h.strip() for h in ns.hostlist.split(",") if h.strip()]
+    if not names:
+        raise CommandError("run-job: -m: name at least one host")
+    rec = s.call("jobinfo", {"jobids": [ns.jobid]})["jobs"]
+    if not rec:
+        raise CommandError(f"job {ns.jobid} not found")
+    ntasks = int(rec[0]["ntasks"])
+    share, extra = divmod(ntasks, len(names))
+    counts = [share + (1 if i < extra else 0) for i in range(len(names))]
+    alloc = [{"host": h, "ntasks": n} for h, n in zip(names, counts, strict=True) if n > 0]
+    res = s.call("jobdispatch", {"jobid": ns.jobid, "alloc": alloc, "force": True})
+    echo(f"Job <{ns.jobid}> is being forced to run on {', '.join(a['host'] for a in res['alloc'])}.")
+
+
+@command("status", "Show the controller candidates and which one is primary.", JSON)
+def status(s: Session, ns: Parsed) -> None:
+    client = s.client()
+    st = s.call("status")
+    rows = [{"candidate": str(cand), "state": client.probe(cand, timeout=1.0)}
+            for cand in client.config.candidates]
+    members = st.get("member_list", [])
+    if ns.as_json:
+        emit_json({"candidates": rows, "primary": st["primary"], "jobs": st["jobs"], "hosts": st["hosts"],
+                   "members": st["members"], "member_list": members})
+        return
+    table(["CANDIDATE", "STATE"], [[r["candidate"], r["state"]] for r in rows], title="controller candidates")
+    echo(f"primary {st['primary']} since {when(st['since'])}: {st['jobs']} jobs, {st['hosts']} hosts, "
+         f"{st['members']} members joined")
+    # Every member, with the attributes it joined with (a worker's are its host's: xce hosts).
+    table(["MEMBER", "ROLE", "JOINED", "LAST SEEN", "PUSHES", "ATTRIBUTES"],
+          [[m["identity"], m["role"], when(m.get("joined_at")), when(m.get("last_seen")),
+            m.get("pushes"), " ".join(f"{k}={v}" for k, v in sorted((m.get("attrs") or {}).items()))]
+           for m in members], title="members")
+
+
+@command(
+    "outcome", "Say what became of a write whose outcome was unknown (by its idempotency key).",
+    arg("rid", help="the idempotency key an 'outcome unknown' error named"),
+    JSON,
+    epilog="Answers applied (with the result), pending (ask again) or not applied. A 'not\n"
+           "applied' answer is final: the key can no longer be applied, so submit again if\n"
+           "the write is still wanted.",
+)
+def outcome(s: Session, ns: Parsed) -> int:
+    res = s.call("outcome", {"rid": ns.rid})
+    if ns.as_json:
+        emit_json(res)
+    elif res["outcome"] == "applied":
+        echo(f"{ns.rid}: applied; result {res['result']}")
+    elif res["outcome"] == "pending":
+        echo(f"{ns.rid}: pending (being committed now); ask again")
+    else:
+        echo(f"{ns.rid}: not applied (final: it can no longer be applied)")
+    return 0
+
+
+@command(
+    "admin", "Administrator commands, sent to the controller directly.",
+    arg("action", choices=["shutdown"],
+        help="shutdown: shut down the primary controller candidate (a standby takes over)"),
+)
+def admin(s: Session, ns: Parsed) -> None:
+    res = s.call("shutdown", role="admin")
+    echo(f"controller {res['server']} is shutting down")

@@ -1,0 +1,80 @@
+"""The commands about xce itself: version, plugins, config, run.
+
+They load the plugins (that is what they are about), so they import what that costs -- when
+they run, never when another command does.
+"""
+
+from __future__ import annotations
+
+from xcecore.cli.session import CommandError, Session, echo, emit_json
+from xcecore.cli.spec import Parsed, arg, command
+
+
+@command("version", "Print the xce version.")
+def version(s: Session, ns: Parsed) -> None:
+    from xcecore import __version__
+
+    echo(f"xce {__version__}")
+
+
+@command("plugins", "List loaded plugins, their distribution, version and hooks.",
+         arg("--json", dest="as_json", action="store_true", help="machine-readable output"))
+def plugins(s: Session, ns: Parsed) -> None:
+    infos = s.plugin_manager().info()
+    if ns.as_json:
+        emit_json([{"name": i.name, "distribution": i.distribution, "version": i.version,
+                    "hooks": list(i.hooks)} for i in infos])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("plugin", "distribution", "version", "hooks")
+    for i in infos:
+        table.add_row(i.name, i.distribution, i.version, ", ".join(i.hooks))
+    Console().print(table)
+
+
+@command(
+    "config", "Inspect configuration: the reference of every key, or a file checked and resolved.",
+    arg("what", choices=["reference", "check"],
+        help="reference: the configuration reference (Markdown) for the installed plugins; "
+             "check: validate the config file and print it with every default filled in (JSON)"),
+)
+def config(s: Session, ns: Parsed) -> None:
+    pm = s.plugin_manager()
+    if ns.what == "reference":
+        from xcecore.config import CORE_SECTIONS, reference_markdown
+
+        print(reference_markdown([*CORE_SECTIONS, *pm.config_sections()]), end="")
+        return
+    cfg = s.config()
+    emit_json(cfg.as_dict())
+    if cfg.unchecked:  # sections of plugins not installed (or disabled) here: kept, not checked
+        names = ", ".join(f"[{n}]" for n in sorted(cfg.unchecked))
+        echo(f"not checked (no loaded plugin declares them): {names}", err=True)
+    for section, keys in sorted(cfg.missing.items()):
+        echo(f"[{section}] lacks required {', '.join(keys)}: needed when its role runs", err=True)
+
+
+@command(
+    "run", "Run ROLE (any role a plugin registers) in the foreground.",
+    arg("role"),
+    arg("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="override a config value (TOML syntax), e.g. --set controller.listen=h:7600"),
+)
+def run(s: Session, ns: Parsed) -> None:
+    from xcecore.runtime import run_role
+
+    try:
+        run_role(ns.role, s.opts.config, ns.overrides, log_level=s.opts.log_level,
+                 log_json=s.opts.json_logs)
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:
+        from xcecore.config import ConfigError
+        from xcecore.plugins import PluginError
+        from xcecore.runtime import RoleError
+
+        if isinstance(exc, ConfigError | PluginError | RoleError | ValueError):
+            raise CommandError(str(exc)) from None
+        raise

@@ -1,0 +1,90 @@
+"""Commands that plugins add through ``xce_cli_commands``: click commands, loaded on demand.
+
+Only a name that is not built in (``xce up``), or the full ``xce --help`` listing, loads the
+plugins and click; a built-in command never does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from xcecore.cli.spec import COMMANDS, Options
+
+if TYPE_CHECKING:
+    import click
+
+
+def _plugins_section(path: str | None) -> dict[str, Any]:
+    """The raw ``[plugins]`` table of the config file (for listing plugin commands)."""
+    import os
+    import tomllib
+
+    path = path or os.environ.get("XCE_CONFIG") or None
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            section = tomllib.load(fh).get("plugins", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}  # the command that runs reports it; a listing does not
+    return section if isinstance(section, dict) else {}
+
+
+def plugin_group(opts: Options, *, listing: bool) -> tuple[click.Group, dict[str, Any]]:
+    """A click group holding every plugin command, and the ``obj`` its commands get.
+
+    ``listing``: only to list them (the plugins the config selects; the config itself is not
+    validated). Otherwise the whole config is loaded and validated, as for any role, and
+    ``obj`` carries ``pm``, ``config``, ``config_path``, ``timeout``, ``log_level`` and
+    ``log_json``. A plugin command named like a built-in one is ignored: built-ins win.
+    """
+    import click
+
+    from xcecore.plugins import PluginManager
+
+    obj: dict[str, Any] = {"config_path": opts.config, "timeout": opts.timeout,
+                           "log_level": opts.log_level, "log_json": opts.json_logs}
+    if listing:
+        pm = PluginManager.load(_plugins_section(opts.config))
+    else:
+        from xcecore.runtime import load
+
+        pm, obj["config"] = load(opts.config)
+    obj["pm"] = pm
+    group = click.Group("xce")
+    pm.cli_commands(group)
+    for name in [n for n in group.commands if n in COMMANDS]:
+        del group.commands[name]
+    return group, obj
+
+
+def run_plugin_command(opts: Options, name: str, args: list[str]) -> int:
+    """Run plugin command ``name`` with ``args``; its exit status."""
+    import click
+
+    from xcecore.cli.session import CommandError
+    from xcecore.log import setup_logging
+
+    # Commands print results, not logs: only warnings and errors unless asked.
+    setup_logging("xce", opts.log_level or "WARNING", json=bool(opts.json_logs))
+    try:
+        group, obj = plugin_group(opts, listing=False)
+    except Exception as exc:  # a config or plugin error: one line
+        raise CommandError(str(exc)) from None
+    cmd = group.commands.get(name)
+    if cmd is None:
+        known = sorted([*COMMANDS, *group.commands])
+        raise CommandError(f"no such command {name!r}; commands: {', '.join(known)}")
+    try:
+        cmd.main(args=args, prog_name=f"xce {name}", obj=obj, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        import sys
+
+        sys.stderr.write("Aborted!\n")
+        return 1
+    return 0

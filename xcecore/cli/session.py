@@ -1,0 +1,142 @@
+"""What a built-in command works with: the settings, one client, the caller, and output.
+
+Commands talk straight to the controller, as LSF's commands talk to mbatchd, through a
+:class:`xcecore.client.OneShotClient` built from the config file's ``[cluster]`` and
+``[client]`` sections (read and checked by :func:`xcecore.client.settings.read_sections`:
+no plugins are loaded for that). A command never waits forever: ``--timeout`` bounds each
+call, after which it exits 1 with one line. Only what needs plugins -- checking a resource
+requirement with the configured evaluator -- loads them (:meth:`Session.plugin_manager`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from xcecore.cli.spec import Options
+
+if TYPE_CHECKING:
+    from xcecore.client.oneshot import OneShotClient
+    from xcecore.config import Config
+    from xcecore.plugins import PluginManager
+
+DEFAULT_TIMEOUT = 15.0
+
+
+class CommandError(Exception):
+    """A command failed: its message is printed as one line (``Error: ...``) and it exits 1."""
+
+
+def user_name() -> str:
+    """The invoking user, as the controller records it (``getpass.getuser``'s rule)."""
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        user = os.environ.get(name)
+        if user:
+            return user
+    import pwd
+
+    return pwd.getpwuid(os.getuid())[0]
+
+
+class Session:
+    """One command's connection to the controller and what it knows about its caller."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.timeout = opts.timeout if opts.timeout is not None else DEFAULT_TIMEOUT
+        self.user = user_name()
+        self._clients: dict[str, OneShotClient] = {}
+        self._loaded: tuple[PluginManager, Config] | None = None
+
+    def client(self, role: str = "cli") -> OneShotClient:
+        """The command's client, as ``role@<this host>`` (made on first use)."""
+        found = self._clients.get(role)
+        if found is None:
+            from xcecore.client.oneshot import OneShotClient, stderr_logger
+            from xcecore.client.settings import client_config, read_sections
+
+            try:
+                _, cluster, tuning = read_sections(self.opts.config)
+                cfg = client_config(cluster, tuning, f"{role}@{socket.gethostname()}")
+            except ValueError as exc:  # SettingsError, CandidateError, AuthError, bad tuning
+                raise CommandError(str(exc)) from None
+            found = self._clients[role] = OneShotClient(
+                cfg, role=role, log=stderr_logger(self.opts.log_level or "WARNING"))
+        return found
+
+    def call(self, op: str, args: dict[str, Any] | None = None, *, role: str = "cli") -> Any:
+        """Call ``op`` as the invoking user; any failure is a :class:`CommandError` line."""
+        from xcecore.client.errors import BackendUnavailable, OutcomeUnknown
+        from xcecore.wire import RemoteError
+
+        body = {"user": self.user, **(args or {})}
+        try:
+            return self.client(role).call(op, body, deadline=self.timeout)
+        except RemoteError as exc:
+            raise CommandError(f"{op}: {exc.message} ({exc.code})") from None
+        except OutcomeUnknown as exc:
+            raise CommandError(
+                f"{op}: the controller did not answer within {self.timeout:g} s after the request "
+                f"was sent, so it may or may not have been applied; `xce outcome {exc.rid}` "
+                "tells (and makes a 'not applied' answer final)") from None
+        except BackendUnavailable as exc:
+            raise CommandError(f"controller unreachable after {self.timeout:g} s: {exc}") from None
+
+    def plugin_manager(self) -> PluginManager:
+        """The configured plugins (loads them and the whole config once; slow path)."""
+        return self._load()[0]
+
+    def config(self) -> Config:
+        """The whole configuration, validated against every loaded plugin (slow path)."""
+        return self._load()[1]
+
+    def _load(self) -> tuple[PluginManager, Config]:
+        if self._loaded is None:
+            from xcecore.runtime import load
+
+            try:
+                self._loaded = load(self.opts.config)
+            except Exception as exc:
+                raise CommandError(str(exc)) from None
+        return self._loaded
+
+    def close(self) -> None:
+        """Close every client."""
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+
+# --------------------------------------------------------------------------- output
+
+
+def echo(text: str = "", *, err: bool = False) -> None:
+    """Print one line (or several) to stdout, or stderr."""
+    (sys.stderr if err else sys.stdout).write(text + "\n")
+
+
+def emit_json(data: Any) -> None:
+    """Stable machine-readable output: sorted keys, two-space indent."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
+    """Print an aligned plain-text table, as bjobs and bhosts do.
+
+    Plain columns: ``xce jobs`` with thousands of rows must answer in milliseconds, and
+    scripts that cut columns want no box characters or colour codes.
+    """
+    cells = [columns, *(["-" if v is None or v == "" else str(v) for v in row] for row in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    out = [title] if title else []
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    echo("\n".join(out))
+
+
+def when(epoch: float | None) -> str:
+    """A timestamp as bjobs shows it (``Dec 01 10:03:01``)."""
+    return time.strftime("%b %d %H:%M:%S", time.localtime(epoch)) if epoch else "-"
