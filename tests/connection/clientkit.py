@@ -1,4 +1,5 @@
-"""Helpers for the connection-manager tests: fast client configs and a recording hooks facade."""
+"""Helpers for the client tests: fast client configs, clients on the in-memory network, and a
+recording hooks facade."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from xcecore.candidates import parse_peers
 from xcecore.client import Client, ClientConfig
+from xcecore.client.backend import NetworkBackend
 
 
 def make_config(*addresses: str, **overrides: Any) -> ClientConfig:
@@ -20,6 +22,11 @@ def make_config(*addresses: str, **overrides: Any) -> ClientConfig:
     }
     settings.update(overrides)
     return ClientConfig(candidates=parse_peers(",".join(addresses)), **settings)
+
+
+def mem_client(net: NetworkBackend, config: ClientConfig, **kw: Any) -> Client:
+    """A client whose connections go through ``net`` (a ``MemoryNetwork``: no sockets)."""
+    return Client(config, backend=net, **kw)
 
 
 class SpyHooks:

@@ -1,4 +1,4 @@
-"""Fixtures for the connection-manager tests: loguru capture and hook spies."""
+"""Fixtures for the client tests: the in-memory network, loguru capture and hook spies."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from clientkit import SpyHooks
 from loguru import logger
+
+from xcecore.client.backend import MemoryNetwork
 
 
 @pytest.fixture
@@ -42,6 +44,12 @@ def logs() -> Iterator[LogCapture]:
         yield cap
     finally:
         logger.remove(handler)
+
+
+@pytest.fixture
+def net() -> MemoryNetwork:
+    """An in-process network: fake controllers listen on it, clients connect through it."""
+    return MemoryNetwork()
 
 
 @pytest.fixture

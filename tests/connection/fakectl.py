@@ -1,10 +1,14 @@
-"""A scripted fake xce controller on real loopback sockets, for connection-manager tests.
+"""A scripted fake xce controller, for client tests: in memory, or on real loopback sockets.
 
 It speaks docs/protocol.md (handshake, requests, replies, pushes) and can be told to behave
 as a primary, a standby redirecting to another candidate or knowing no primary, a black hole
 (``hang``), or to misbehave on the Nth request (drop the connection, send garbage, hold the
 reply forever). It records every request, answers ``join`` (then pushes ``state``), and can be
-killed (listener and every connection closed) and restarted on the same port.
+killed (listener and every connection closed) and restarted on the same address.
+
+Given a :class:`~xcecore.client.backend.MemoryNetwork` (``net=``) it listens there -- the
+client under test then uses that network as its backend and no socket is involved; without
+one it listens on a real TCP port (the tests that are about sockets).
 
 Candidates of one fake cluster share a :class:`SharedStore` -- the "state directory" -- so a
 write retried on a new primary under the same rid is applied exactly once.
@@ -16,19 +20,32 @@ Run it standalone (for benchmarks): ``python fakectl.py --modes standby,primary`
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
-from anyio.abc import SocketAttribute, TaskGroup
+from anyio.abc import ByteStream, SocketAttribute, TaskGroup
 from anyio.streams.buffered import BufferedByteStream
 
 from xcecore import auth, wire
+from xcecore.candidates import Candidate
+from xcecore.client.backend import MemoryNetwork
 from xcecore.testing import free_port as free_port  # the shared kit's, re-exported for these tests
 
 Mode = Literal["primary", "standby", "hang"]
+
+
+_MEMORY_PORTS = itertools.count(20000)
+
+
+def nowhere(net: MemoryNetwork | None = None) -> str:
+    """An address nothing listens on (a "refused" candidate), in memory or on loopback."""
+    if net is not None:
+        return f"nowhere.test:{next(_MEMORY_PORTS)}"
+    return f"127.0.0.1:{free_port()}"
 
 
 @dataclass
@@ -114,10 +131,12 @@ class FakeController:
         primary: str | None = None,
         store: SharedStore | None = None,
         key: bytes | None = None,
+        net: MemoryNetwork | None = None,
     ) -> None:
         self.name = name
-        self.host = host
-        self.port = port
+        self.net = net
+        self.host = f"{name}.test" if net is not None and host == "127.0.0.1" else host
+        self.port = port or (next(_MEMORY_PORTS) if net is not None else 0)
         self.mode: Mode = mode
         self.primary = primary
         self.store = store if store is not None else SharedStore()
@@ -135,7 +154,7 @@ class FakeController:
         self.connections = 0
         self.running = False
         self._sessions: dict[int, _Session] = {}
-        self._streams: set[BufferedByteStream] = set()
+        self._streams: set[ByteStream] = set()
         self._tg: TaskGroup | None = None
         self._scope: anyio.CancelScope | None = None
         self._stopped = anyio.Event()
@@ -159,9 +178,18 @@ class FakeController:
         self._tg.cancel_scope.cancel()
         return await self._tg.__aexit__(*exc)
 
+    @property
+    def candidate(self) -> Candidate:
+        """The candidate a client lists for this fake."""
+        return Candidate(self.host, self.port)
+
     async def start(self) -> None:
         """Listen (again) on ``port`` (a fresh one the first time if 0)."""
         assert self._tg is not None and not self.running
+        if self.net is not None:
+            self.net.listen(self.candidate, self._handle, self._tg)
+            self.running = True
+            return
         listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
         self.port = listener.extra(SocketAttribute.local_port)
         self._scope = anyio.CancelScope()
@@ -174,8 +202,12 @@ class FakeController:
         if not self.running:
             return
         self.running = False
+        if self.net is not None:
+            self.net.unlisten(self.candidate)
         for stream in list(self._streams):
             await anyio.aclose_forcefully(stream)
+        if self.net is not None:
+            return
         assert self._scope is not None
         self._scope.cancel()
         await self._stopped.wait()
@@ -223,11 +255,11 @@ class FakeController:
         finally:
             stopped.set()
 
-    async def _handle(self, raw: Any) -> None:
+    async def _handle(self, raw: ByteStream) -> None:
         self.connections += 1
         number = self.connections
         stream = BufferedByteStream(raw)
-        self._streams.add(stream)
+        self._streams.add(raw)
         try:
             if self.mode == "hang":
                 await anyio.sleep_forever()
@@ -254,7 +286,7 @@ class FakeController:
             pass
         finally:
             self._sessions.pop(number, None)
-            self._streams.discard(stream)
+            self._streams.discard(raw)
             await anyio.aclose_forcefully(stream)
 
     def _record(self, sess: _Session, req: wire.Request) -> Recorded:

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from clientkit import make_config
+from clientkit import make_config, mem_client
 from fakectl import FakeController, SharedStore
 
 from xcecore.candidates import parse_address
-from xcecore.client import Client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 
-async def test_primary_killed_mid_write_retry_has_same_rid(logs, hooks):
+async def test_primary_killed_mid_write_retry_has_same_rid(net, logs, hooks):
     store = SharedStore()
-    async with FakeController("a", store=store) as a, FakeController(
-            "b", mode="standby", store=store) as b:
+    async with FakeController("a", net=net, store=store) as a, FakeController(
+            "b", net=net, mode="standby", store=store) as b:
         b.primary = a.address
         a.hold_ops = {"jobsubmit"}  # the write reaches a, a dies before answering
-        async with Client(make_config(a.address, b.address), role="scheduler", hooks=hooks) as c:
+        async with mem_client(net, make_config(a.address, b.address), role="scheduler", hooks=hooks) as c:
             await c.connect()
             results: list[object] = []
 
@@ -43,10 +42,10 @@ async def test_primary_killed_mid_write_retry_has_same_rid(logs, hooks):
     assert logs.find("; rejoin pending", "INFO")
 
 
-async def test_write_applied_then_reply_lost_is_applied_exactly_once():
+async def test_write_applied_then_reply_lost_is_applied_exactly_once(net):
     store = SharedStore()
-    async with FakeController("a", store=store) as a, FakeController("b", store=store) as b:
-        async with Client(make_config(a.address, b.address), role="w") as c:
+    async with FakeController("a", net=net, store=store) as a, FakeController("b", net=net, store=store) as b:
+        async with mem_client(net, make_config(a.address, b.address), role="w") as c:
             await c.connect()
             a.drop_on_op, a.apply_before_drop, a.kill_on_drop = a.op_count + 1, True, True
             result = await c.call("jobsubmit", {"cmd": "true"})
@@ -56,12 +55,12 @@ async def test_write_applied_then_reply_lost_is_applied_exactly_once():
         assert a.ops("jobsubmit")[0].rid == b.ops("jobsubmit")[0].rid
 
 
-async def test_concurrent_calls_during_failover_all_complete_once(hooks, mocker):
+async def test_concurrent_calls_during_failover_all_complete_once(net, hooks, mocker):
     store = SharedStore()
     spy = mocker.spy(hooks, "reconnected")
-    async with FakeController("a", store=store) as a, FakeController("b", store=store) as b:
+    async with FakeController("a", net=net, store=store) as a, FakeController("b", net=net, store=store) as b:
         a.hold_ops = {"jobsubmit"}
-        async with Client(make_config(a.address, b.address), role="w", hooks=hooks) as c:
+        async with mem_client(net, make_config(a.address, b.address), role="w", hooks=hooks) as c:
             await c.connect()
             results: dict[int, object] = {}
 
@@ -82,11 +81,11 @@ async def test_concurrent_calls_during_failover_all_complete_once(hooks, mocker)
         assert spy.call_count == 1  # ONE reconnect for all of them
 
 
-async def test_redirect_reply_on_a_call_reconnects_to_the_new_primary(hooks):
+async def test_redirect_reply_on_a_call_reconnects_to_the_new_primary(net, hooks):
     store = SharedStore()
-    async with FakeController("a", store=store) as a, FakeController(
-            "b", mode="standby", store=store) as b:
-        async with Client(make_config(a.address, b.address), role="w", hooks=hooks) as c:
+    async with FakeController("a", net=net, store=store) as a, FakeController(
+            "b", net=net, mode="standby", store=store) as b:
+        async with mem_client(net, make_config(a.address, b.address), role="w", hooks=hooks) as c:
             await c.connect()
             # a is demoted without dropping connections; b takes over
             a.mode, a.primary = "standby", b.address
@@ -97,8 +96,8 @@ async def test_redirect_reply_on_a_call_reconnects_to_the_new_primary(hooks):
         assert len(hooks.reconnects) == 1
 
 
-async def test_garbage_from_server_drops_connection_and_client_recovers(logs):
-    async with FakeController("a") as a, Client(make_config(a.address), role="w") as c:
+async def test_garbage_from_server_drops_connection_and_client_recovers(net, logs):
+    async with FakeController("a", net=net) as a, mem_client(net, make_config(a.address), role="w") as c:
         await c.connect()
         a.garbage_on_op = a.op_count + 1
         result = await c.call("jobsubmit", {"x": 1})
@@ -109,11 +108,11 @@ async def test_garbage_from_server_drops_connection_and_client_recovers(logs):
     assert logs.find("protocol error: frame is not valid JSON", "WARNING")
 
 
-async def test_oversized_frame_from_server_drops_connection(logs):
-    async with FakeController("a") as a:
+async def test_oversized_frame_from_server_drops_connection(net, logs):
+    async with FakeController("a", net=net) as a:
         cfg = make_config(a.address, max_frame=1024)
         a.handlers["big"] = lambda args: "x" * 4096
-        async with Client(cfg, role="w") as c:
+        async with mem_client(net, cfg, role="w") as c:
             await c.connect()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(c.call, "big")
@@ -122,8 +121,8 @@ async def test_oversized_frame_from_server_drops_connection(logs):
         assert logs.find("exceeds the maximum of 1024", "WARNING")
 
 
-async def test_primary_restarts_on_same_port():
-    async with FakeController("a") as a, Client(make_config(a.address), role="w") as c:
+async def test_primary_restarts_on_same_port(net):
+    async with FakeController("a", net=net) as a, mem_client(net, make_config(a.address), role="w") as c:
         await c.connect()
         await a.restart()
         assert (await c.call("hello")) == {"server": "a"}

@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pluggy
 import pytest
-from clientkit import SpyHooks, make_config
+from clientkit import SpyHooks, make_config, mem_client
 from fakectl import FakeController, SharedStore
 
 from xcecore import hookspecs, rejoin
@@ -23,12 +23,12 @@ async def _fail_over(a: FakeController, b: FakeController) -> None:
     b.mode, b.primary = "primary", None
 
 
-async def test_hook_called_once_per_reconnect_under_the_lock_not_at_first_connect(mocker):
+async def test_hook_called_once_per_reconnect_under_the_lock_not_at_first_connect(net, mocker):
     hooks = SpyHooks()
     spy = mocker.spy(hooks, "reconnected")
     store = SharedStore()
-    async with FakeController("a", store=store) as a, FakeController("b", store=store) as b:
-        async with Client(make_config(a.address, b.address), role="w", hooks=hooks) as c:
+    async with FakeController("a", net=net, store=store) as a, FakeController("b", net=net, store=store) as b:
+        async with mem_client(net, make_config(a.address, b.address), role="w", hooks=hooks) as c:
             await c.connect()
             await c.call("hello")
             assert spy.call_count == 0  # never for the first connect
@@ -77,9 +77,9 @@ class _CallingHooks(SpyHooks):
 
 
 @pytest.mark.parametrize("how", ["sync-await", "list", "sync-facade"])
-async def test_hook_calling_the_client_raises_hook_contract_error_not_deadlock(how, logs):
+async def test_hook_calling_the_client_raises_hook_contract_error_not_deadlock(net, how, logs):
     hooks = _CallingHooks(how)
-    async with FakeController("a") as a, Client(make_config(a.address), role="w",
+    async with FakeController("a", net=net) as a, mem_client(net, make_config(a.address), role="w",
                                                  hooks=hooks) as c:
         await c.connect()
         await a.restart()
@@ -92,9 +92,9 @@ async def test_hook_calling_the_client_raises_hook_contract_error_not_deadlock(h
     assert logs.find("broke its contract", "ERROR")
 
 
-async def test_hook_spawning_a_task_that_calls_the_client_is_fine():
+async def test_hook_spawning_a_task_that_calls_the_client_is_fine(net):
     """Calling from ANOTHER task is not the violation: it waits for the lock, then runs."""
-    async with FakeController("a") as a:
+    async with FakeController("a", net=net) as a:
         done: list[Any] = []
 
         class Hooks(SpyHooks):
@@ -106,7 +106,7 @@ async def test_hook_spawning_a_task_that_calls_the_client_is_fine():
                 done.append(await client.call("hello"))
 
         async with anyio.create_task_group() as tg:
-            async with Client(make_config(a.address), role="w", hooks=Hooks()) as c:
+            async with mem_client(net, make_config(a.address), role="w", hooks=Hooks()) as c:
                 await c.connect()
                 await a.restart()
                 await c.call("hello")
@@ -116,7 +116,7 @@ async def test_hook_spawning_a_task_that_calls_the_client_is_fine():
         assert done == [{"server": "a"}]
 
 
-async def test_builtin_rejoin_plugin_through_pluggy(mocker):
+async def test_builtin_rejoin_plugin_through_pluggy(net, mocker):
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     pm.register(rejoin, name="rejoin")
@@ -133,9 +133,9 @@ async def test_builtin_rejoin_plugin_through_pluggy(mocker):
         def push(self, client: Client, role: str, event: str, seq: int, data: Any) -> None:
             pass
 
-    async with FakeController("a") as a:
+    async with FakeController("a", net=net) as a:
         a.require_join = {"jobdispatch"}
-        async with Client(make_config(a.address), role="scheduler", hooks=Facade(),
+        async with mem_client(net, make_config(a.address), role="scheduler", hooks=Facade(),
                           rejoin_points=["jobdispatch"]) as c:
             await c.connect()
             await c.join()
@@ -148,8 +148,8 @@ async def test_builtin_rejoin_plugin_through_pluggy(mocker):
         assert len(a.joins) == 2
 
 
-async def test_sync_client_on_loop_thread_outside_hooks_is_refused_too():
-    async with FakeController("a") as a, Client(make_config(a.address), role="w") as c:
+async def test_sync_client_on_loop_thread_outside_hooks_is_refused_too(net):
+    async with FakeController("a", net=net) as a, mem_client(net, make_config(a.address), role="w") as c:
         await c.connect()
         assert threading.get_ident() == c._loop_thread
         with pytest.raises(HookContractError, match="event-\\s*loop thread"):

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from clientkit import make_config
+from clientkit import make_config, mem_client
 from fakectl import FakeController, SharedStore
 
 from xcecore.candidates import parse_address
-from xcecore.client import Client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 
-async def test_black_holed_primary_mid_call_fails_over(logs, hooks):
+async def test_black_holed_primary_mid_call_fails_over(net, logs, hooks):
     store = SharedStore()
-    async with FakeController("a", store=store) as a, FakeController("b", store=store) as b:
+    async with FakeController("a", net=net, store=store) as a, FakeController("b", net=net, store=store) as b:
         cfg = make_config(a.address, b.address, liveness_timeout=0.4, connect_timeout=0.3)
-        async with Client(cfg, role="w", hooks=hooks) as c:
+        async with mem_client(net, cfg, role="w", hooks=hooks) as c:
             await c.connect()
             a.mode = "hang"  # stops answering; the TCP connection stays up
             with anyio.fail_after(10):
@@ -31,10 +30,10 @@ async def test_black_holed_primary_mid_call_fails_over(logs, hooks):
     assert logs.find(f"reconnected to {b.address}", "INFO")
 
 
-async def test_black_hole_detected_by_heartbeats_when_idle(logs):
-    async with FakeController("a") as a:
+async def test_black_hole_detected_by_heartbeats_when_idle(net, logs):
+    async with FakeController("a", net=net) as a:
         cfg = make_config(a.address, liveness_timeout=0.3, heartbeat_interval=0.05)
-        async with Client(cfg, role="w") as c:
+        async with mem_client(net, cfg, role="w") as c:
             await c.connect()
             await c.join()  # heartbeats are a member's: a client that never joined sends none
             a.mode = "hang"
@@ -44,9 +43,9 @@ async def test_black_hole_detected_by_heartbeats_when_idle(logs):
     assert logs.find(f"lost connection to {a.address} (no frame for 0.3 s", "WARNING")
 
 
-async def test_idle_connection_without_heartbeats_is_not_declared_dead():
-    async with FakeController("a") as a:
-        async with Client(make_config(a.address, liveness_timeout=0.1), role="w") as c:
+async def test_idle_connection_without_heartbeats_is_not_declared_dead(net):
+    async with FakeController("a", net=net) as a:
+        async with mem_client(net, make_config(a.address, liveness_timeout=0.1), role="w") as c:
             await c.connect()
             await anyio.sleep(0.4)  # silence with nothing owed is fine
             assert c.connected

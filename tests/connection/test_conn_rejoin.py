@@ -6,7 +6,7 @@ from typing import Any
 
 import anyio
 import pytest
-from clientkit import SpyHooks, make_config
+from clientkit import SpyHooks, make_config, mem_client
 from fakectl import FakeController, SharedStore
 
 from xcecore import wire
@@ -22,10 +22,10 @@ async def _wait(pred: Any, timeout: float = 5.0) -> None:
             await anyio.sleep(0.01)
 
 
-async def test_post_call_rejoin_only_at_rejoin_points_and_only_once(hooks, logs):
-    async with FakeController("a") as a:
+async def test_post_call_rejoin_only_at_rejoin_points_and_only_once(net, hooks, logs):
+    async with FakeController("a", net=net) as a:
         attrs = {"ncpus": 4}
-        async with Client(make_config(a.address), role="scheduler", hooks=hooks,
+        async with mem_client(net, make_config(a.address), role="scheduler", hooks=hooks,
                           join_attrs=attrs, rejoin_points=["jobdispatch"]) as c:
             await c.connect()
             await c.join()
@@ -47,10 +47,10 @@ async def test_post_call_rejoin_only_at_rejoin_points_and_only_once(hooks, logs)
     assert logs.find(f"re-joined as scheduler on {a.address}", "INFO")
 
 
-async def test_not_joined_reply_rejoins_and_retries_once(logs):
-    async with FakeController("a") as a:
+async def test_not_joined_reply_rejoins_and_retries_once(net, logs):
+    async with FakeController("a", net=net) as a:
         a.require_join = {"update_resvals"}
-        async with Client(make_config(a.address), role="worker") as c:
+        async with mem_client(net, make_config(a.address), role="worker") as c:
             await c.connect()
             await c.join()
             await a.restart()
@@ -64,31 +64,31 @@ async def test_not_joined_reply_rejoins_and_retries_once(logs):
     assert logs.find("answered NOT_JOINED to update_resvals; re-joining, then retrying once")
 
 
-async def test_not_joined_twice_raises_remote_error():
-    async with FakeController("a") as a:
+async def test_not_joined_twice_raises_remote_error(net):
+    async with FakeController("a", net=net) as a:
         a.handlers["stubborn"] = lambda args: (_ for _ in ()).throw(
             wire.RemoteError("NOT_JOINED", "never"))
-        async with Client(make_config(a.address), role="worker") as c:
+        async with mem_client(net, make_config(a.address), role="worker") as c:
             with pytest.raises(wire.RemoteError) as info:
                 await c.call("stubborn")
             assert info.value.code == "NOT_JOINED"
         assert [r.op for r in a.requests] == ["stubborn", "join", "stubborn"]
 
 
-async def test_other_error_replies_raise_remote_error_without_retry():
-    async with FakeController("a") as a:
+async def test_other_error_replies_raise_remote_error_without_retry(net):
+    async with FakeController("a", net=net) as a:
         a.handlers["bad"] = lambda args: (_ for _ in ()).throw(
             wire.RemoteError("INVALID", "bad args", {"field": "x"}))
-        async with Client(make_config(a.address), role="w") as c:
+        async with mem_client(net, make_config(a.address), role="w") as c:
             with pytest.raises(wire.RemoteError) as info:
                 await c.call("bad")
             assert (info.value.code, info.value.message) == ("INVALID", "bad args")
         assert len(a.ops("bad")) == 1
 
 
-async def test_pushes_delivered_in_order_and_gap_triggers_warn_and_rejoin(hooks, logs):
-    async with FakeController("a") as a:
-        async with Client(make_config(a.address), role="scheduler", hooks=hooks) as c:
+async def test_pushes_delivered_in_order_and_gap_triggers_warn_and_rejoin(net, hooks, logs):
+    async with FakeController("a", net=net) as a:
+        async with mem_client(net, make_config(a.address), role="scheduler", hooks=hooks) as c:
             await c.connect()
             await c.join()  # -> push "state" seq 1
             for i in range(5):
@@ -105,15 +105,15 @@ async def test_pushes_delivered_in_order_and_gap_triggers_warn_and_rejoin(hooks,
     assert logs.find("expected seq 7, got 9", "WARNING")
 
 
-async def test_slow_push_consumer_does_not_stall_replies():
-    async with FakeController("a") as a:
+async def test_slow_push_consumer_does_not_stall_replies(net):
+    async with FakeController("a", net=net) as a:
         gate = anyio.Event()
 
         class Slow(SpyHooks):
             def push(self, client: Client, role: str, event: str, seq: int, data: Any) -> object:
                 return gate.wait()  # an async implementation that blocks until released
 
-        async with Client(make_config(a.address), role="w", hooks=Slow()) as c:
+        async with mem_client(net, make_config(a.address), role="w", hooks=Slow()) as c:
             await c.join()
             for _ in range(20):
                 await a.push("job")
@@ -123,13 +123,13 @@ async def test_slow_push_consumer_does_not_stall_replies():
             gate.set()
 
 
-async def test_idle_client_recovers_through_heartbeats_only(hooks, logs, mocker):
+async def test_idle_client_recovers_through_heartbeats_only(net, hooks, logs, mocker):
     store = SharedStore()
     spy = mocker.spy(hooks, "reconnected")
-    async with FakeController("a", store=store) as a, FakeController(
-            "b", mode="standby", store=store) as b:
+    async with FakeController("a", net=net, store=store) as a, FakeController(
+            "b", net=net, mode="standby", store=store) as b:
         cfg = make_config(a.address, b.address, heartbeat_interval=0.05)
-        async with Client(cfg, role="worker", hooks=hooks, rejoin_points=["hello"]) as c:
+        async with mem_client(net, cfg, role="worker", hooks=hooks, rejoin_points=["hello"]) as c:
             await c.connect()
             await c.join()
             await _wait(lambda: len(hooks.pushes) == 1)
@@ -149,8 +149,8 @@ async def test_idle_client_recovers_through_heartbeats_only(hooks, logs, mocker)
     assert logs.find(f"re-joined as worker on {b.address}", "INFO")
 
 
-async def test_heartbeat_skips_reconnect_while_failover_lock_is_held():
-    async with FakeController("a") as a, Client(make_config(a.address), role="w") as c:
+async def test_heartbeat_skips_reconnect_while_failover_lock_is_held(net):
+    async with FakeController("a", net=net) as a, mem_client(net, make_config(a.address), role="w") as c:
         await c.connect()
         await a.kill()
         await _wait(lambda: not c.connected)
@@ -171,9 +171,9 @@ async def test_heartbeat_skips_reconnect_while_failover_lock_is_held():
         assert await c.heartbeat() is True
 
 
-async def test_state_changes_reach_observer_in_order(hooks):
-    async with FakeController("a") as a:
-        async with Client(make_config(a.address), role="w", hooks=hooks) as c:
+async def test_state_changes_reach_observer_in_order(net, hooks):
+    async with FakeController("a", net=net) as a:
+        async with mem_client(net, make_config(a.address), role="w", hooks=hooks) as c:
             await c.connect()
             await c.join()
             await a.restart()
@@ -185,8 +185,8 @@ async def test_state_changes_reach_observer_in_order(hooks):
                       "closed"]
 
 
-async def test_slow_state_observer_does_not_stall_the_connection():
-    async with FakeController("a") as a:
+async def test_slow_state_observer_does_not_stall_the_connection(net):
+    async with FakeController("a", net=net) as a:
         gate = anyio.Event()
 
         class Slow(SpyHooks):
@@ -194,7 +194,7 @@ async def test_slow_state_observer_does_not_stall_the_connection():
                                  detail: str) -> Any:
                 return gate.wait()
 
-        async with Client(make_config(a.address), role="w", hooks=Slow()) as c:
+        async with mem_client(net, make_config(a.address), role="w", hooks=Slow()) as c:
             with anyio.fail_after(3):
                 await c.connect()
                 for _ in range(5):

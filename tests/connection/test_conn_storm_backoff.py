@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from clientkit import make_config
+from clientkit import make_config, mem_client
 from fakectl import FakeController
 
 from xcecore.candidates import parse_address
-from xcecore.client import BackendUnavailable, Client
+from xcecore.client import BackendUnavailable
 from xcecore.client.backoff import Backoff
 from xcecore.client.link import open_link
 
@@ -34,12 +34,12 @@ def test_busy_cap_lets_a_fast_policy_spread_under_load():
     assert Backoff(0.1, 1.0, busy_cap=0.5).busy_cap == 1.0  # never below the cap
 
 
-async def test_open_link_marks_a_timeout_but_not_a_refusal():
-    async with FakeController("h", mode="hang") as h, FakeController("s", mode="standby") as s:
+async def test_open_link_marks_a_timeout_but_not_a_refusal(net):
+    async with FakeController("h", net=net, mode="hang") as h, FakeController("s", net=net, mode="standby") as s:
         hung = await open_link(parse_address(h.address), sender="w@x", key=None,
-                               connect_timeout=0.1, max_frame=1 << 20)
+                               connect_timeout=0.1, max_frame=1 << 20, backend=net)
         standby = await open_link(parse_address(s.address), sender="w@x", key=None,
-                                  connect_timeout=1.0, max_frame=1 << 20)
+                                  connect_timeout=1.0, max_frame=1 << 20, backend=net)
     assert hung.stream is None and hung.timed_out
     assert standby.stream is None and not standby.timed_out
 
@@ -57,35 +57,35 @@ def _spy_backoff(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return asked
 
 
-async def test_pass_with_a_timed_out_candidate_backs_off_over_connect_timeout(monkeypatch):
+async def test_pass_with_a_timed_out_candidate_backs_off_over_connect_timeout(net, monkeypatch):
     asked = _spy_backoff(monkeypatch)
-    async with FakeController("h", mode="hang") as h:
+    async with FakeController("h", net=net, mode="hang") as h:
         cfg = make_config(h.address, connect_timeout=0.3, backoff_base=0.001, backoff_cap=10.0)
-        async with Client(cfg, role="w") as c:
+        async with mem_client(net, cfg, role="w") as c:
             with pytest.raises(BackendUnavailable):
                 await c.connect(retry_budget=1)
     assert asked and all(a == pytest.approx(0.3) for a in asked)
 
 
-async def test_pass_with_refusals_only_keeps_the_plain_back_off(monkeypatch):
+async def test_pass_with_refusals_only_keeps_the_plain_back_off(net, monkeypatch):
     asked = _spy_backoff(monkeypatch)
-    async with FakeController("s", mode="standby") as s:
-        async with Client(make_config(s.address), role="w") as c:
+    async with FakeController("s", net=net, mode="standby") as s:
+        async with mem_client(net, make_config(s.address), role="w") as c:
             with pytest.raises(BackendUnavailable):
                 await c.connect(retry_budget=1)
     assert asked and all(a == 0.0 for a in asked)
 
 
-async def test_heartbeat_reconnect_spreads_after_a_busy_candidate(monkeypatch):
+async def test_heartbeat_reconnect_spreads_after_a_busy_candidate(net, monkeypatch):
     """An idle member whose heartbeat pass timed out on a live-but-silent candidate draws its
     next quick beat over the connect timeout too, not within ``backoff_base``."""
     import anyio
 
     asked = _spy_backoff(monkeypatch)
-    async with FakeController("h") as h:
+    async with FakeController("h", net=net) as h:
         cfg = make_config(h.address, heartbeat_interval=0.05, liveness_timeout=0.3,
                           connect_timeout=0.2, backoff_base=0.001, backoff_cap=10.0)
-        async with Client(cfg, role="w") as c:
+        async with mem_client(net, cfg, role="w") as c:
             await c.connect()
             await c.join()
             h.mode = "hang"  # heartbeats go unanswered, and new handshakes too

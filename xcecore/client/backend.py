@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
@@ -69,12 +70,12 @@ class MemoryByteStream(ByteStream):
 
     async def send_eof(self) -> None:
         """Close the sending direction."""
-        await self._tx.aclose()
+        self._tx.close()
 
     async def aclose(self) -> None:
-        """Close both directions."""
-        await self._tx.aclose()
-        await self._rx.aclose()
+        """Close both directions (at once: even in a cancelled scope, as a socket closes)."""
+        self._tx.close()
+        self._rx.close()
 
 
 def memory_stream_pair() -> tuple[MemoryByteStream, MemoryByteStream]:
@@ -101,7 +102,7 @@ class MemoryNetwork:
     def listen(self, candidate: Candidate, handler: Handler, tg: TaskGroup) -> None:
         """Accept connections to ``candidate`` with ``handler``, run in ``tg``."""
         if candidate in self._listeners:
-            raise OSError(errno.EADDRINUSE, f"{candidate} is already listening")
+            raise OSError(errno.EADDRINUSE, f"{os.strerror(errno.EADDRINUSE)}: {candidate}")
         self._listeners[candidate] = (handler, tg)
 
     def unlisten(self, candidate: Candidate) -> None:
@@ -113,7 +114,8 @@ class MemoryNetwork:
         self.connects += 1
         found = self._listeners.get(candidate)
         if found is None:
-            raise ConnectionRefusedError(errno.ECONNREFUSED, f"nothing listens on {candidate}")
+            # As the kernel says it (nothing listens on the candidate).
+            raise ConnectionRefusedError(errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED))
         handler, tg = found
         ours, theirs = memory_stream_pair()
         tg.start_soon(handler, theirs)

@@ -94,6 +94,8 @@ def describe_os_error(exc: BaseException) -> str | None:
         if seen is None:
             break
         if isinstance(seen, OSError) and seen.errno:
+            if seen.errno < 0:  # a name-lookup error (gaierror): os.strerror does not know it
+                return (seen.strerror or str(seen)).lower()
             return os.strerror(seen.errno).lower()
         seen = seen.__cause__ or seen.__context__
     return None

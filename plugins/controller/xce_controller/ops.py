@@ -49,6 +49,8 @@ class ServerView(Protocol):
 
     def request_shutdown(self, by: str) -> None: ...
 
+    def outcome(self, rid: str) -> dict[str, Any]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Arg:
@@ -358,6 +360,14 @@ def op_status(srv: ServerView, caller: Caller, args: dict[str, Any], now: float)
     return Changes(result=srv.status())
 
 
+def op_outcome(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
+    """What became of the keyed write ``rid``; "not applied" is made final (a tombstone)."""
+    rid = args["rid"]
+    if not 0 < len(rid) <= 128:
+        raise RemoteError(ErrorCode.INVALID, "outcome: argument 'rid' must be 1-128 chars", {"arg": "rid"})
+    return Changes(result=srv.outcome(rid))
+
+
 def op_shutdown(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     who = f"{args['user']} via {caller.identity}" if "user" in args else caller.identity
     ch = Changes(result={"server": srv.address})
@@ -408,6 +418,8 @@ OPS: dict[str, OpSpec] = {
     "queueinfo": OpSpec(op_queueinfo, ANY, "read", args={"queues": Arg(LIST)}),
     "status": OpSpec(op_status, ANY, "read"),
     "shutdown": OpSpec(op_shutdown, FRONT_ENDS, "read", admin_roles=FRONT_ENDS, dedupe=False),
+    # May record a tombstone (a durable write) under the rid it names, not under its own.
+    "outcome": OpSpec(op_outcome, ANY, "write", dedupe=False, args={"rid": Arg(STR, True)}),
 }
 
 

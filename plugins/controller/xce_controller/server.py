@@ -47,6 +47,10 @@ ACCEPT_BATCH = 512  # most connections accepted per wake-up of the accept loop
 ABANDONED_REPORT_INTERVAL = 5.0  # seconds between reports of handshakes clients gave up on
 
 
+TOMBSTONE = b'{"outcome":"not_applied","tombstone":true}'
+"""The idempotency-table entry of a key that the ``outcome`` op declared not applied."""
+
+
 class Connection:
     """One client connection: its identity, outbox, and the scope that closes it."""
 
@@ -577,11 +581,11 @@ class Controller:
         if req.rid is not None:
             stored = self.idem.get(req.rid)
             if stored is not None:
-                conn.outbox.reply(reply_frame(req.id, stored), self._open_gate())
+                conn.outbox.reply(self._repeat(req, stored), self._open_gate())
                 return
             pending = self.pending.get(req.rid)
             if pending is not None:
-                conn.outbox.reply(reply_frame(req.id, pending[0]), pending[1])
+                conn.outbox.reply(self._repeat(req, pending[0]), pending[1])
                 return
         try:
             spec, args = check_call(req.op, conn.caller, req.args, self.state)
@@ -604,6 +608,42 @@ class Controller:
         conn.outbox.reply(data, gate)
         if ch.after is not None:
             ch.after()
+
+    def _repeat(self, req: wire.Request, stored: bytes) -> bytes:
+        """The answer to a request whose rid is recorded: its stored result, or -- for a key an
+        ``outcome`` query declared not applied -- a refusal (it must never be applied now)."""
+        if stored == TOMBSTONE:
+            return wire.encode(wire.reply_error(
+                req.id, ErrorCode.CONFLICT,
+                f"{req.op}: idempotency key {req.rid} was declared not applied by an outcome "
+                "query; it can no longer be applied (send the request again with a new key)",
+                rid=req.rid, outcome="not_applied"))
+        return reply_frame(req.id, stored)
+
+    def outcome(self, rid: str) -> dict[str, Any]:
+        """The ``outcome`` op: what became of the keyed write ``rid`` (ServerView).
+
+        Applied: its stored result. Applied but not yet committed: "pending". Neither (never
+        received, refused, or lost with a dead primary): a tombstone is committed under the key
+        -- the reply waits for it like any write's -- so the request arriving late (still in a
+        socket buffer, say) is refused instead of applied, and "not applied" stays true.
+        """
+        stored = self.idem.get(rid)
+        if stored is None and (pending := self.pending.get(rid)) is not None:
+            if pending[0] != TOMBSTONE:
+                return {"rid": rid, "outcome": "pending"}
+            stored = pending[0]  # another query's tombstone, committing: this reply waits too
+        if stored is None:
+            gate = Gate()
+            self.store.submit(Write([], rid, TOMBSTONE, extra=gate))
+            self.pending[rid] = (TOMBSTONE, gate)
+            self.last_gate = gate
+            logger.info("controller {}: outcome of {} asked; never applied here, recorded as "
+                        "not applied (a late arrival of it is refused)", self.address, rid)
+            stored = TOMBSTONE
+        if stored == TOMBSTONE:
+            return {"rid": rid, "outcome": "not_applied"}
+        return {"rid": rid, "outcome": "applied", "result": orjson.loads(stored)}
 
     def _open_gate(self) -> Gate | None:
         gate = self.last_gate
