@@ -1,0 +1,138 @@
+"""What a one-shot command costs and how it reads its settings: no plugins, no event loop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from xcecore.testing.cluster import LocalCluster
+
+pytestmark = [pytest.mark.timeout(120)]
+
+HEAVY = ("anyio", "loguru", "pluggy", "click", "orjson", "dataclasses", "importlib.metadata",
+         "rich", "argparse", "asyncio", "uvloop", "xcecore.plugins", "xcecore.config")
+PROBE = """
+import sys
+from xcecore.cli import run
+code = run(sys.argv[1:])
+sys.stdout.flush()
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in {names} or m in {names})
+sys.stderr.write("HEAVY " + ",".join(heavy) + "\\n")
+sys.exit(code)
+"""
+
+
+def _run(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XCE_CONFIG": str(config)}
+    return subprocess.run([sys.executable, "-c", PROBE.format(names=repr(set(HEAVY))), *args],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def _heavy(res: subprocess.CompletedProcess[str]) -> list[str]:
+    line = next(x for x in res.stderr.splitlines() if x.startswith("HEAVY "))
+    return [m for m in line[6:].split(",") if m]
+
+
+@pytest.fixture
+def cluster(xce_cluster: Callable[..., LocalCluster]) -> LocalCluster:
+    return xce_cluster(2, extra_config='[controller]\nadmins = ["root"]\n')
+
+
+def test_one_shot_commands_load_no_plugin_no_event_loop(cluster: LocalCluster) -> None:
+    for args in (["submit", "--json", "--", "true"], ["jobs", "--json"], ["status", "--json"],
+                 ["queues"], ["hosts"], ["outcome", "no-such-key"], ["version"]):
+        res = _run(cluster.config_path, *args)
+        assert res.returncode == 0, (args, res.stdout, res.stderr)
+        assert _heavy(res) == [], (args, _heavy(res))
+    jobs = orjson.loads(_run(cluster.config_path, "jobs", "--json").stdout)
+    assert [j["command"] for j in jobs] == ["true"]
+
+
+def test_outcome_command(cluster: LocalCluster) -> None:
+    res = _run(cluster.config_path, "outcome", "--json", "never-sent")
+    assert orjson.loads(res.stdout) == {"rid": "never-sent", "outcome": "not_applied"}
+    assert "not applied (final" in _run(cluster.config_path, "outcome", "never-sent").stdout
+
+
+def test_help_lists_built_in_and_plugin_commands(cluster: LocalCluster) -> None:
+    res = subprocess.run([sys.executable, "-m", "xcecore", "--help"], capture_output=True, text=True,
+                         env={**os.environ, "XCE_CONFIG": str(cluster.config_path)}, timeout=60)
+    assert res.returncode == 0
+    commands, _, plugins = res.stdout.partition("plugin commands:")
+    for name in ("submit", "jobs", "hosts", "status", "outcome", "run", "plugins", "config"):
+        assert f"\n  {name} " in commands
+    assert "\n  up " in plugins  # xce_cli's, loaded for the listing only
+    res = subprocess.run([sys.executable, "-m", "xcecore", "jobs", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.startswith("usage: xce jobs [OPTIONS] [JOBIDS...]")
+
+
+def test_usage_errors_and_unknown_commands(tmp_path: Path) -> None:
+    def xce(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "xcecore", *args], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "XCE_CONFIG": ""})
+
+    bad = xce("jobs", "--nope")
+    assert bad.returncode == 2 and "unrecognized option: --nope" in bad.stderr
+    bad = xce("jobs", "-s", "RUNNING")
+    assert bad.returncode == 2 and "invalid choice: 'RUNNING'" in bad.stderr
+    bad = xce("run-job", "3")
+    assert bad.returncode == 2 and "option -m/--hosts is required" in bad.stderr
+    bad = xce("--timeout", "soon", "jobs")
+    assert bad.returncode == 2 and "--timeout: 'soon' is not a number" in bad.stderr
+    unknown = xce("nosuch")
+    assert unknown.returncode == 1 and "no such command 'nosuch'" in unknown.stderr
+    assert "jobs" in unknown.stderr and "up" in unknown.stderr
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('[client]\nconnect_timeout = "fast"\n', "client.connect_timeout: expected float or int, got str"),
+    ("[client]\nconect_timeout = 1\n", "unknown key client.conect_timeout; keys of [client]: "),
+    ('[cluster]\nport = true\naddress = "h"\n', "cluster.port: expected int, got bool"),
+    ('[cluster]\npeers = "ctl1:7600,,ctl2:7600"\n', "stray double ','"),
+    ("[cluster]\npeers = 5\n", "cluster.peers: expected str or list, got int"),
+    ("[client]\nbackoff_cap = 0\n[cluster]\npeers = \"127.0.0.1:1\"\n",
+     "ClientConfig.backoff_cap must be positive, got 0.0"),
+    ("client = 3\n", "client: must be a table ([client]), got int"),
+    ("[cluster\n", "is not valid TOML"),
+])
+def test_bad_client_settings_are_one_line_with_the_loaders_message(tmp_path: Path, body: str,
+                                                                   message: str) -> None:
+    cfg = tmp_path / "x.toml"
+    cfg.write_text(body)
+    res = subprocess.run([sys.executable, "-m", "xcecore", "--config", str(cfg), "jobs"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and message in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_light_reader_and_loader_agree(tmp_path: Path) -> None:
+    """The one-shot reader's checks are the configuration loader's, message for message."""
+    from xcecore.client.settings import SettingsError, read_sections
+    from xcecore.config import CORE_SECTIONS, ConfigError, read_file, validate
+
+    bodies = ['[client]\nliveness_timeout = "x"\n', "[client]\nheartbeat_interval = [1]\n",
+              "[client]\nbogus = 1\n", "[cluster]\nmax_frame = 1.5\n", "[cluster]\nkey = 7\n",
+              '[cluster]\nallow_unlisted_redirect = "yes"\n', "[cluster]\naddress = 1\n",
+              "cluster = []\n", "[client]\nbackoff_base = 1\n"]
+    for n, body in enumerate(bodies):
+        path = tmp_path / f"c{n}.toml"
+        path.write_text(body)
+        light: Any = None
+        try:
+            read_sections(str(path))
+        except SettingsError as exc:
+            light = str(exc)
+        try:
+            validate(read_file(path)[1], CORE_SECTIONS)
+            loader = None
+        except ConfigError as exc:
+            loader = str(exc)
+        assert light == loader, body
