@@ -1,0 +1,360 @@
+"""The client's pure state machine and dialer, in memory: events in, effects out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from xcecore.candidates import Candidate
+from xcecore.client.backoff import Backoff
+from xcecore.client.dialer import (
+    Dialed,
+    Walk,
+    candidate_order,
+    classify_handshake,
+    describe_os_error,
+    failure_of,
+    first_answer,
+    hello_hint,
+    walk,
+)
+from xcecore.client.errors import BackendUnavailable, OutcomeUnknown
+from xcecore.client.machine import (
+    CONNECTED,
+    DEGRADED,
+    RECONNECTING,
+    REJOINED,
+    Budget,
+    Call,
+    Log,
+    Machine,
+    Notify,
+    Rejoin,
+    WakeBeat,
+    WakeRejoin,
+    judge_reply,
+)
+
+A, B, C = Candidate("h1", 1), Candidate("h2", 2), Candidate("h3", 3)
+NAME = "xce client w@x"
+
+
+def machine(*cands: Candidate, allow_unlisted: bool = False) -> Machine:
+    return Machine(cands or (A, B, C), name=NAME, allow_unlisted=allow_unlisted, connect_timeout=0.5)
+
+
+def logs(effects: list[Any], level: str | None = None) -> list[str]:
+    return [e.text for e in effects if type(e) is Log and (level is None or e.level == level)]
+
+
+# ------------------------------------------------------------------------- states
+
+
+def test_state_changes_notify_once_but_every_rejoin():
+    m = machine()
+    assert m.set_state(CONNECTED, A, "x") == [Notify()]
+    assert m.set_state(CONNECTED, A, "again") == []
+    assert m.set_state(REJOINED, A, "1") == [Notify()]
+    assert m.set_state(REJOINED, A, "2") == [Notify()]  # each re-join is news
+    assert [s for s, _, _ in m.states.take()] == [CONNECTED, REJOINED]  # coalesced
+    assert m.state == REJOINED
+
+
+# --------------------------------------------------------------------- the walk
+
+
+def test_pass_starts_after_the_lost_candidate_and_tries_it_last():
+    m = machine()
+    m.reached(B)
+    m.link_lost(B, "closed", current=True, closing=False, in_flight=1, now=1.0)
+    assert m.lost == B and list(m.start_pass()) == [C, A, B]
+    m.reached(C)
+    assert m.lost is None and list(m.start_pass()) == [C, A, B]
+
+
+def test_a_redirect_names_the_next_pass_start_and_forgets_the_lost():
+    m = machine()
+    m.reached(A)
+    m.link_lost(A, "REDIRECT", current=True, closing=False, in_flight=0, redirect="h3:3",
+                retrying=True, now=1.0)
+    assert m.preferred == C and m.lost is None
+    assert list(m.start_pass()) == [C, A, B]
+    assert m.preferred is None  # used once
+
+
+def test_lost_link_effects():
+    m = machine()
+    eff = m.link_lost(A, "closed", current=True, closing=False, in_flight=2, now=5.0)
+    assert logs(eff, "WARNING") == [f"{NAME}: lost connection to h1:1 (closed); reconnecting "
+                                    "(2 request(s) in flight)"]
+    assert Notify() in eff and WakeBeat() in eff and m.state == RECONNECTING and m.lost_at == 5.0
+    idle = machine().link_lost(A, "x", current=True, closing=False, in_flight=0, now=1.0)
+    assert "will reconnect on the next call or heartbeat" in logs(idle)[0]
+    retry = machine().link_lost(A, "x", current=True, closing=False, in_flight=0, retrying=True)
+    assert logs(retry)[0].endswith("; reconnecting")
+    assert machine().link_lost(A, "x", current=False, closing=False, in_flight=3) == []
+    m = machine()
+    assert m.link_lost(A, "x", current=True, closing=True, in_flight=3) == []
+    assert m.lost == A  # a closing client still remembers, but tells nobody
+
+
+def test_walk_follows_a_listed_redirect_once_and_logs_every_failure():
+    w = Walk([A, B, C], (A, B, C), allow_unlisted=False, name=NAME)
+    assert next(w) == A
+    level, line = w.failed(A, Dialed(None, "h3:3", "is a standby; primary is h3:3"))
+    assert (level, line) == ("WARNING", f"{NAME}: candidate h1:1 is a standby, following redirect to h3:3")
+    assert next(w) == C  # the redirect first
+    level, line = w.failed(C, Dialed(None, "h1:1", "is a standby; primary is h1:1"))
+    assert "already tried in this pass; going on" in line
+    assert next(w) == B and list(w) == []  # C is not tried twice
+    assert str(w.last_error) == "h3:3 is a standby; primary is h1:1"
+
+
+def test_walk_refuses_unlisted_and_malformed_redirects_unless_allowed():
+    w = Walk([A], (A,), allow_unlisted=False, name=NAME)
+    next(w)
+    _, line = w.failed(A, Dialed(None, "h9:9", "is a standby; primary is h9:9"))
+    assert "not a listed candidate" in line and "allow_unlisted_redirect" in line
+    assert str(w.last_error) == "h1:1 redirected to unlisted h9:9" and list(w) == []
+    w = Walk([A], (A,), allow_unlisted=True, name=NAME)
+    next(w)
+    w.failed(A, Dialed(None, "h9:9", "x"))
+    assert list(w) == [Candidate("h9", 9)]
+    w = Walk([A], (A,), allow_unlisted=True, name=NAME)
+    next(w)
+    _, line = w.failed(A, Dialed(None, "nonsense", "x"))
+    assert "malformed address" in line and list(w) == []
+
+
+def test_walk_reports_denials_as_errors_and_busy_candidates():
+    w = Walk([A, B], (A, B), allow_unlisted=False, name=NAME)
+    next(w)
+    assert w.failed(A, Dialed(None, None, "denied the handshake (DENIED: bad mac)"))[0] == "ERROR"
+    next(w)
+    level, line = w.failed(B, Dialed(None, None, "did not answer within 0.5 s", timed_out=True))
+    assert level == "WARNING" and line.endswith("did not answer within 0.5 s; trying the next candidate")
+    assert w.timed_out
+    m = machine(A, B)
+    m.pass_over(w)
+    assert m.pass_timed_out and str(m.last_error) == "h2:2 did not answer within 0.5 s"
+
+
+def test_blocking_driver_returns_the_first_link():
+    lines: list[tuple[str, str]] = []
+    dials: list[Candidate] = []
+
+    def dial(c: Candidate) -> Dialed[str]:
+        dials.append(c)
+        return Dialed("link-b") if c == B else Dialed(None, None, "refused")
+
+    pass_ = Walk([A, B, C], (A, B, C), allow_unlisted=False, name=NAME)
+    assert walk(pass_, dial, lambda *x: lines.append(x)) == "link-b"
+    assert dials == [A, B] and len(lines) == 1
+    assert walk(Walk([A], (A,), allow_unlisted=False, name=NAME), lambda c: Dialed(None, None, "x"),
+                lambda *x: None) is None
+
+
+def test_failed_pass_backs_off_degrades_once_and_spreads_when_busy():
+    m = machine(A, B)
+    draws: list[float] = []
+    b = Backoff(0.1, 10.0, uniform=lambda lo, hi: draws.append(hi) or hi)
+    delay, eff = m.pass_failed(b)
+    assert delay == pytest.approx(0.1) and m.state == DEGRADED and Notify() in eff
+    assert logs(eff, "WARNING") == [f"{NAME}: no primary among h1:1, h2:2 (None); next pass in 100 ms"]
+    m.pass_timed_out = True
+    delay, eff = m.pass_failed(b)
+    assert delay == pytest.approx(0.5) and Notify() not in eff  # the connect timeout; degraded once
+
+
+def test_connected_first_then_again():
+    m = machine()
+    first, took, eff = m.connected(A, 1.0)
+    assert first and took == "" and logs(eff) == [f"{NAME}: connected to h1:1 (primary)"]
+    m.lost_at = 1.0
+    first, took, eff = m.connected(B, 1.25)
+    assert not first and took == "250 ms" and eff == [] and m.last_good == B
+    assert m.reconnected_line(B, took).text == f"{NAME}: reconnected to h2:2 after 250 ms"
+    m.rejoin.ask()
+    assert m.reconnected_line(B, took).text.endswith("; rejoin pending")
+    assert machine().since_lost(3.0) == "an unknown time"
+    detail, eff = m.heartbeat_reconnected(C, 1.5)
+    assert detail == "reconnected by heartbeat after 500 ms" and m.last_good == C
+    assert logs(eff) == [f"{NAME}: heartbeat reconnected to h3:3 after 500 ms"]
+
+
+# ------------------------------------------------------------------------ rejoin
+
+
+def test_rejoin_record():
+    rj = Rejoin()
+    assert not rj.pending and not rj.joined_once
+    rj.ask()
+    rj.ask()
+    assert rj.pending and rj.asks == 2
+    asked = rj.sending()
+    assert asked == 2 and not rj.pending
+    assert rj.done(asked) is False and rj.joined_once and rj.answered == 2
+    assert rj.covered(True, 2) and not rj.covered(False, 2) and not rj.covered(True, 3)
+    assert rj.covered(True, None)
+    rj.ask()
+    assert rj.done(rj.sending()) is True and rj.answered == 3
+    assert rj.done(1) is True and rj.answered == 3  # an older join never lowers it
+
+
+def test_joined_effects():
+    m = machine()
+    assert logs(m.joined(False, "worker", A)) == [f"{NAME}: joined as worker on h1:1"]
+    eff = m.joined(True, "worker", B)
+    assert logs(eff) == [f"{NAME}: re-joined as worker on h2:2"] and m.state == REJOINED
+
+
+def test_heartbeat_verdicts():
+    m = machine()
+    assert m.beat_reconnected(False) == []  # never joined: nothing to recover
+    m.rejoin.joined_once = True
+    m.rejoin.beats_failing = True
+    assert m.beat_reconnected(False) == [WakeRejoin("heartbeats recovered")]
+    assert not m.rejoin.beats_failing
+    assert m.beat_reconnected(True) == []
+    assert m.beat_answered("", False, recovered=False) == []
+    assert m.beat_answered("NOT_JOINED", False, recovered=False) == [WakeRejoin("heartbeats recovered")]
+    assert m.beat_answered("", False, recovered=True) == [WakeRejoin("heartbeats recovered")]
+    m.rejoin.beats_failing = True
+    assert m.beat_answered("", False, recovered=False) == [WakeRejoin("heartbeats recovered")]
+    assert m.beat_answered("", True, recovered=True) == []  # joined on this link already
+    assert not m.rejoin.beats_failing
+
+
+def test_push_gap_asks_for_a_rejoin():
+    m = machine()
+    assert m.push_arrived(A, 3, 3) == [] and not m.rejoin.pending
+    eff = m.push_arrived(A, 7, 9)
+    assert m.rejoin.pending and WakeRejoin("push seq gap (7 -> 9)") in eff
+    assert "expected seq 7, got 9" in logs(eff, "WARNING")[0]
+
+
+# ------------------------------------------------------------------ calls, verdicts
+
+
+def test_budget():
+    b = Budget(1)
+    assert b.take(ValueError("a")) and not b.take(ValueError("b"))
+    assert str(b.last_error) == "b" and b.exhausted() == "retry budget of 1 exhausted (last error: b)"
+    free = Budget(None)
+    assert all(free.take(None) for _ in range(100)) and free.last_error is None
+    assert Budget(0).take(None) is False
+    with pytest.raises(ValueError, match="retry_budget must be >= 0"):
+        Budget(-1)
+
+
+def test_call_gives_up_with_the_truth():
+    read = Call("jobinfo", "r1", Budget(0))
+    read.sent = True
+    assert not read.keyed and isinstance(read.give_up("x"), BackendUnavailable)
+    write = Call("jobsubmit", "r2", Budget(0))
+    assert write.keyed and not write.outcome_unknown
+    exc = write.give_up("never sent")
+    assert type(exc) is BackendUnavailable and str(exc) == "never sent"
+    write.sent = True
+    write.answered()
+    assert not write.outcome_unknown  # answered (a REDIRECT, say): definitely not applied
+    write.sent = True
+    write.link_lost()
+    assert write.unanswered and not write.sent and write.outcome_unknown
+    write.answered()
+    assert write.outcome_unknown  # a later answer does not undo an earlier lost send
+    unknown = write.give_up("deadline")
+    assert isinstance(unknown, OutcomeUnknown) and (unknown.rid, unknown.op) == ("r2", "jobsubmit")
+    with pytest.raises(OutcomeUnknown):
+        write.spend(ConnectionError("x"))
+    lost = Call("jobctrl", "r3", Budget(0))
+    lost.link_lost()
+    assert not lost.outcome_unknown  # lost before it was sent
+    in_flight = Call("jobctrl", "r4", Budget(None))
+    in_flight.sent = True
+    assert in_flight.outcome_unknown  # the deadline passed while its reply was owed
+    in_flight.spend(None)  # unbounded: never raises
+
+
+def test_deadline_error():
+    m = machine()
+    b = Budget(None)
+    b.take(ConnectionError("down"))
+    exc = m.deadline_error("connect", 0.3, None, b)
+    assert type(exc) is BackendUnavailable and "deadline of 0.3 s (last error: down)" in str(exc)
+    call = Call("jobsubmit", "k", b)
+    call.sent = True
+    assert isinstance(m.deadline_error("jobsubmit", 0.3, call, b), OutcomeUnknown)
+    eff = m.gave_up("jobsubmit", exc)
+    assert logs(eff, "WARNING")[0].startswith(f"{NAME}: giving up on jobsubmit: ") and m.state == DEGRADED
+
+
+def test_judge_reply():
+    assert judge_reply("x", {"ok": True, "result": 5}, False) == ("ok", 5, "", "", {})
+    v = judge_reply("x", {"ok": False, "error": {"code": "REDIRECT", "message": "m", "primary": "h:1"}}, False)
+    assert (v.kind, v.code, v.extra) == ("wrong_server", "REDIRECT", {"primary": "h:1"})
+    assert judge_reply("x", {"ok": False, "error": {"code": "NO_PRIMARY"}}, True).kind == "wrong_server"
+    nj = {"ok": False, "error": {"code": "NOT_JOINED", "message": "join"}}
+    assert judge_reply("x", nj, False).kind == "not_joined"
+    assert judge_reply("x", nj, True).kind == "error"  # only once
+    assert judge_reply("join", nj, False).kind == "error"  # a join is never retried by joining
+    err = judge_reply("x", {"ok": False, "error": {"code": "INVALID", "message": "bad"}}, False)
+    assert (err.kind, err.code, err.message) == ("error", "INVALID", "bad")
+    assert judge_reply("x", {"ok": 1, "result": 5}, False).kind == "error"  # ok must be true
+
+
+# --------------------------------------------------------------------- handshake
+
+
+def test_hello_hint_names_only_a_standby_with_a_primary():
+    assert hello_hint({"proto": 1, "challenge": "c"}) is None
+    assert hello_hint({"state": "primary"}) is None
+    hint = hello_hint({"state": "standby", "primary": "h1:1", "server": "h2:2"})
+    assert hint is not None and (hint.kind, hint.primary, hint.server) == ("redirect", "h1:1", "h2:2")
+
+
+@pytest.mark.parametrize("primary", [None, "", 7, ["h1:1"]])
+def test_a_standby_naming_an_empty_or_non_string_primary_knows_none(primary: Any):
+    shake = classify_handshake({"ok": True, "state": "standby", "primary": primary})
+    assert shake.kind == "no_primary" and shake.primary is None
+    assert failure_of(shake) == "is a standby that knows no primary"
+
+
+def test_classify_and_failures():
+    assert classify_handshake({"ok": True, "state": "primary", "server": "h1:1"}) == ("primary", "h1:1", None, "")
+    assert classify_handshake({"ok": True, "state": "primary", "server": 5}).server is None
+    denied = classify_handshake({"ok": False, "error": {"code": "DENIED", "message": "bad mac"}})
+    assert denied == ("denied", None, None, "DENIED: bad mac")
+    assert classify_handshake({"ok": False, "error": {"code": "DENIED"}}).message == "DENIED"
+    assert classify_handshake({"ok": False, "error": "x"}).message == "?"
+    assert classify_handshake({"ok": "yes"}).kind == "denied"
+    odd = classify_handshake({"ok": True, "state": "weird"})
+    assert odd.kind == "invalid" and failure_of(odd) == "broke the handshake (unknown server state 'weird')"
+    assert "check cluster.key" in failure_of(denied)
+    assert failure_of(classify_handshake({"ok": True, "state": "standby", "primary": "h:1"})) == \
+        "is a standby; primary is h:1"
+
+
+def test_first_answer_skips_authentication_for_a_standby():
+    shake, answer = first_answer({"state": "standby", "primary": "h1:1"}, key=b"k", sender="w@x")
+    assert shake is not None and shake.kind == "redirect" and answer is None
+    shake, answer = first_answer({"proto": 1, "challenge": "c0ffee"}, key=b"k", sender="w@x")
+    assert shake is None and answer is not None and answer["from"] == "w@x" and len(answer["mac"]) == 64
+
+
+def test_describe_os_error():
+    assert describe_os_error(ConnectionRefusedError(111, "x")) == "connection refused"
+    wrapped = OSError("all attempts failed")
+    wrapped.__cause__ = ConnectionResetError(104, "reset")
+    assert describe_os_error(wrapped) == "connection reset by peer"
+    import socket
+
+    assert describe_os_error(socket.gaierror(-2, "Name or service not known")) == "name or service not known"
+    assert describe_os_error(ValueError("x")) is None
+
+
+def test_candidate_order_edges():
+    assert candidate_order((A, B, C), C, lost=A) == [C, B, A]
+    assert candidate_order((A, B, C), B, lost=Candidate("gone", 9)) == [B, C, A]  # lost not listed
+    assert candidate_order((A, B, C), Candidate("new", 1), lost=None) == [Candidate("new", 1), A, B, C]
