@@ -21,17 +21,18 @@ from xcecore.client.dialer import (
 )
 from xcecore.client.errors import BackendUnavailable, OutcomeUnknown
 from xcecore.client.machine import (
+    CLOSED,
     CONNECTED,
     DEGRADED,
+    NOTIFY,
     RECONNECTING,
     REJOINED,
+    WAKE_BEAT,
     Budget,
     Call,
     Log,
     Machine,
-    Notify,
     Rejoin,
-    WakeBeat,
     WakeRejoin,
     judge_reply,
 )
@@ -53,10 +54,10 @@ def logs(effects: list[Any], level: str | None = None) -> list[str]:
 
 def test_state_changes_notify_once_but_every_rejoin():
     m = machine()
-    assert m.set_state(CONNECTED, A, "x") == [Notify()]
+    assert m.set_state(CONNECTED, A, "x") == [NOTIFY]
     assert m.set_state(CONNECTED, A, "again") == []
-    assert m.set_state(REJOINED, A, "1") == [Notify()]
-    assert m.set_state(REJOINED, A, "2") == [Notify()]  # each re-join is news
+    assert m.set_state(REJOINED, A, "1") == [NOTIFY]
+    assert m.set_state(REJOINED, A, "2") == [NOTIFY]  # each re-join is news
     assert [s for s, _, _ in m.states.take()] == [CONNECTED, REJOINED]  # coalesced
     assert m.state == REJOINED
 
@@ -88,7 +89,7 @@ def test_lost_link_effects():
     eff = m.link_lost(A, "closed", current=True, closing=False, in_flight=2, now=5.0)
     assert logs(eff, "WARNING") == [f"{NAME}: lost connection to h1:1 (closed); reconnecting "
                                     "(2 request(s) in flight)"]
-    assert Notify() in eff and WakeBeat() in eff and m.state == RECONNECTING and m.lost_at == 5.0
+    assert NOTIFY in eff and WAKE_BEAT in eff and m.state == RECONNECTING and m.lost_at == 5.0
     idle = machine().link_lost(A, "x", current=True, closing=False, in_flight=0, now=1.0)
     assert "will reconnect on the next call or heartbeat" in logs(idle)[0]
     retry = machine().link_lost(A, "x", current=True, closing=False, in_flight=0, retrying=True)
@@ -160,11 +161,11 @@ def test_failed_pass_backs_off_degrades_once_and_spreads_when_busy():
     draws: list[float] = []
     b = Backoff(0.1, 10.0, uniform=lambda lo, hi: draws.append(hi) or hi)
     delay, eff = m.pass_failed(b)
-    assert delay == pytest.approx(0.1) and m.state == DEGRADED and Notify() in eff
+    assert delay == pytest.approx(0.1) and m.state == DEGRADED and NOTIFY in eff
     assert logs(eff, "WARNING") == [f"{NAME}: no primary among h1:1, h2:2 (None); next pass in 100 ms"]
     m.pass_timed_out = True
     delay, eff = m.pass_failed(b)
-    assert delay == pytest.approx(0.5) and Notify() not in eff  # the connect timeout; degraded once
+    assert delay == pytest.approx(0.5) and NOTIFY not in eff  # the connect timeout; degraded once
 
 
 def test_connected_first_then_again():
@@ -358,3 +359,211 @@ def test_candidate_order_edges():
     assert candidate_order((A, B, C), C, lost=A) == [C, B, A]
     assert candidate_order((A, B, C), B, lost=Candidate("gone", 9)) == [B, C, A]  # lost not listed
     assert candidate_order((A, B, C), Candidate("new", 1), lost=None) == [Candidate("new", 1), A, B, C]
+
+
+# ------------------------------------------------------------ exact records and effects
+
+
+def test_fresh_records_start_empty():
+    rj = Rejoin()
+    assert [rj.pending, rj.asks, rj.answered, rj.joins, rj.joined_once, rj.beats_failing] == [
+        False, 0, 0, 0, False, False]
+    assert rj.pending is False and rj.joined_once is False and rj.beats_failing is False
+    rj.ask()
+    assert rj.sending() == 1 and rj.pending is False
+    call = Call("jobsubmit", "k", Budget(None))
+    assert call.sent is False and call.unanswered is False
+    call.sent = True
+    call.link_lost()
+    assert call.sent is False
+    call.sent = True
+    call.answered()
+    assert call.sent is False
+    m = machine()
+    assert (m.state, m.candidate, m.last_good, m.preferred, m.lost, m.lost_at, m.last_error) == (
+        CLOSED, None, None, None, None, None, None)
+    assert m.ever_connected is False and m.pass_timed_out is False and m.allow_unlisted is False
+    assert machine(allow_unlisted=True).allow_unlisted is True
+    assert len(m.states) == 0 and m.states.limit == 64
+
+
+def test_budget_counts_one_retry_at_a_time():
+    b = Budget(2)
+    assert [b.take(None), b.take(None), b.take(None)] == [True, True, False] and b.left == 0
+
+
+def test_spending_and_giving_up_carry_the_last_error():
+    err = ConnectionError("gone")
+    call = Call("jobsubmit", "k9", Budget(0))
+    with pytest.raises(BackendUnavailable) as info:
+        call.spend(err)
+    assert info.value.last_error is err and str(info.value) == "retry budget of 0 exhausted (last error: gone)"
+    call = Call("jobsubmit", "k9", Budget(0))
+    call.sent = True
+    with pytest.raises(OutcomeUnknown) as unknown:
+        call.spend(err)
+    assert unknown.value.last_error is err
+    assert str(unknown.value) == (
+        "jobsubmit: outcome unknown, the reply was lost (retry budget of 0 exhausted (last error: "
+        "gone)); its idempotency key k9 tells whether it was applied (outcome), and a retry with "
+        "that key is applied at most once")
+    m = machine()
+    b = Budget(None)
+    b.take(err)
+    assert m.deadline_error("x", 1.0, None, b).last_error is err
+    late = Call("jobsubmit", "k", b)
+    late.sent = True
+    exc = m.deadline_error("jobsubmit", 1.0, late, b)
+    assert "no primary within the deadline of 1 s (last error: gone)" in str(exc)
+
+
+def test_verdicts_carry_code_message_and_extra():
+    nj = judge_reply("x", {"ok": False, "error": {"code": "NOT_JOINED", "message": "join", "z": 1}}, False)
+    assert tuple(nj) == ("not_joined", None, "NOT_JOINED", "join", {"z": 1})
+    ws = judge_reply("x", {"ok": False, "error": {"code": "REDIRECT", "message": "go"}}, False)
+    assert tuple(ws) == ("wrong_server", None, "REDIRECT", "go", {})
+    err = judge_reply("x", {"ok": False, "error": {"code": "DENIED", "message": "no", "arg": "a"}}, False)
+    assert tuple(err) == ("error", None, "DENIED", "no", {"arg": "a"})
+
+
+def test_liveness_boundary():
+    from xcecore.client.machine import liveness_expired
+
+    assert liveness_expired(3.0, 1.0, 0.5, 2.0)  # exactly the timeout: dead
+    assert not liveness_expired(2.9, 1.0, 0.5, 2.0)
+
+
+def test_state_queue_entries_carry_candidate_and_detail():
+    m = machine(A, B)
+    m.set_state(CONNECTED, A, "connected")
+    m.pass_failed(Backoff(0.1, 1.0, uniform=lambda lo, hi: hi))
+    m.link_lost(B, "reset", current=True, closing=False, in_flight=0)
+    m.candidate = A
+    m.gave_up("jobsubmit", ValueError("late"))
+    m.joined(True, "w", B)
+    assert m.states.take() == [(CONNECTED, A, "connected"), (DEGRADED, None, "no controller candidate is primary"),
+                               (RECONNECTING, B, "reset"), (DEGRADED, A, "jobsubmit: late"),
+                               (REJOINED, B, "re-joined as w")]
+    assert m.lost_at == 0.0
+
+
+def test_effects_exactly():
+    m = machine(A, B)
+    assert m.pass_failed(Backoff(2.0, 10.0, uniform=lambda lo, hi: hi))[0] == 2.0
+    m.state = CLOSED
+    eff = m.pass_failed(Backoff(2.0, 10.0, uniform=lambda lo, hi: hi))[1]
+    assert eff == [NOTIFY, Log("WARNING", f"{NAME}: no primary among h1:1, h2:2 (None); next pass in 2000 ms")]
+    assert m.connected(A, 0.0)[2] == [Log("INFO", f"{NAME}: connected to h1:1 (primary)")]
+    m.lost_at = 0.0
+    assert m.since_lost(2.0) == "2000 ms"
+    assert m.reconnected_line(A, "5 ms") == Log("INFO", f"{NAME}: reconnected to h1:1 after 5 ms")
+    assert m.heartbeat_reconnected(B, 2.0) == ("reconnected by heartbeat after 2000 ms",
+                                               [Log("INFO", f"{NAME}: heartbeat reconnected to h2:2 after 2000 ms")])
+    assert m.joined(False, "w", A) == [Log("INFO", f"{NAME}: joined as w on h1:1")]
+    assert m.joined(True, "w", A)[0] == Log("INFO", f"{NAME}: re-joined as w on h1:1")
+    eff = m.link_lost(A, "closed", current=True, closing=False, in_flight=0, now=1.0)
+    assert eff == [Log("WARNING", f"{NAME}: lost connection to h1:1 (closed); will reconnect on the next "
+                                  "call or heartbeat"), NOTIFY, WAKE_BEAT]
+    assert m.gave_up("op", ValueError("v"))[0] == Log("WARNING", f"{NAME}: giving up on op: v")
+    assert NOTIFY != WAKE_BEAT and repr(NOTIFY) == "NOTIFY" and repr(WAKE_BEAT) == "WAKE_BEAT"
+
+
+def test_redirects_follow_the_unlisted_setting():
+    m = machine(A, B, allow_unlisted=True)
+    m.link_lost(A, "x", current=True, closing=False, in_flight=0, redirect="h9:9")
+    assert m.preferred == Candidate("h9", 9)
+    assert machine(A, B).link_lost(A, "x", current=True, closing=False, in_flight=0, redirect="h9:9") is not None
+    strict = machine(A, B)
+    strict.link_lost(A, "x", current=True, closing=False, in_flight=0, redirect="h9:9")
+    assert strict.preferred is None
+
+
+def test_a_redirected_pass_keeps_the_lost_candidate_in_its_place():
+    m = machine()
+    m.lost, m.preferred, m.pass_timed_out = A, C, True
+    w = m.start_pass()
+    assert list(w) == [C, A, B] and m.pass_timed_out is False
+    assert w.allow_unlisted is False and w.name == NAME
+    assert machine(allow_unlisted=True).start_pass().allow_unlisted is True
+
+
+def test_walk_records_and_levels():
+    w = Walk([A, B], (A, B), allow_unlisted=False, name=NAME)
+    assert w.last_error is None and w.timed_out is False
+    assert next(w) == A
+    level, line = w.failed(A, Dialed(None, "h9:9", "x"))
+    assert level == "WARNING" and line.endswith(
+        "(set cluster.allow_unlisted_redirect = true to follow such redirects)")
+    w2 = Walk([A, B], (A, B), allow_unlisted=False, name=NAME)
+    next(w2)
+    w2.failed(A, Dialed(None, "h2:2", "x"))
+    next(w2)
+    assert w2.failed(B, Dialed(None, "h2:2", "x"))[0] == "WARNING"  # already tried
+
+
+def test_async_driver_dials_in_order_and_logs_failures():
+    import anyio
+
+    lines: list[tuple[str, str]] = []
+    dials: list[Candidate] = []
+
+    async def dial(c: Candidate) -> Dialed[str]:
+        dials.append(c)
+        return Dialed("link") if c == C else Dialed(None, None, f"refused {c.port}")
+
+    from xcecore.client.dialer import walk_async
+
+    got = anyio.run(walk_async, Walk([A, B, C], (A, B, C), allow_unlisted=False, name=NAME), dial,
+                    lambda *x: lines.append(x))
+    assert got == "link" and dials == [A, B, C]
+    assert lines == [("WARNING", f"{NAME}: candidate h1:1 refused 1; trying the next candidate"),
+                     ("WARNING", f"{NAME}: candidate h2:2 refused 2; trying the next candidate")]
+    blocking: list[tuple[str, str]] = []
+    walk(Walk([A], (A,), allow_unlisted=False, name=NAME), lambda c: Dialed(None, None, "nope"),
+         lambda *x: blocking.append(x))
+    assert blocking == [("WARNING", f"{NAME}: candidate h1:1 nope; trying the next candidate")]
+
+
+def test_handshake_details():
+    d = classify_handshake({"ok": False, "error": {"message": "m"}})
+    assert d.message == "?: m"
+    assert classify_handshake({"ok": False, "error": {"code": "DENIED", "message": ""}}).message == "DENIED"
+    assert classify_handshake({"ok": False, "error": {}}).message == "?"
+    assert classify_handshake({"ok": True, "state": "standby", "server": "s:1"}).server == "s:1"
+    assert classify_handshake({"ok": True, "state": "odd", "server": "s:1"}).server == "s:1"
+    from xcecore import auth
+
+    _, answer = first_answer({"proto": 1, "challenge": "c"}, key=b"k", sender="w@x")
+    assert answer == auth.client_answer(b"k", "w@x", {"proto": 1, "challenge": "c"})
+    assert answer != auth.client_answer(None, "w@x", {"proto": 1, "challenge": "c"})
+
+
+def test_describe_os_error_depth_and_gai():
+    import socket
+
+    chain = ValueError("top")
+    cur: BaseException = chain
+    for _ in range(2):
+        nxt = ValueError("mid")
+        cur.__cause__ = nxt
+        cur = nxt
+    cur.__cause__ = ConnectionRefusedError(111, "x")
+    assert describe_os_error(chain) == "connection refused"  # the fourth error of the chain
+    deeper = ValueError("top")
+    deeper.__cause__ = chain
+    assert describe_os_error(deeper) is None  # five: not looked for
+    assert describe_os_error(socket.gaierror(-2, "")) == "[errno -2] "
+    assert describe_os_error(OSError(0, "no errno")) is None
+
+
+def test_backoff_bounds():
+    with pytest.raises(ValueError, match="back-off base and cap must be positive, got 0.1 and 0"):
+        Backoff(0.1, 0)
+    with pytest.raises(ValueError, match="got 0 and 1"):
+        Backoff(0, 1)
+    assert Backoff(0.1, 1.0).busy_cap == 1.0
+    assert Backoff(0.1, 1.0, busy_cap=5.0).busy_cap == 5.0
+    assert Backoff(0.1, 1.0, busy_cap=0.5).busy_cap == 1.0
+    assert Backoff(0.5, 0.1).cap == 0.5  # never below the base
+    b = Backoff(0.1, 1.0)
+    assert 0.0 <= b.next_delay() <= 0.1 and b.failures == 1  # random.uniform by default

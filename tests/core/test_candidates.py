@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,3 +131,41 @@ def test_valid_lists_roundtrip(entries: list[tuple[str, int]]) -> None:
     if len({(h, p) for h, p in entries}) != len(entries):
         return
     assert parse_peers(text) == tuple(Candidate(h, p) for h, p in entries[:N_MAX_MASTERS])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: parse_address("  "), "empty candidate entry"),
+        (lambda: parse_address("[::1/64]:1"), "candidate '[::1/64]:1': '::1/64' is not an IPv6 address"),
+        (lambda: parse_address("[::1]:x"), "candidate '[::1]:x': port 'x' is not a number"),
+        (lambda: parse_peers(None), "no controller candidates: set 'peers' or 'address' and 'port'"),
+        (lambda: parse_peers(None, port=1), "single-controller configuration is missing 'address'"),
+        (lambda: parse_peers(None, address="a"), "single-controller configuration is missing 'port'"),
+        (lambda: parse_peers(7600), "peers must be a string like 'h1:7600,h2:7600', not 7600"),  # type: ignore[arg-type]
+        (lambda: parse_peers(" "), "peers is empty: list at least one controller candidate"),
+        (lambda: parse_peers("a:1,,b:2"), "peers 'a:1,,b:2': stray double ',' (empty entry #2)"),
+    ],
+)
+def test_messages_exactly(call: Any, message: str) -> None:
+    with pytest.raises(CandidateError) as err:
+        call()
+    assert str(err.value) == message
+
+
+def test_brackets_and_colons_are_parsed_from_the_right_end() -> None:
+    assert parse_address("[::1]:7600") == Candidate("::1", 7600)
+    with pytest.raises(CandidateError, match="missing ':port' after ']'"):
+        parse_address("[::1]]:7600")  # the first ']' closes the host
+    with pytest.raises(CandidateError, match="must be bracketed"):
+        parse_address("a:b:1")  # two colons outside brackets: a bare IPv6 address
+    with pytest.raises(CandidateError, match="without a closing"):
+        parse_address("[")
+    assert parse_address("[ABCD::1]:1").host == "ABCD::1"
+    with pytest.raises(CandidateError):
+        parse_peers(None, address="[::1", port=1)  # half a bracket is kept, and refused
+
+
+def test_clamp_warning_names_counts_and_what_is_dropped(warnings: list[str]) -> None:
+    parse_peers("a:1,b:2,c:3,d:4,e:5")
+    assert warnings == ["candidates: 5 listed, at most 3 are used; dropping d:4, e:5\n"]

@@ -59,8 +59,13 @@ class Log(NamedTuple):
     text: str
 
 
-class Notify(NamedTuple):
+class Notify:
     """Wake the observer task: a state change is queued in :attr:`Machine.states`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOTIFY"
 
 
 class WakeRejoin(NamedTuple):
@@ -69,13 +74,20 @@ class WakeRejoin(NamedTuple):
     reason: str
 
 
-class WakeBeat(NamedTuple):
+class WakeBeat:
     """Wake the heartbeat task now (the link dropped: try to reconnect at once)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "WAKE_BEAT"
 
 
 Effect = Log | Notify | WakeRejoin | WakeBeat
 NOTIFY = Notify()
+"""The one :class:`Notify` (effects without data are singletons, compared by identity)."""
 WAKE_BEAT = WakeBeat()
+"""The one :class:`WakeBeat`."""
 
 
 # --------------------------------------------------------------------- state observers
