@@ -1,4 +1,4 @@
-"""Benchmarks of the connection manager (xcecore.connection) on this machine.
+"""Benchmarks of the client (xcecore.client) on this machine.
 
 (a) the post-call path with no rejoin pending, against a bare attribute read;
 (b) requests/s over one multiplexed connection to a fake controller in another process,
@@ -73,9 +73,9 @@ def bench_post_call(repeats: int, number: int) -> dict[str, Any]:
     env = {"c": client, "op": "jobsubmit"}
     stmts = {
         # exactly the tail of Client.call: one attribute read when nothing is pending
-        "post_call_inline": "if c.rejoin_pending and op in c.rejoin_points: pass",
+        "post_call_inline": "if c._rejoin.pending and op in c.rejoin_points: pass",
         "post_call_function": "c.rejoin_due(op)",
-        "bare_attribute_read": "c.rejoin_pending",
+        "bare_attribute_read": "c._rejoin.pending",
         "empty_loop": "pass",
     }
     out: dict[str, Any] = {}
