@@ -173,13 +173,14 @@ async def test_outcome_of_a_write_still_committing_is_pending(tmp_path: Path):
     """An in-process controller whose commit is held (a slow disk): the write is applied in
     memory but not durable, and ``outcome`` says so; once committed, it says applied."""
     from xce_controller.server import serve
-    from xce_controller.settings import settings_from_config
+    from xce_controller.settings import config_of, settings_from_config
 
     from xcecore.candidates import parse_address
     from xcecore.client import ClientConfig
 
     key = b"pending-test-key"
-    conf = settings_from_config({"state_dir": str(tmp_path)}, {"listen": "127.0.0.1:0", "admins": ["root"]}, key)
+    section = {"listen": "127.0.0.1:0", "admins": ["root"], "state_dir": str(tmp_path)}
+    conf = settings_from_config(config_of(controller=section), key)
     async with anyio.create_task_group() as tg:
         ctl = await tg.start(serve, conf)
         with anyio.fail_after(10):

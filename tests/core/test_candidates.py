@@ -136,7 +136,7 @@ def test_valid_lists_roundtrip(entries: list[tuple[str, int]]) -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: parse_address("  "), "empty candidate entry"),
+        (lambda: parse_address("  "), "empty candidate"),
         (lambda: parse_address("[::1/64]:1"), "candidate '[::1/64]:1': '::1/64' is not an IPv6 address"),
         (lambda: parse_address("[::1]:x"), "candidate '[::1]:x': port 'x' is not a number"),
         (lambda: parse_peers(None), "no controller candidates: set 'peers' or 'address' and 'port'"),

@@ -18,8 +18,8 @@ from xce_worker.pushes import PushHandler, PushInbox
 from xce_worker.settings import SECTION, WorkerSettings
 from xce_worker.spool import Journal
 
-from xcecore.config import ConfigError, validate
 from xcecore.client import BackendUnavailable
+from xcecore.config import ConfigError, validate
 from xcecore.role import Monitor
 from xcecore.wire import RemoteError
 

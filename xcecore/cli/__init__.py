@@ -19,18 +19,8 @@ from __future__ import annotations
 
 import sys
 
-from xcecore.cli.spec import (
-    COMMANDS,
-    GLOBAL_HELP,
-    ArgError,
-    HelpRequested,
-    Options,
-    UsageError,
-    help_text,
-    parse,
-    parse_global,
-    usage,
-)
+from xcecore.cli.options import GLOBAL_HELP, Options, UsageError, parse_global
+from xcecore.cli.spec import COMMANDS, ArgError, HelpRequested, help_text, parse, usage
 
 BUILTIN_MODULES = ("xcecore.cli.commands", "xcecore.cli.core")
 

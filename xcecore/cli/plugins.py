@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from xcecore.cli.spec import COMMANDS, Options
+from xcecore.cli.options import Options
+from xcecore.cli.spec import COMMANDS
 
 if TYPE_CHECKING:
     import click

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from xcecore.cli.spec import Options
+from xcecore.cli.options import Options
 
 if TYPE_CHECKING:
     from xcecore.client.oneshot import OneShotClient
