@@ -1,6 +1,7 @@
 """Mutation testing of the client's pure modules: how many mutants their unit tests kill.
 
-mutmut (PyPI) mutates candidate parsing (``xcecore/candidates.py``), the client's state
+mutmut (PyPI) mutates candidate parsing (``xcecore/candidates.py`` and the ``host:port``
+parser it uses, ``xcecore/protocol.py``), the client's state
 machine (``xcecore/client/machine.py``), its dialer (``xcecore/client/dialer.py``) and the
 back-off (``xcecore/client/backoff.py``), and runs only their pure unit tests against each
 mutant -- no sockets, no processes: a mutant those tests miss is a decision nothing pins.
@@ -23,10 +24,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-MODULES = ["xcecore/candidates.py", "xcecore/client/machine.py", "xcecore/client/dialer.py",
+MODULES = ["xcecore/candidates.py", "xcecore/protocol.py", "xcecore/client/machine.py", "xcecore/client/dialer.py",
            "xcecore/client/backoff.py"]
 TESTS = ["tests/connection/test_conn_machine.py", "tests/connection/test_conn_units.py",
-         "tests/core/test_candidates.py"]
+         "tests/core/test_candidates.py", "tests/core/test_protocol.py"]
 
 
 def run(workdir: Path) -> tuple[dict[str, dict[str, int]], list[str], float]:
