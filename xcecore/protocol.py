@@ -57,6 +57,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "NOT_FOUND"
     DENIED = "DENIED"  # the caller's role or identity may not do this
     CONFLICT = "CONFLICT"  # the state forbids it (job not pending, queue closed, ...)
+    STORAGE = "STORAGE"  # the store cannot commit (disk full, I/O error): not applied; retry
     INTERNAL = "INTERNAL"
 
 

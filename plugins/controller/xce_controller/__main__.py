@@ -36,6 +36,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-subscriber-queue", type=int, default=_DEFAULTS["max_subscriber_queue"])
     p.add_argument("--clean-period", type=float, default=_DEFAULTS["clean_period"],
                    help="seconds a finished job is kept before it is purged (0: forever)")
+    p.add_argument("--max-inflight", type=int, default=None, help="as [controller] max_inflight")
+    p.add_argument("--max-unsent-bytes", type=int, default=None,
+                   help="as [controller] max_unsent_bytes")
+    p.add_argument("--stall-timeout", type=float, default=None, help="as [controller] stall_timeout")
+    p.add_argument("--frame-timeout", type=float, default=None, help="as [controller] frame_timeout")
+    p.add_argument("--storage-retry", type=float, default=None, help="as [controller] storage_retry")
     p.add_argument("--peers", default=None, help="the candidate list, for status")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--event-loop", default="auto", choices=EVENT_LOOPS,
@@ -54,6 +60,11 @@ async def _run(args: argparse.Namespace) -> None:
         "max_subscriber_queue": args.max_subscriber_queue,
         "clean_period": args.clean_period,
         **({"advertise": args.advertise} if args.advertise else {}),
+        **{k: v for k, v in (("max_inflight", args.max_inflight),
+                             ("max_unsent_bytes", args.max_unsent_bytes),
+                             ("stall_timeout", args.stall_timeout),
+                             ("frame_timeout", args.frame_timeout),
+                             ("storage_retry", args.storage_retry)) if v is not None},
     }
     settings = settings_from_config(config_of(cluster, section), key)
     async with anyio.create_task_group() as tg:
@@ -74,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m xce_controller``."""
     args = parse_args(argv)
     logger.remove()
-    logger.add(sys.stderr, level=args.log_level.upper())
+    # diagnose=False: a traceback must not print the values of a request's variables (they may
+    # be huge or nested too deep to print).
+    logger.add(sys.stderr, level=args.log_level.upper(), diagnose=False)
     tune_gc()
     anyio.run(_run, args, backend_options=loop_options(args.event_loop))
 

@@ -2,10 +2,19 @@
 
 Each connection has one :class:`Outbox`: an ordered queue of frames (replies and pushes) that
 one writer task sends. An item may be *gated* on a commit: it is not sent before that commit
-is durable, and since commits complete in order, nothing a client sees was not committed.
-Pushes get their per-connection ``seq`` when queued, so they are gap-free; a member whose
-unsent pushes exceed the bound is dropped (its connection closed) and will re-join for a full
-state, so one slow member never stalls the controller or grows its memory without bound.
+is durable, and since commits complete in order, nothing a client sees was not committed. A
+gate that *fails* (its commit will never happen: the change was rolled back) turns a reply
+into the error frame given with it, if any, and withdraws every push waiting on it; a push
+gets its per-connection ``seq`` when it is sent, so a withdrawn push leaves no gap, and the
+gate remembers the outboxes that waited on it, so the server can send those members a fresh
+state.
+
+Every connection is bounded (:class:`Limits`): replies it has not read (requests in flight),
+pushes and bytes waiting to be sent. The server stops reading the requests of a connection
+that is at its bound (backpressure); a push that would take it past the bound drops the member
+(it will re-join for a full state), and so does a connection that takes no byte for
+``stall_timeout`` seconds while frames wait. One slow member never stalls the controller or
+grows its memory without bound.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -24,25 +34,68 @@ from xce_controller.state import Event
 from xcecore import wire
 
 _LEN = struct.Struct(">I")
-_FLUSH_BYTES = 1 << 20
+_FLUSH_BYTES = 1 << 20  # the most the writer gathers into one send
+_SLICE = 256 * 1024  # the most one timed send carries (the stall bound is per slice)
+_PUSH_OVERHEAD = 48  # bytes of a push frame around its event name and data (about)
+
+ErrorFrame = Callable[[Any], bytes]
+"""Builds a reply's error frame from the reason its gate failed."""
 
 
 class Gate:
-    """Opens when a commit is durable (set on the event loop by the commit callback)."""
+    """Resolves when a commit is durable (opens) or will never be (fails).
 
-    __slots__ = ("event",)
+    Set on the event loop by the commit callback, or by the rollback of a failed commit.
+    """
+
+    __slots__ = ("event", "failed", "reason", "waiters")
 
     def __init__(self) -> None:
         self.event = anyio.Event()
+        self.failed = False
+        self.reason: Any = None  # why it failed (given to the replies' error builders)
+        self.waiters: set[Outbox] | None = None  # outboxes with pushes waiting on it
 
     def is_open(self) -> bool:
+        """Resolved either way: nothing waits on it any more."""
         return self.event.is_set()
 
     def open(self) -> None:
         self.event.set()
 
+    def fail(self, reason: Any) -> None:
+        self.failed = True
+        self.reason = reason
+        self.event.set()
 
-Item = tuple[bytes, Gate | None, bool]  # frame, gate, is_push
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The bounds of one connection (``[controller]`` settings)."""
+
+    max_pushes: int = 10000  # unsent pushes (max_subscriber_queue)
+    max_replies: int = 4096  # requests read whose reply is not sent yet (max_inflight)
+    max_bytes: int = 32 * 1024 * 1024  # unsent bytes, replies and pushes (max_unsent_bytes)
+    stall_timeout: float = 30.0  # seconds with frames waiting and no byte taken
+
+    @property
+    def pause_bytes(self) -> int:
+        """Unsent bytes at which the connection's requests stop being read."""
+        return self.max_bytes // 2
+
+
+class _Item:
+    """One queued frame."""
+
+    __slots__ = ("alt", "data", "event", "gate", "is_push", "size")
+
+    def __init__(self, data: bytes, gate: Gate | None, is_push: bool, size: int) -> None:
+        self.data = data  # a frame; for a push not yet framed, the encoded data
+        self.gate = gate
+        self.is_push = is_push
+        self.size = size
+        self.event: bytes | None = None  # a push not yet framed: its encoded event name
+        self.alt: ErrorFrame | None = None  # a reply: builds the frame to send if the gate fails
 
 
 def frame(body: bytes) -> bytes:
@@ -55,52 +108,98 @@ def reply_frame(id: int | None, result_json: bytes) -> bytes:
     return frame(b'{"id":' + orjson.dumps(id) + b',"ok":true,"result":' + result_json + b"}")
 
 
-class Outbox:
-    """One connection's ordered outgoing frames, with a bound on unsent pushes."""
+class Stalled(Exception):
+    """The peer took no byte for ``stall_timeout`` seconds while frames were waiting."""
 
-    def __init__(self, max_pushes: int, max_replies: int) -> None:
-        self._send, self._recv = anyio.create_memory_object_stream[Item](math.inf)
-        self.max_pushes = max_pushes
-        self.max_replies = max_replies
+
+class Outbox:
+    """One connection's ordered outgoing frames, within its :class:`Limits`."""
+
+    def __init__(self, max_pushes: int = 10000, max_replies: int = 4096,
+                 limits: Limits | None = None) -> None:
+        self.limits = limits or Limits(max_pushes=max_pushes, max_replies=max_replies)
+        self._send, self._recv = anyio.create_memory_object_stream[_Item](math.inf)
         self.seq = 0
         self.queued_pushes = 0
         self.queued_replies = 0
+        self.unsent = 0  # bytes queued and not yet taken by the kernel
+        self.overflow = ""  # why a push was refused (for the log line that drops the member)
         self._space: anyio.Event | None = None
         # Set while the writer task holds frames it has not finished sending; with it clear and
         # nothing queued, the stream has no unsent bytes and a ready frame may go out at once.
         self._busy = False
         self._sock: wire.HasFileno | None = None  # while the writer runs and the box is open
+        self.owner: Any = None  # the server's connection object, for the server's use
 
-    def reply(self, data: bytes, gate: Gate | None) -> None:
-        """Queue an encoded reply frame."""
+    def reply(self, data: bytes, gate: Gate | None, failed: ErrorFrame | None = None) -> None:
+        """Queue an encoded reply frame; ``failed`` builds the frame to send instead should
+        ``gate`` fail, from the gate's reason (None: send ``data`` either way)."""
+        if gate is None and not self._busy and not (self.queued_replies or self.queued_pushes):
+            # The common case (a heartbeat's reply): out at once, nothing to keep.
+            sent = wire.write_now(self._sock, data)
+            if sent == len(data):
+                return
+            data = data[sent:]
         self.queued_replies += 1
-        self._put((data, gate, False))
+        item = _Item(data, gate, False, len(data))
+        item.alt = failed
+        self._put(item)
 
     def push(self, event: str, data_json: bytes, gate: Gate | None) -> bool:
-        """Queue a push; False when the member is over its bound (drop it)."""
-        if self.queued_pushes >= self.max_pushes:
+        """Queue a push; False (nothing queued) when it would take the member past a bound.
+
+        A push waiting on ``gate`` is withdrawn if the gate fails.
+        """
+        lim = self.limits
+        size = len(data_json) + len(event) + _PUSH_OVERHEAD
+        if self.queued_pushes >= lim.max_pushes:
+            self.overflow = f"{self.queued_pushes} unsent pushes (max_subscriber_queue {lim.max_pushes})"
             return False
-        self.seq += 1
-        body = (
-            b'{"push":' + orjson.dumps(event) + b',"seq":' + str(self.seq).encode()
-            + b',"data":' + data_json + b"}"
-        )
+        if self.unsent and self.unsent + size > lim.max_bytes:
+            # An empty box takes any one push, so a member's own (large) state always fits.
+            self.overflow = (f"{self.unsent + size} bytes unsent "
+                             f"(max_unsent_bytes {lim.max_bytes})")
+            return False
+        item = _Item(data_json, gate, True, size)
+        item.event = orjson.dumps(event)
+        if gate is not None and not gate.is_open():
+            if gate.waiters is None:
+                gate.waiters = set()
+            gate.waiters.add(self)
         self.queued_pushes += 1
-        self._put((frame(body), gate, True))
+        self._put(item)
         return True
 
-    def _put(self, item: Item) -> None:
-        data, gate, is_push = item
+    def _frame_push(self, item: _Item) -> bytes:
+        """Give a push its ``seq`` and its frame, at the moment it is sent."""
+        assert item.event is not None
+        self.seq += 1
+        body = (b'{"push":' + item.event + b',"seq":' + str(self.seq).encode()
+                + b',"data":' + item.data + b"}")
+        data = frame(body)
+        self.unsent += len(data) - item.size  # the estimate made when queued, made exact
+        item.event, item.data, item.size = None, data, len(data)
+        return data
+
+    def _put(self, item: _Item) -> None:
+        self.unsent += item.size
+        gate = item.gate
         if (self.queued_pushes + self.queued_replies == 1 and not self._busy
                 and (gate is None or gate.is_open())):
             # Nothing ahead of this frame and nothing to wait for: write it now, from the loop
             # (a heartbeat's reply costs one system call instead of a writer-task wake-up).
+            data = self._resolve(item)
+            if data is None:
+                self._taken(item)
+                return
             sent = wire.write_now(self._sock, data)
             if sent == len(data):
-                self._taken(is_push)
+                self._taken(item)
                 return
-            if sent:
-                item = (data[sent:], None, is_push)
+            # The rest goes through the writer task, as the plain bytes it now is.
+            self.unsent -= sent
+            item.size -= sent
+            item.data, item.gate, item.alt = data[sent:], None, None
         try:
             self._send.send_nowait(item)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -111,23 +210,42 @@ class Outbox:
         self._sock = None  # nothing more goes out directly either
         self._send.close()
 
-    async def wait_reply_space(self) -> None:
-        """Wait while too many replies are unsent (the client reads slower than it asks)."""
-        while self.queued_replies >= self.max_replies:
+    def full(self) -> bool:
+        """At a bound: too many replies unsent, or too many bytes (stop reading requests)."""
+        return (self.queued_replies >= self.limits.max_replies
+                or self.unsent >= self.limits.pause_bytes)
+
+    async def wait_room(self) -> None:
+        """Wait while the connection is :meth:`full` (the client reads slower than it asks)."""
+        while self.full():
             self._space = anyio.Event()
             await self._space.wait()
 
-    def _taken(self, is_push: bool) -> None:
-        if is_push:
+    def _taken(self, item: _Item) -> None:
+        self.unsent -= item.size
+        if item.is_push:
             self.queued_pushes -= 1
         else:
             self.queued_replies -= 1
-            if self._space is not None and self.queued_replies < self.max_replies:
-                self._space.set()
-                self._space = None
+        if self._space is not None and not self.full():
+            self._space.set()
+            self._space = None
+
+    async def _send_timed(self, stream: ByteSendStream, data: bytes) -> None:
+        timeout = self.limits.stall_timeout
+        for start in range(0, len(data), _SLICE):
+            try:
+                with anyio.fail_after(timeout):
+                    await stream.send(data[start:start + _SLICE])
+            except TimeoutError:
+                raise Stalled(f"took no data for {timeout:g} s with {self.unsent} bytes "
+                              "waiting (stall_timeout)") from None
 
     async def run_writer(self, stream: ByteSendStream) -> None:
-        """Send queued frames in order, batching whatever is ready into one write."""
+        """Send queued frames in order, batching whatever is ready into one write.
+
+        Raises :class:`Stalled` when the peer stops taking data (the caller drops it).
+        """
         recv = self._recv
         self._sock = stream.extra(SocketAttribute.raw_socket, None)
         try:
@@ -139,27 +257,48 @@ class Outbox:
                     return
                 self._busy = True
                 buf: list[bytes] = []
+                taken: list[_Item] = []
                 size = 0
                 while True:
-                    data, gate, is_push = item
-                    if gate is not None and not gate.is_open():
+                    gate = item.gate
+                    if gate is not None and not gate.event.is_set():
                         if buf:
-                            await stream.send(b"".join(buf))
-                            buf, size = [], 0
+                            await self._flush(stream, buf, taken)
+                            buf, taken, size = [], [], 0
                         await gate.event.wait()
-                    self._taken(is_push)
-                    buf.append(data)
-                    size += len(data)
+                    data = self._resolve(item)
+                    if data is None:  # withdrawn
+                        self._taken(item)
+                    else:
+                        buf.append(data)
+                        taken.append(item)
+                        size += len(data)
                     if size >= _FLUSH_BYTES:
                         break
                     try:
                         item = recv.receive_nowait()
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
-                await stream.send(b"".join(buf))
+                if buf:
+                    await self._flush(stream, buf, taken)
         finally:
             self._sock = None
             recv.close()
+
+    def _resolve(self, item: _Item) -> bytes | None:
+        """The bytes to send for ``item`` now that its gate (if any) resolved; None: none."""
+        gate = item.gate
+        if gate is not None and gate.failed:
+            if item.is_push:
+                return None
+            if item.alt is not None:
+                return item.alt(gate.reason)
+        return self._frame_push(item) if item.event is not None else item.data
+
+    async def _flush(self, stream: ByteSendStream, buf: list[bytes], taken: list[_Item]) -> None:
+        await self._send_timed(stream, b"".join(buf))
+        for item in taken:
+            self._taken(item)
 
 
 class Subscriber:
@@ -208,22 +347,19 @@ class Fanout:
                 del self.workers[host]
 
     def send(self, cid: int, sub: Subscriber, event: str, data_json: bytes, gate: Gate | None) -> None:
-        """Push to one subscriber, dropping it when it is over its bound."""
+        """Push to one subscriber, dropping it when it is over a bound."""
         if not sub.outbox.push(event, data_json, gate):
             logger.warning(
-                "controller {}: member {} has {} unsent pushes; dropping it "
+                "controller {}: member {} is over its bound: {}; dropping it "
                 "(it will re-join and get a full state)",
-                self.server, sub.identity, sub.outbox.queued_pushes,
+                self.server, sub.identity, sub.outbox.overflow,
             )
             self.remove(cid)
             sub.drop()
 
-    def publish(self, events: Iterable[Event], gate: Gate | None, encoded: dict[int, bytes]) -> None:
-        """Fan ``events`` out; ``encoded`` caches the JSON of records already encoded."""
-        for ev in events:
-            data = encoded.get(id(ev.data))
-            if data is None:
-                data = orjson.dumps(ev.data)
+    def publish(self, events: Iterable[tuple[Event, bytes]], gate: Gate | None) -> None:
+        """Fan encoded events out, each as ``(event, its data's JSON)``."""
+        for ev, data in events:
             for cid, sub in list(self.members.items()):
                 self.send(cid, sub, ev.name, data, gate)
             if not self.workers:
@@ -249,4 +385,15 @@ def encode_rows(rows: Iterable[tuple[str, Any, Any]], encoded: dict[int, bytes])
         if blob is None:
             blob = encoded[id(data)] = orjson.dumps(data)
         out.append((table, key, blob))
+    return out
+
+
+def encode_events(events: Iterable[Event], encoded: dict[int, bytes]) -> list[tuple[Event, bytes]]:
+    """Encode each event's data once (records already encoded for rows are reused)."""
+    out: list[tuple[Event, bytes]] = []
+    for ev in events:
+        data = encoded.get(id(ev.data))
+        if data is None:
+            data = encoded[id(ev.data)] = orjson.dumps(ev.data)
+        out.append((ev, data))
     return out

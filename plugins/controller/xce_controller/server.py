@@ -7,6 +7,13 @@ election is won it promotes: loads the store, starts the writer thread, and serv
 Each request is applied to the in-memory state on the event loop, in arrival order; a write's
 rows go to the store's writer thread, and its reply (like every push and every later reply)
 waits, in its connection's outbox, for that commit to be durable.
+
+No request can end the process: each is answered on its own, every encoding of what it
+produced happens before anything is queued or committed (:meth:`Controller.apply`), and its
+arguments are checked to be encodable before its handler may change anything
+(:mod:`xce_controller.isolation`). Every connection is bounded (:mod:`xce_controller.pushes`,
+:mod:`xce_controller.framing`). A commit that fails rolls the state back and turns the primary
+into a read-only one until the store works again (:mod:`xce_controller.storage`).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import gc
 import importlib
 import itertools
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -25,14 +33,27 @@ from typing import Any
 import anyio
 import orjson
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
-from anyio.streams.buffered import BufferedByteReceiveStream
 from loguru import logger
 
 from xce_controller.election import Election, FileLockElection
-from xce_controller.ops import Caller, check_call, now
-from xce_controller.pushes import Fanout, Gate, Outbox, Subscriber, encode_rows, reply_frame
+from xce_controller.framing import FrameReader
+from xce_controller.isolation import check_encodable, label, request_id
+from xce_controller.ops import WORKER, Caller, OpSpec, check_call, now
+from xce_controller.pushes import (
+    ErrorFrame,
+    Fanout,
+    Gate,
+    Limits,
+    Outbox,
+    Stalled,
+    Subscriber,
+    encode_events,
+    encode_rows,
+    reply_frame,
+)
 from xce_controller.settings import ControllerSettings, parse_listen
 from xce_controller.state import Changes, ClusterState, Event
+from xce_controller.storage import Inflight, StorageGuard
 from xce_controller.store import SQLiteStore, Write
 from xcecore import auth, wire
 from xcecore.protocol import format_hostport as format_address
@@ -54,16 +75,29 @@ TOMBSTONE = b'{"outcome":"not_applied","tombstone":true}'
 class Connection:
     """One client connection: its identity, outbox, and the scope that closes it."""
 
-    def __init__(self, cid: int, caller: Caller, peer: str, outbox: Outbox) -> None:
+    def __init__(self, cid: int, caller: Caller, peer: str, outbox: Outbox,
+                 sock: socket.socket | None = None) -> None:
         self.cid = cid
         self.caller = caller
         self.peer = peer
         self.outbox = outbox
+        outbox.owner = self
+        self.sock = sock
         self.scope: anyio.CancelScope | None = None
+        self.held_back = False  # its requests were left unread once (logged once)
 
     def close(self) -> None:
         if self.scope is not None:
             self.scope.cancel()
+
+    def abort(self) -> None:
+        """Close with a reset: a peer that takes nothing must not keep what the kernel still
+        holds for it (a graceful close queues the FIN behind megabytes it will never read,
+        and the socket lingers as an orphan)."""
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close()
 
 
 class Controller:
@@ -91,6 +125,10 @@ class Controller:
         self._idem_times: deque[tuple[float, str]] = deque()
         self.pending: dict[str, tuple[bytes, Gate]] = {}
         self.last_gate: Gate | None = None
+        self.unstable: deque[Write] = deque()  # submitted, not yet reported by the writer
+        self.storage = StorageGuard(self)
+        self.limits = Limits(settings.max_subscriber_queue, settings.max_inflight,
+                             settings.max_unsent_bytes, settings.stall_timeout)
         self.promoted = anyio.Event()
         self.stopped = anyio.Event()
         self.promote_ms: float | None = None
@@ -253,7 +291,7 @@ class Controller:
         """Run the store's writer loop on a worker thread until the store is stopped."""
 
         def on_done(batch: list[Write]) -> None:
-            anyio.from_thread.run_sync(self._committed, batch)
+            anyio.from_thread.run_sync(self._written, batch)
 
         async def stop_on_cancel() -> None:
             try:
@@ -269,41 +307,58 @@ class Controller:
         finally:
             self._writer_done.set()
 
+    def _written(self, batch: list[Write]) -> None:
+        """On the loop, after the writer reported ``batch`` (committed, or not)."""
+        try:
+            for w in batch:  # reports come in submission order
+                if self.unstable.popleft() is not w:
+                    raise RuntimeError("the writer reported a write out of order")
+            if batch[0].error is None:
+                self._committed(batch)
+            else:
+                self.storage.failed(batch)
+        except Exception:  # never into the writer thread: it would stop committing
+            logger.opt(exception=True).critical(
+                "controller {}: handling the outcome of {} write(s) failed; giving up the "
+                "primary role", self.address, len(batch))
+            self.give_up()
+
     def _committed(self, batch: list[Write]) -> None:
-        """On the loop, after a commit: record results, open the gates (replies and pushes go)."""
-        failed = batch[0].error
-        if failed is not None:
-            logger.critical(
-                "controller {}: commit of {} writes failed ({}); giving up the primary role so a "
-                "standby takes over from the last durable state",
-                self.address, len(batch), failed,
-            )
-            for conn in list(self.conns.values()):
-                conn.close()
-            self.stopped.set()
-            return
+        """Record results, open the gates (replies and pushes go)."""
         t = time.time()
         for w in batch:
             if w.rid is not None:
                 self.pending.pop(w.rid, None)
                 self.idem[w.rid] = w.result
                 self._idem_times.append((t, w.rid))
-            w.extra.open()
+            w.extra.gate.open()
+        self.storage.committed()
+
+    def spawn(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn()`` (a coroutine function) as a task of this candidate."""
+        assert self._tg is not None
+        self._tg.start_soon(fn)
+
+    def give_up(self) -> None:
+        """Stop being primary at once (a standby takes over from the last durable state)."""
+        for conn in list(self.conns.values()):
+            conn.close()
+        self.stopped.set()
 
     async def _expire_hosts(self) -> None:
         """Mark hosts unavail past ``host_timeout``; prune old idempotency keys."""
         period = max(0.05, min(1.0, self.settings.conf.host_timeout / 4))
         while True:
             await anyio.sleep(period)
-            t = now()
-            ch = self.state.expire_hosts(t)
-            for row in ch.rows:
-                logger.warning(
-                    "controller {}: host {} sent no heartbeat for {:g} s; marked unavail "
-                    "(its worker's re-join makes it ok again)",
-                    self.address, row[1], self.settings.conf.host_timeout,
-                )
-            self.apply(ch, None)
+            if self.storage.writable():  # a host that cannot be marked durably stays as it is
+                ch = self.state.expire_hosts(now())
+                for row in ch.rows:
+                    logger.warning(
+                        "controller {}: host {} sent no heartbeat for {:g} s; marked unavail "
+                        "(its worker's re-join makes it ok again)",
+                        self.address, row[1], self.settings.conf.host_timeout,
+                    )
+                self.apply_internal(ch, "expire hosts")
             limit = time.time() - self.settings.idem_ttl
             while self._idem_times and self._idem_times[0][0] < limit:
                 self.idem.pop(self._idem_times.popleft()[1], None)
@@ -319,10 +374,12 @@ class Controller:
         period = self.settings.clean_period
         interval = max(0.05, min(CLEAN_INTERVAL, period / 4))
         while self.role == "primary":  # not while stopping: the writer takes no more writes
-            ch = self.state.clean_finished(now(), period, CLEAN_BATCH)
-            removed = len(ch.result)
+            removed = 0
+            if self.storage.writable():
+                ch = self.state.clean_finished(now(), period, CLEAN_BATCH)
+                removed = len(ch.result)
             if removed:
-                self.apply(ch, None)
+                self.apply_internal(ch, "clean finished jobs")
                 logger.info(
                     "controller {}: cleaned {} finished job(s) older than {:g} s",
                     self.address, removed, period,
@@ -361,30 +418,49 @@ class Controller:
     def request_shutdown(self, by: str) -> None:
         """``shutdown`` op: tell every member, then stop after the reply is flushed."""
         logger.warning("controller {}: shutdown requested by {}; stopping", self.address, by)
-        self.apply(Changes(events=[Event("shutdown", {"server": self.address}, workers_only_hosts=False)]), None)
+        self.apply_internal(Changes(events=[Event("shutdown", {"server": self.address},
+                                                  workers_only_hosts=False)]), "shutdown")
         self.stopped.set()
 
     # -- applying changes --------------------------------------------------------------------
 
-    def apply(self, ch: Changes, rid: str | None) -> Gate | None:
-        """Queue ``ch``'s rows for commit and its events for the members; return the gate
-        every reply and push must now wait behind (None when nothing is uncommitted)."""
+    def apply(self, ch: Changes, rid: str | None, op: str, caller: Caller | None = None,
+              ) -> tuple[Gate | None, bytes | None]:
+        """Queue ``ch``'s rows for commit and its events for the members.
+
+        Returns the gate every reply and push must now wait behind (None when nothing is
+        uncommitted) and, for a change with rows, the result's JSON (stored with them).
+        Everything is encoded first: if that raises, nothing was queued, pushed or stored
+        (the caller deals with the change).
+        """
         encoded: dict[int, bytes] = {}
+        result = orjson.dumps(ch.result) if ch.rows else None
+        rows = encode_rows(ch.rows, encoded) if ch.rows else []
+        events = encode_events(ch.events, encoded) if ch.events else []
         gate: Gate | None
-        if ch.rows:
+        if rows:
+            assert result is not None
             gate = Gate()
-            result = orjson.dumps(ch.result)
-            w = Write(encode_rows(ch.rows, encoded), rid, result, extra=gate)
+            w = Write(rows, rid, result, extra=Inflight(gate, op, caller))
             self.store.submit(w)
+            self.unstable.append(w)
             if rid is not None:
                 self.pending[rid] = (result, gate)
             self.last_gate = gate
-        gate = self.last_gate
-        if gate is not None and gate.is_open():
-            gate = self.last_gate = None
-        if ch.events:
-            self.fanout.publish(ch.events, gate, encoded)
-        return gate
+        gate = self._open_gate()
+        if events:
+            self.fanout.publish(events, gate)
+        return gate, result
+
+    def apply_internal(self, ch: Changes, what: str) -> None:
+        """:meth:`apply` for the controller's own changes (timers, disconnects, shutdown)."""
+        try:
+            self.apply(ch, None, what)
+        except Exception:
+            logger.opt(exception=True).error(
+                "controller {}: {}: the change cannot be encoded; rolling its records back",
+                self.address, what)
+            self.storage.discard(ch, what)
 
     # -- ServerView (used by op handlers) -------------------------------------------------------
 
@@ -399,6 +475,7 @@ class Controller:
         }
 
     def subscribe(self, caller: Caller) -> None:
+        """Make ``caller`` a member that gets pushes, starting with the full ``state``."""
         conn = self.conns.get(caller.cid)
         if conn is None:
             return
@@ -406,16 +483,16 @@ class Controller:
         if caller.pushes == "none":  # a member that asked for no pushes gets none, not even state
             return
         view = self.state.full_state(self.address, caller.worker_host)
-        sub = Subscriber(caller.identity, conn.outbox, caller.worker_host, conn.close)
+        data = orjson.dumps(view)  # raises before anything changed if it cannot be encoded
+        sub = Subscriber(caller.identity, conn.outbox, caller.worker_host, conn.abort)
         self.fanout.add(conn.cid, sub)
-        data = orjson.dumps(view)
         if len(data) > self.settings.max_frame:
             logger.error(
                 "controller {}: full state for {} is {} bytes, over the maximum frame {}; "
                 "raise cluster.max_frame", self.address, caller.identity, len(data),
                 self.settings.max_frame,
             )
-        conn.outbox.push("state", data, self._open_gate())
+        self.fanout.send(conn.cid, sub, "state", data, self._open_gate())
 
     def replace_worker(self, caller: Caller, host: str) -> None:
         entry = self.fanout.workers.get(host)
@@ -438,12 +515,13 @@ class Controller:
         except Exception:
             peer = "?"
         async with stream:
-            reader = BufferedByteReceiveStream(stream)
+            reader = FrameReader(stream, self.settings.max_frame)
             caller = await self._handshake(stream, reader, peer)
             if caller is None:
                 return
-            outbox = Outbox(self.settings.max_subscriber_queue, self.settings.max_inflight)
-            conn = Connection(next(self._cids), caller, peer, outbox)
+            outbox = Outbox(limits=self.limits)
+            conn = Connection(next(self._cids), caller, peer, outbox,
+                              stream.extra(SocketAttribute.raw_socket, None))
             caller.cid = conn.cid
             self.conns[conn.cid] = conn
             try:
@@ -458,7 +536,7 @@ class Controller:
                 self.conns.pop(conn.cid, None)
                 self.fanout.remove(conn.cid)
                 if caller.joined and self.role == "primary" and not self._still_joined(caller):
-                    self.apply(self.state.remove_member(caller.identity), None)
+                    self.apply_internal(self.state.remove_member(caller.identity), "member left")
                 logger.debug("controller {}: {} ({}) disconnected", self.address, caller.identity, peer)
 
     def _still_joined(self, caller: Caller) -> bool:
@@ -484,8 +562,12 @@ class Controller:
             await conn.outbox.run_writer(stream)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             conn.close()
+        except Stalled as exc:
+            logger.warning("controller {}: {} ({}) {}; dropping the connection",
+                           self.address, conn.caller.identity, conn.peer, exc)
+            conn.abort()
 
-    async def _handshake(self, stream: SocketStream, reader: BufferedByteReceiveStream, peer: str) -> Caller | None:
+    async def _handshake(self, stream: SocketStream, reader: FrameReader, peer: str) -> Caller | None:
         challenge, hello = auth.server_hello()
         hinted = self.role == "standby"
         if hinted:
@@ -543,10 +625,19 @@ class Controller:
         primary = self.election.current_primary()
         return None if primary == self.address else primary
 
-    async def _read_loop(self, conn: Connection, reader: BufferedByteReceiveStream) -> None:
+    async def _read_loop(self, conn: Connection, reader: FrameReader) -> None:
+        timeout = self.settings.frame_timeout
         while True:
             try:
-                msg = await wire.read_message(reader, self.settings.max_frame)
+                msg = await reader.next_message(timeout)
+            except TimeoutError:  # (an OSError: caught before the others)
+                logger.warning(
+                    "controller {}: {} ({}) began a frame and did not finish it within {:g} s "
+                    "(frame_timeout); closing the connection",
+                    self.address, conn.caller.identity, conn.peer, timeout,
+                )
+                conn.abort()
+                return
             except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
                     anyio.ClosedResourceError, OSError):
                 return
@@ -557,18 +648,41 @@ class Controller:
                 )
                 conn.outbox.reply(wire.encode(wire.reply_error(None, ErrorCode.INVALID, str(exc))), None)
                 return
-            await conn.outbox.wait_reply_space()
+            outbox = conn.outbox
+            if outbox.full():
+                if not conn.held_back:
+                    conn.held_back = True
+                    logger.warning(
+                        "controller {}: {} ({}) is not reading its replies ({} unsent, {} bytes; "
+                        "bounds max_inflight {}, max_unsent_bytes/2 {}); its requests wait "
+                        "unread until it does", self.address, conn.caller.identity, conn.peer,
+                        outbox.queued_replies, outbox.unsent, self.limits.max_replies,
+                        self.limits.pause_bytes,
+                    )
+                await outbox.wait_room()
+            paused = self.storage.paused
+            if paused is not None:  # a rollback is under way: it must see no new change
+                await paused.wait()
             self.handle_message(conn, msg)
 
     def handle_message(self, conn: Connection, msg: dict[str, Any]) -> None:
-        """Answer one request (synchronously: applied in arrival order)."""
+        """Answer one request (synchronously: applied in arrival order), whatever it holds."""
+        try:
+            self._answer(conn, msg)
+        except Exception:  # the last guard: one request's data never ends the process
+            logger.opt(exception=True).error(
+                "controller {}: request {} from {} failed unexpectedly; answered INTERNAL",
+                self.address, label(msg.get("op")), conn.caller.identity,
+            )
+            self._reply_error(conn, request_id(msg), RemoteError(
+                ErrorCode.INTERNAL, "the controller failed to answer this request (logged)"))
+
+    def _answer(self, conn: Connection, msg: dict[str, Any]) -> None:
         try:
             req = wire.parse_request(msg)
         except RemoteError as exc:
-            mid = msg.get("id")
-            mid = mid if isinstance(mid, int) and not isinstance(mid, bool) else None
-            self._refused(conn, str(msg.get("op"))[:64], exc)
-            conn.outbox.reply(wire.encode(wire.reply_error(mid, exc.code, exc.message, **exc.data)), None)
+            self._refused(conn, label(msg.get("op")), exc)
+            self._reply_error(conn, request_id(msg), exc)
             return
         if self.role != "primary":
             primary = self._primary()
@@ -585,29 +699,79 @@ class Controller:
                 return
             pending = self.pending.get(req.rid)
             if pending is not None:
-                conn.outbox.reply(self._repeat(req, pending[0]), pending[1])
+                conn.outbox.reply(self._repeat(req, pending[0]), pending[1],
+                                  self._storage_error(req.id, req.op))
                 return
         try:
             spec, args = check_call(req.op, conn.caller, req.args, self.state)
+            if spec.kind == "write" and not self.storage.writable() and \
+                    not (req.op == "join" and conn.caller.role != WORKER):  # joins store no rows
+                raise self.storage.refusal(req.op)
+            check_encodable(req.op, args)  # before the handler: a refusal changes nothing
             ch = spec.handler(self, conn.caller, args, now())
         except RemoteError as exc:
             self._refused(conn, req.op, exc)
-            conn.outbox.reply(wire.encode(wire.reply_error(req.id, exc.code, exc.message, **exc.data)), None)
+            self._reply_error(conn, req.id, exc)
             return
         except Exception as exc:
-            logger.exception("controller {}: op {} from {} failed", self.address, req.op, conn.caller.identity)
-            err = wire.reply_error(req.id, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-            conn.outbox.reply(wire.encode(err), None)
+            logger.opt(exception=True).error("controller {}: op {} from {} failed", self.address, req.op,
+                                             conn.caller.identity)
+            self._reply_error(conn, req.id, RemoteError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
             return
-        gate = self.apply(ch, req.rid if spec.dedupe else None)
-        data = wire.encode(wire.reply_ok(req.id, ch.result))
+        self._finish(conn, req, spec, ch)
+
+    def _finish(self, conn: Connection, req: wire.Request, spec: OpSpec, ch: Changes) -> None:
+        """Commit, push and answer the change a handler made."""
+        try:
+            gate, result = self.apply(ch, req.rid if spec.dedupe else None, req.op, conn.caller)
+        except Exception as exc:
+            # check_encodable let through something that cannot be encoded: nothing was
+            # queued or pushed, and the records the handler changed go back to the store's.
+            logger.opt(exception=True).error(
+                "controller {}: {} from {}: the outcome cannot be encoded ({}); rolling its "
+                "records back", self.address, req.op, conn.caller.identity, exc)
+            self.storage.discard(ch, req.op, conn.caller)
+            self._reply_error(conn, req.id, RemoteError(
+                ErrorCode.INVALID, f"{req.op}: the outcome cannot be encoded ({exc}); nothing "
+                "was changed"))
+            return
+        try:
+            data = (wire.encode(wire.reply_ok(req.id, ch.result)) if result is None
+                    else reply_frame(req.id, result))
+        except Exception as exc:  # a read's result that cannot be encoded: nothing changed
+            logger.opt(exception=True).error("controller {}: {} from {}: the result cannot be "
+                                             "encoded", self.address, req.op, conn.caller.identity)
+            self._reply_error(conn, req.id, RemoteError(
+                ErrorCode.INVALID, f"{req.op}: the outcome cannot be encoded ({exc}); nothing "
+                "was changed"))
+            return
         if len(data) - 4 > self.settings.max_frame:
             text = (f"{req.op}: the result ({len(data)} bytes) exceeds the maximum frame; "
                     "narrow the query (filters, limit)")
             data = wire.encode(wire.reply_error(req.id, ErrorCode.INVALID, text))
-        conn.outbox.reply(data, gate)
+        # Should the commit this reply waits on fail: a change of its own was rolled back, and
+        # a read may show what was rolled back; a volatile update's answer stays true.
+        fails = ch.rows or spec.kind == "read"
+        conn.outbox.reply(data, gate, self._storage_error(req.id, req.op) if gate and fails else None)
         if ch.after is not None:
-            ch.after()
+            try:
+                ch.after()
+            except Exception:
+                logger.opt(exception=True).error(
+                    "controller {}: {} from {}: the follow-up failed; closing the connection "
+                    "(the member re-joins)", self.address, req.op, conn.caller.identity)
+                conn.close()
+
+    def _reply_error(self, conn: Connection, mid: int | None, exc: RemoteError) -> None:
+        try:
+            data = wire.encode(wire.reply_error(mid, exc.code, exc.message, **exc.data))
+        except Exception:  # the error's data came from the request and cannot be encoded
+            data = wire.encode(wire.reply_error(mid, exc.code, exc.message))
+        conn.outbox.reply(data, None)
+
+    def _storage_error(self, mid: int, op: str) -> ErrorFrame:
+        """The reply to send instead, should the commit a reply waits on fail."""
+        return lambda reason: self.storage.error_frame(mid, op, reason)
 
     def _repeat(self, req: wire.Request, stored: bytes) -> bytes:
         """The answer to a request whose rid is recorded: its stored result, or -- for a key an
@@ -634,8 +798,12 @@ class Controller:
                 return {"rid": rid, "outcome": "pending"}
             stored = pending[0]  # another query's tombstone, committing: this reply waits too
         if stored is None:
+            if not self.storage.writable():  # the tombstone could not be made durable
+                raise self.storage.refusal("outcome")
             gate = Gate()
-            self.store.submit(Write([], rid, TOMBSTONE, extra=gate))
+            w = Write([], rid, TOMBSTONE, extra=Inflight(gate, "outcome"))
+            self.store.submit(w)
+            self.unstable.append(w)
             self.pending[rid] = (TOMBSTONE, gate)
             self.last_gate = gate
             logger.info("controller {}: outcome of {} asked; never applied here, recorded as "
@@ -647,18 +815,25 @@ class Controller:
 
     def _open_gate(self) -> Gate | None:
         gate = self.last_gate
-        return gate if gate is not None and not gate.is_open() else None
+        if gate is not None and gate.is_open():
+            gate = self.last_gate = None
+        return gate
 
     def _refused(self, conn: Connection, op: str, exc: RemoteError) -> None:
         # A member reconnected after a failover beats before it re-joins: that NOT_JOINED is the
-        # normal way it learns to re-join, not news for an operator.
+        # normal way it learns to re-join, not news for an operator. Writes refused during a
+        # storage fault are counted and reported when it ends.
         if exc.code == ErrorCode.NOT_JOINED and op == "heartbeat":
+            log = logger.debug
+        elif exc.code == ErrorCode.STORAGE:
+            self.storage.refused += 1
             log = logger.debug
         elif exc.code in (ErrorCode.NOT_FOUND, ErrorCode.CONFLICT, ErrorCode.NOT_JOINED):
             log = logger.info
         else:
             log = logger.warning
-        log("controller {}: {} from {} refused: {} {}", self.address, op, conn.caller.identity, exc.code, exc.message)
+        log("controller {}: {} from {} refused: {} {}", self.address, op, conn.caller.identity,
+            exc.code, label(exc.message, 300))
 
 
 def _quiet() -> contextlib.suppress:

@@ -27,6 +27,8 @@ IDEM_TTL = 86400.0
 """Seconds an idempotency key's result is kept (the default: one day)."""
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds a client may take to finish its handshake (not configurable)."""
+MAX_UNSENT_BYTES = 32 * 1024 * 1024
+"""Bytes of replies and pushes a connection may have waiting to be sent (the default)."""
 
 
 @dataclass(slots=True)
@@ -59,6 +61,10 @@ class ControllerSettings:
     clean_period: float  # 0: finished jobs are kept forever
     peers: tuple[str, ...]
     handshake_timeout: float = HANDSHAKE_TIMEOUT
+    max_unsent_bytes: int = MAX_UNSENT_BYTES  # reading stops at half, a member is dropped past it
+    stall_timeout: float = 30.0  # a connection that takes no byte this long with frames waiting
+    frame_timeout: float = 10.0  # a frame begun must be whole within this
+    storage_retry: float = 1.0  # seconds between probes of a store that cannot commit
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -101,10 +107,10 @@ def check_controller_section(section: dict[str, Any]) -> None:
     queues = check_queues(section["queues"])
     if section["default_queue"] not in {q["name"] for q in queues}:
         raise ValueError(f"controller.default_queue {section['default_queue']!r} is not a configured queue")
-    for key in ("host_timeout", "idem_ttl"):
+    for key in ("host_timeout", "idem_ttl", "stall_timeout", "frame_timeout", "storage_retry"):
         if not section[key] > 0:  # also refuses NaN
             raise ValueError(f"controller.{key} must be > 0, got {section[key]!r}")
-    for key in ("max_subscriber_queue", "max_inflight"):
+    for key in ("max_subscriber_queue", "max_inflight", "max_unsent_bytes"):
         if section[key] < 1:
             raise ValueError(f"controller.{key} must be >= 1, got {section[key]!r}")
     if not section["clean_period"] >= 0:  # also refuses NaN
@@ -129,6 +135,18 @@ SECTION = ConfigSection(
         "user_groups": Field((dict,), {}, "user group name -> list of users"),
         "max_subscriber_queue": Field((int,), 10000, "unsent pushes before a member is dropped"),
         "max_inflight": Field((int,), 4096, "requests in flight per connection"),
+        "max_unsent_bytes": Field(
+            (int,), MAX_UNSENT_BYTES,
+            "bytes of replies and pushes a connection may have waiting: its requests stop being "
+            "read at half of it, and a member is dropped when a push would pass it"),
+        "stall_timeout": Field(
+            _NUM, 30.0, "seconds a connection with frames waiting may take no byte before it is "
+            "dropped"),
+        "frame_timeout": Field(
+            _NUM, 10.0, "seconds a frame may take to arrive in full once its first byte has"),
+        "storage_retry": Field(
+            _NUM, 1.0, "seconds between probes of a state store that cannot commit (writes are "
+            "refused with STORAGE meanwhile)"),
         "idem_ttl": Field(_NUM, IDEM_TTL, "seconds an idempotency key's result is kept"),
         "clean_period": Field(
             _NUM, 3600.0,
@@ -179,4 +197,8 @@ def settings_from_config(config: Config, key: bytes | None) -> ControllerSetting
         idem_ttl=float(c["idem_ttl"]),
         clean_period=float(c["clean_period"]),
         peers=tuple(peers),
+        max_unsent_bytes=int(c["max_unsent_bytes"]),
+        stall_timeout=float(c["stall_timeout"]),
+        frame_timeout=float(c["frame_timeout"]),
+        storage_retry=float(c["storage_retry"]),
     )

@@ -8,7 +8,7 @@ No I/O happens here: the server commits the rows and fans the events out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ from xcecore.wire import ErrorCode, RemoteError
 
 Record = dict[str, Any]
 # (table, key, record or None to delete); a ``meta`` row's value is any JSON value.
-Row = tuple[str, Any, Record | int | None]
+Row = tuple[str, Any, Record | int | float | None]
 
 
 @dataclass(slots=True)
@@ -476,3 +476,77 @@ class ClusterState:
             raise RemoteError(ErrorCode.DENIED, f"job {jobid} does not run on host {host}")
         job["usage"] = usage
         return Changes(result={"jobid": jobid}, events=[Event("jusage", {"jobid": jobid, "usage": usage})])
+
+    # -- rolling back -----------------------------------------------------------------------
+
+    def restore(self, images: Mapping[tuple[str, Any], Any], keep_volatile: bool = True) -> None:
+        """Roll records back to what the store committed, after writes failed to commit.
+
+        ``images`` maps each ``(table, key)`` the failed writes touched to the record the
+        store holds, or None where it holds none (a job or host those writes created).
+        Queues keep their configured priority and description, as at :meth:`load`. With
+        ``keep_volatile``, a host's resource values and a job's usage and pend reason keep
+        their values in memory: they are volatile (never stored on their own) and members were
+        told of them (without it, those come from the store too). Job ids given
+        out stay given out (``next_jobid`` only grows). Slot counts and the host-to-jobs index
+        are recomputed for every host involved, as :meth:`load` computes them.
+        """
+        hosts_touched: set[str] = set()
+        for (table, key), image in images.items():
+            if table == "jobs":
+                self._restore_job(key, image, hosts_touched, keep_volatile)
+            elif table == "hosts":
+                self._restore_host(key, image, keep_volatile)
+                hosts_touched.add(key)
+            elif table == "queues":
+                self._restore_queue(key, image)
+        for name in hosts_touched:
+            host = self.hosts.get(name)
+            if host is not None:
+                host["used_slots"] = sum(
+                    a["ntasks"] for jobid in self.active_on.get(name, ())
+                    if (job := self.jobs.get(jobid)) is not None
+                    for a in job["alloc"] if a["host"] == name
+                )
+                _host_state(host)
+
+    def _restore_job(self, jobid: int, image: Record | None, hosts_touched: set[str],
+                     keep_volatile: bool) -> None:
+        old = self.jobs.get(jobid)
+        if old is not None:
+            for a in old["alloc"]:
+                self.active_on.get(a["host"], set()).discard(jobid)
+                hosts_touched.add(a["host"])
+        if image is None:
+            self.jobs.pop(jobid, None)
+            return
+        if old is not None and keep_volatile:
+            image["usage"], image["pend_reason"] = old["usage"], old["pend_reason"]
+        self.jobs[jobid] = image
+        if image["state"] in ACTIVE:
+            for a in image["alloc"]:
+                self.active_on.setdefault(a["host"], set()).add(jobid)
+                hosts_touched.add(a["host"])
+
+    def _restore_host(self, name: str, image: Record | None, keep_volatile: bool) -> None:
+        old = self.hosts.get(name)
+        if image is None:
+            self.hosts.pop(name, None)
+            self.last_seen.pop(name, None)
+            return
+        if old is not None and keep_volatile:
+            image["resvals"] = old["resvals"]
+        self.hosts[name] = image
+
+    def _restore_queue(self, name: str, image: Record | None) -> None:
+        cfg = next((q for q in self.conf.queues if q["name"] == name), None)
+        if cfg is None:
+            if image is None:
+                self.queues.pop(name, None)
+            else:
+                self.queues[name] = image
+            return
+        q = self.queues.setdefault(name, queue_record(cfg))
+        base = queue_record(cfg) if image is None else image
+        q["open"], q["active"] = bool(base["open"]), bool(base["active"])
+        _queue_status(q)

@@ -9,16 +9,25 @@ Rows are ``(table, key, record_json)``: the record's JSON (bytes, encoded by the
 the moment of the change, so a later change of the same record can never leak into an
 earlier commit), or None to delete. Results are stored as JSON bytes too.
 
+A commit that fails (a full disk, an I/O error) fails its whole batch and the loop goes on.
+Every write queued after it was computed by the caller from a state that includes the failed
+writes, so it must not be committed either: writes carry the store's *epoch* at submission,
+and after a failed commit every write of that epoch (or older) is failed without an attempt,
+until the caller has rolled its state back to what :meth:`SQLiteStore.committed` reads and
+called :meth:`SQLiteStore.resume`, which starts a new epoch. The caller decides what to tell
+clients; the store never stops by itself.
+
 A site replaces this store through the ``xce_controller_store`` hook with any object offering
-:meth:`open`, :meth:`load`, :meth:`submit`, :meth:`run_writer`, :meth:`stop`, :meth:`lookup`
-and :meth:`close`.
+:meth:`open`, :meth:`load`, :meth:`submit`, :meth:`run_writer`, :meth:`stop`, :meth:`resume`,
+:meth:`committed`, :meth:`lookup` and :meth:`close`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +43,36 @@ DB_NAME = "state.db"
 Row = tuple[str, Any, bytes | None]
 
 
+@dataclass(frozen=True, slots=True)
+class StorageFault:
+    """Why writes could not be committed: what failed, in words an operator can act on."""
+
+    cause: str  # e.g. "no space left on the device (SQLITE_FULL: database or disk is full)"
+    path: str  # the database file
+    code: str = ""  # the SQLite error name or errno name, when there is one
+
+    def __str__(self) -> str:
+        return f"{self.cause} ({self.path})"
+
+
+def describe_failure(exc: BaseException, path: Path) -> StorageFault:
+    """A :class:`StorageFault` naming what ``exc`` (raised by a commit) means."""
+    import errno as errnos
+
+    text = str(exc) or type(exc).__name__
+    code = str(getattr(exc, "sqlite_errorname", "") or "")
+    number = getattr(exc, "errno", None)
+    if isinstance(number, int) and number in errnos.errorcode:
+        code = code or errnos.errorcode[number]
+    if code in ("SQLITE_FULL", "ENOSPC", "EDQUOT"):
+        cause = f"no space left on the device ({code}: {text})"
+    elif code.startswith("SQLITE_IOERR") or code == "EIO":
+        cause = f"I/O error ({code}: {text})"
+    else:
+        cause = f"{type(exc).__name__}{f' {code}' if code else ''}: {text}"
+    return StorageFault(cause, str(path), code)
+
+
 @dataclass(slots=True)
 class Write:
     """One write to commit: rows to upsert or delete, and its idempotency key and result."""
@@ -41,9 +80,10 @@ class Write:
     rows: list[Row]
     rid: str | None = None
     result: bytes = b"null"
-    error: str | None = None  # set by the writer when the commit failed
+    error: StorageFault | None = None  # set by the writer when the write was not committed
     # Free for the caller (the controller keeps its waiters and pushes here).
     extra: Any = None
+    epoch: int = 0  # set by :meth:`SQLiteStore.submit`
 
 
 @dataclass(slots=True)
@@ -67,8 +107,10 @@ class SQLiteStore:
         self.path = Path(state_dir) / DB_NAME
         self.max_batch = max_batch
         self._db: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.commits = 0  # transactions committed (for tests and benchmarks)
+        self.epoch = 0  # bumped by resume(); read and written on the caller's thread only
 
     def open(self) -> None:
         """Open (creating) the database; call on a thread, at promotion."""
@@ -83,6 +125,10 @@ class SQLiteStore:
             db.execute(f"CREATE TABLE IF NOT EXISTS {table} (key {kind} PRIMARY KEY, data BLOB)")
         db.execute("CREATE TABLE IF NOT EXISTS idem (rid TEXT PRIMARY KEY, result BLOB, ts REAL)")
         self._db = db
+        # A second connection for :meth:`committed`: in WAL mode it reads the last committed
+        # state while the writer's connection may be inside a transaction. Opened now, while
+        # the disk is presumably fine, rather than when it is needed (after a failure).
+        self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -92,6 +138,8 @@ class SQLiteStore:
 
     def load(self, idem_ttl: float) -> Loaded:
         """Read the whole state (and prune idempotency keys older than ``idem_ttl``)."""
+        import sqlite3
+
         db = self.db
         out = Loaded()
         loads = orjson.loads
@@ -99,8 +147,30 @@ class SQLiteStore:
         out.hosts = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM hosts")}
         out.queues = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM queues")}
         out.meta = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM meta")}
-        db.execute("DELETE FROM idem WHERE ts < ?", (time.time() - idem_ttl,))
+        try:
+            db.execute("DELETE FROM idem WHERE ts < ?", (time.time() - idem_ttl,))
+        except sqlite3.Error as exc:
+            # A full disk must not stop a promotion: the old keys go at the next one.
+            from loguru import logger
+
+            logger.warning("store {}: cannot prune old idempotency keys ({}); kept for now",
+                           self.path, describe_failure(exc, self.path).cause)
         out.idem = {r: bytes(d) for r, d in db.execute("SELECT rid, result FROM idem")}
+        return out
+
+    def committed(self, keys: Iterable[tuple[str, Any]]) -> dict[tuple[str, Any], bytes | None]:
+        """The committed JSON of each ``(table, key)`` (None: no such row); any thread.
+
+        What the caller rolls its in-memory records back to after a failed commit.
+        """
+        if self._reader is None:
+            raise RuntimeError("store is not open")
+        out: dict[tuple[str, Any], bytes | None] = {}
+        for table, key in keys:
+            if table not in TABLES:
+                raise ValueError(f"unknown table {table!r}")
+            row = self._reader.execute(f"SELECT data FROM {table} WHERE key = ?", (key,)).fetchone()
+            out[(table, key)] = None if row is None else bytes(row[0])
         return out
 
     def lookup(self, rid: str) -> bytes | None:
@@ -137,13 +207,27 @@ class SQLiteStore:
                 db.executemany("INSERT OR REPLACE INTO idem VALUES (?, ?, ?)", idem)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # On SQLITE_FULL and some I/O errors SQLite has already rolled the transaction
+            # back; a second ROLLBACK would raise "no transaction is active" and hide the cause.
+            if db.in_transaction:
+                with contextlib.suppress(Exception):
+                    db.execute("ROLLBACK")
             raise
         self.commits += 1
 
     def submit(self, write: Write) -> None:
-        """Queue ``write`` for the writer thread (thread-safe, never blocks)."""
+        """Queue ``write`` for the writer thread (never blocks), stamped with the epoch.
+
+        Call it from one thread (the controller's event loop), the one that calls
+        :meth:`resume`.
+        """
+        write.epoch = self.epoch
         self._queue.put(write)
+
+    def resume(self) -> None:
+        """After a failed commit: the caller's state is rolled back to :meth:`committed`, so
+        writes submitted from now on are attempted again (a new epoch)."""
+        self.epoch += 1
 
     def stop(self) -> None:
         """Make :meth:`run_writer` commit what is queued and return."""
@@ -152,11 +236,14 @@ class SQLiteStore:
     def run_writer(self, on_done: Callable[[list[Write]], None]) -> None:
         """The writer loop (run it on its own thread): commit queued writes in groups.
 
-        ``on_done(batch)`` is called after every commit with the batch, in commit order; when
-        a commit fails, every write of the batch has ``error`` set, ``on_done`` is called and
-        the loop ends (the caller must stop being primary).
+        ``on_done(batch)`` is called after every commit with the batch, in commit order. When
+        a commit fails, every write of the batch has ``error`` set and ``on_done`` is called
+        with it; so is every later write of the same epoch (without an attempt: see the
+        module docstring). Each call's batch is either all committed or all failed.
         """
         get = self._queue.get
+        failed_epoch = -1
+        fault: StorageFault | None = None
         while True:
             first = get()
             if first is _STOP:
@@ -172,19 +259,32 @@ class SQLiteStore:
                     stopping = True
                     break
                 batch.append(item)
-            try:
-                self.commit_now(batch)
-            except Exception as exc:
-                for w in batch:
-                    w.error = f"{type(exc).__name__}: {exc}"
-                on_done(batch)
-                return
-            on_done(batch)
+            # Epochs only grow along the queue: the doomed writes are a prefix of the batch.
+            split = 0
+            while split < len(batch) and batch[split].epoch <= failed_epoch:
+                split += 1
+            if split:
+                assert fault is not None
+                doomed = batch[:split]
+                for w in doomed:
+                    w.error = fault
+                on_done(doomed)
+            live = batch[split:]
+            if live:
+                try:
+                    self.commit_now(live)
+                except Exception as exc:
+                    fault = describe_failure(exc, self.path)
+                    failed_epoch = max(w.epoch for w in live)
+                    for w in live:
+                        w.error = fault
+                on_done(live)
             if stopping:
                 return
 
     def close(self) -> None:
         """Close the database."""
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        for db in (self._db, self._reader):
+            if db is not None:
+                db.close()
+        self._db = self._reader = None
