@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from xce_controller.pushes import Fanout, Outbox, Subscriber
+from xce_controller.pushes import Fanout, Outbox, Subscriber, encode_events
 from xce_controller.state import Event
 
 pytestmark = pytest.mark.timeout(30)
@@ -41,5 +41,5 @@ def test_member_events_go_to_non_workers_only():
     w, m = _sub("worker@a", "a"), _sub("scheduler@x", None)
     f.add(1, w)
     f.add(2, m)
-    f.publish([Event("member", {"identity": "worker@b", "joined": True})], None, {})
-    assert m.outbox.seq == 1 and w.outbox.seq == 0
+    f.publish(encode_events([Event("member", {"identity": "worker@b", "joined": True})], {}), None)
+    assert m.outbox.queued_pushes == 1 and w.outbox.queued_pushes == 0

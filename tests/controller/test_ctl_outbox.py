@@ -1,13 +1,15 @@
-"""The outbox's direct write: a ready frame with nothing ahead goes out at once, in order."""
+"""The outbox: a ready frame with nothing ahead goes out at once, in order; failed gates; its
+bounds in bytes and counts; a peer that takes nothing is dropped."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
-from xce_controller.pushes import Gate, Outbox
+from xce_controller.pushes import Gate, Limits, Outbox, Stalled
 
 from xcecore import wire
 
@@ -71,4 +73,69 @@ async def test_a_closed_outbox_writes_nothing_directly():
             await client.receive()
     finally:
         await client.aclose()
+        await listener.aclose()
+
+
+async def test_a_failed_gate_sends_the_error_reply_and_withdraws_its_pushes():
+    server, client, listener = await _pair()
+    reader = BufferedByteReceiveStream(client)
+    box = Outbox(max_pushes=100, max_replies=100)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(box.run_writer, server)
+            gate = Gate()
+            box.reply(wire.encode({"id": 1, "ok": True}), gate,
+                      lambda reason: wire.encode({"id": 1, "ok": False, "why": reason}))
+            assert box.push("job", b'{"j":1}', gate)  # withdrawn with the gate
+            box.reply(wire.encode({"id": 2, "ok": True}), gate)  # no error frame: sent as is
+            assert gate.waiters == {box}
+            gate.fail("disk full")
+            assert box.push("job", b'{"j":2}', None)
+            got = [await wire.read_message(reader) for _ in range(3)]
+            assert got[0] == {"id": 1, "ok": False, "why": "disk full"}
+            assert got[1] == {"id": 2, "ok": True}
+            assert got[2] == {"push": "job", "seq": 1, "data": {"j": 2}}  # no gap: seq 1
+            assert box.seq == 1 and box.unsent == 0 and box.queued_pushes == 0
+            box.close()
+    finally:
+        await client.aclose()
+        await server.aclose()
+        await listener.aclose()
+
+
+async def test_bounds_in_bytes_and_counts():
+    box = Outbox(limits=Limits(max_pushes=3, max_replies=2, max_bytes=10_000, stall_timeout=1))
+    gate = Gate()  # nothing is sent while it is closed
+    big = b"x" * 20_000
+    assert box.push("state", big, gate)  # an empty box takes any one push (a member's state)
+    assert not box.push("job", b"{}", gate)  # but nothing more past the bound
+    assert "max_unsent_bytes 10000" in box.overflow
+    small = Outbox(limits=Limits(max_pushes=3, max_replies=2, max_bytes=10_000_000))
+    assert all(small.push("job", b"{}", gate) for _ in range(3))
+    assert not small.push("job", b"{}", gate) and "max_subscriber_queue 3" in small.overflow
+    assert not small.full()
+    small.reply(wire.encode({"id": 1}), gate)
+    small.reply(wire.encode({"id": 2}), gate)
+    assert small.full()  # as many replies unsent as requests may be in flight
+    half = Outbox(limits=Limits(max_bytes=1000))
+    half.reply(b"y" * 499, gate)
+    assert not half.full()
+    half.reply(b"y", gate)
+    assert half.full() and half.unsent == 500  # reading stops at half the byte bound
+
+
+async def test_a_peer_that_takes_nothing_is_stalled():
+    server, client, listener = await _pair()
+    sock = server.extra(anyio.abc.SocketAttribute.raw_socket)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    box = Outbox(limits=Limits(stall_timeout=0.3))
+    try:
+        with anyio.fail_after(10):
+            for _ in range(100):
+                box.push("job", b'"' + b"z" * 100_000 + b'"', None)
+            with pytest.raises(Stalled, match="took no data for 0.3 s"):
+                await box.run_writer(server)
+    finally:
+        await client.aclose()
+        await server.aclose()
         await listener.aclose()

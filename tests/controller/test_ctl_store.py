@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 
 import anyio
@@ -36,14 +37,34 @@ def test_group_commit_and_idempotency_keys(tmp_path):
     again.close()
 
 
-def test_failed_commit_marks_the_batch(tmp_path):
+def test_failed_commit_fails_its_epoch_and_the_writer_goes_on(tmp_path):
     store = SQLiteStore(str(tmp_path))
     store.open()
-    store.submit(Write([("nosuchtable", 1, b"{}")], "r1"))
-    done: list[list[Write]] = []
-    store.run_writer(done.append)  # returns after the failure
-    assert done[0][0].error and "unknown table" in done[0][0].error
-    assert store.lookup("r1") is None
+    reports: queue.SimpleQueue[list[Write]] = queue.SimpleQueue()
+    writer = threading.Thread(target=store.run_writer, args=(reports.put,), daemon=True)
+    writer.start()
+    try:
+        store.submit(Write([("nosuchtable", 1, b"{}")], "r1"))
+        failed = reports.get(timeout=10)
+        assert [w.rid for w in failed] == ["r1"]
+        fault = failed[0].error
+        assert fault is not None and "unknown table" in fault.cause and fault.path == str(store.path)
+        # Built (by the caller) on the failed write: failed too, without an attempt.
+        store.submit(Write([("jobs", 1, b'{"jobid":1}')], "r2"))
+        doomed = reports.get(timeout=10)
+        assert [w.rid for w in doomed] == ["r2"] and doomed[0].error == fault
+        assert store.commits == 0
+        store.resume()  # the caller rolled back: a new epoch is attempted again
+        store.submit(Write([("jobs", 2, b'{"jobid":2}')], "r3"))
+        ok = reports.get(timeout=10)
+        assert [w.rid for w in ok] == ["r3"] and ok[0].error is None
+    finally:
+        store.stop()
+        writer.join(10)
+    assert not writer.is_alive()
+    assert store.lookup("r1") is None and store.lookup("r2") is None
+    assert store.lookup("r3") == b"null" and store.commits == 1
+    assert store.committed([("jobs", 1), ("jobs", 2)]) == {("jobs", 1): None, ("jobs", 2): b'{"jobid":2}'}
     store.close()
 
 

@@ -1,0 +1,345 @@
+"""Storage faults keep the primary up: a commit that fails rolls back what was not committed,
+writes are refused with STORAGE (naming the cause and the file) while reads, heartbeats and
+pushes go on, and writes resume by themselves once the store commits again. Against a store
+that fails on demand (an I/O error, through the store hook) and against a real, full tmpfs."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sqlite3
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+from ctl_testlib import Proc, RawClient, settings, start_controller, wait_listening
+from loguru import logger
+from test_ctl_fuzz import SyncClient
+from xce_controller.server import Controller, serve
+from xce_controller.state import ClusterConf, ClusterState
+from xce_controller.store import SQLiteStore, Write
+
+from xcecore.testing import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+QUEUES = ({"name": "normal", "priority": 30}, {"name": "priority", "priority": 43})
+
+
+# -- rolling records back (pure) ----------------------------------------------------------------
+
+
+def images(st: ClusterState, keys: list[tuple[str, Any]]) -> dict[tuple[str, Any], Any]:
+    """What a store that committed ``st`` as it is now would hold for ``keys``."""
+    tables = {"jobs": st.jobs, "hosts": st.hosts, "queues": st.queues}
+    return {(t, k): (orjson.loads(orjson.dumps(tables[t][k])) if k in tables[t] else None)
+            for t, k in keys}
+
+
+def fresh(imgs: dict[tuple[str, Any], Any]) -> dict[tuple[str, Any], Any]:
+    """A decoded copy, as each rollback reads it from the store anew."""
+    return {k: orjson.loads(orjson.dumps(v)) for k, v in imgs.items()}
+
+
+def test_restore_undoes_a_dispatch_a_submit_a_queue_and_a_new_host() -> None:
+    st = ClusterState(ClusterConf(queues=QUEUES))
+    st.join_worker({"hname": "n1", "ncpus": 4}, 0.0)
+    a = st.submit({"command": "a", "user": "u", "ntasks": 2}, 0.0).result["jobid"]
+    committed = images(st, [("jobs", a), ("jobs", a + 1), ("hosts", "n1"), ("hosts", "n2"),
+                            ("queues", "normal")])
+    # What the failed writes did, in memory:
+    st.dispatch(a, [{"host": "n1", "ntasks": 2}], False)
+    b = st.submit({"command": "b", "user": "u"}, 0.0).result["jobid"]
+    st.queue_control("normal", "close")
+    st.join_worker({"hname": "n2", "ncpus": 1}, 0.0)
+    st.set_resvals("n1", {"r1m": 0.5})  # volatile: kept
+    st.restore(committed)
+    assert st.jobs[a]["state"] == "PEND" and st.jobs[a]["alloc"] == []
+    assert b not in st.jobs and st.next_jobid == b + 1  # ids given out stay given out
+    assert st.hosts["n1"]["used_slots"] == 0 and st.active_on.get("n1", set()) == set()
+    assert st.hosts["n1"]["resvals"] == {"r1m": 0.5}
+    assert "n2" not in st.hosts and "n2" not in st.last_seen
+    assert st.queues["normal"]["open"] is True and st.queues["normal"]["status"] == "Open:Active"
+    assert st.queues["normal"]["priority"] == 30
+
+
+def test_restore_of_a_finish_gives_the_slots_back_to_the_job() -> None:
+    st = ClusterState(ClusterConf(queues=QUEUES))
+    st.join_worker({"hname": "n1", "ncpus": 2}, 0.0)
+    j = st.submit({"command": "a", "user": "u"}, 0.0).result["jobid"]
+    st.dispatch(j, [{"host": "n1", "ntasks": 1}], False)
+    st.set_jusage("n1", j, {"mem": 1.0})
+    committed = images(st, [("jobs", j), ("hosts", "n1")])
+    st.notify("n1", {"jobid": j, "event": "finish", "exit_status": 0}, 1.0)
+    st.set_jusage("n1", j, {"mem": 2.0})
+    st.restore(fresh(committed))
+    assert st.jobs[j]["state"] == "RUN" and st.hosts["n1"]["used_slots"] == 1
+    assert st.active_on["n1"] == {j} and st.jobs[j]["usage"] == {"mem": 2.0}
+    st.restore(fresh(committed), keep_volatile=False)  # a record that cannot be encoded: all of it
+    assert st.jobs[j]["usage"] == {"mem": 1.0}
+
+
+# -- a store that fails on demand (through the store hook) ------------------------------------------
+
+
+class FlakyStore(SQLiteStore):
+    """SQLite whose commits fail with an I/O error while ``failing`` is set."""
+
+    failing = False
+
+    def commit_now(self, writes: list[Write]) -> None:
+        if self.failing:
+            exc = sqlite3.OperationalError("disk I/O error")
+            exc.sqlite_errorname = "SQLITE_IOERR_WRITE"  # type: ignore[attr-defined]
+            raise exc
+        super().commit_now(writes)
+
+
+@contextlib.asynccontextmanager
+async def flaky(state_dir: Path) -> AsyncIterator[tuple[Controller, FlakyStore]]:
+    stores: list[FlakyStore] = []
+
+    def make(d: str) -> FlakyStore:
+        stores.append(FlakyStore(d))
+        return stores[-1]
+
+    async with anyio.create_task_group() as tg:
+        ctl: Controller = await tg.start(
+            lambda task_status: serve(settings(state_dir, storage_retry=0.1), store_factory=make,
+                                      task_status=task_status))
+        with anyio.fail_after(10):
+            await ctl.promoted.wait()
+        try:
+            yield ctl, stores[0]
+        finally:
+            tg.cancel_scope.cancel()
+
+
+@pytest.fixture
+def lines() -> Iterator[list[str]]:
+    got: list[str] = []
+    handler = logger.add(got.append, level="INFO", format="{message}")
+    yield got
+    logger.remove(handler)
+
+
+@pytest.mark.anyio
+async def test_a_failing_store_rolls_back_refuses_writes_and_recovers(tmp_path: Path, lines: list[str]) -> None:
+    async with flaky(tmp_path) as (ctl, store):
+        sched = await RawClient.connect(ctl.address, "scheduler@s")
+        await sched.ok("join", {"role": "scheduler"})
+        worker = await RawClient.connect(ctl.address, "worker@n1")
+        await worker.ok("join", {"role": "worker", "attrs": {"hname": "n1", "ncpus": 2}})
+        admin = await RawClient.connect(ctl.address, "admin@x")
+        a = (await admin.ok("jobsubmit", {"command": "a", "user": "u"}, rid="ka"))["jobid"]
+
+        store.failing = True
+        sent = [await admin.send("jobdispatch", {"jobid": a, "alloc": [{"host": "n1", "ntasks": 1}]}),
+                await admin.send("jobsubmit", {"command": "b", "user": "u"}, rid="kb"),
+                await admin.send("jobsubmit", {"command": "c", "user": "u"}, rid="kc")]
+        read = await admin.send("jobinfo")
+        for n in sent:
+            err = (await admin.reply(n))["error"]
+            assert err["code"] == "STORAGE" and "I/O error" in err["message"], err
+            assert err["path"] == str(tmp_path / "state.db") and "SQLITE_IOERR_WRITE" in err["cause"]
+        got = await admin.reply(read)  # after the failed writes: refused, or answered rolled back
+        if got["ok"]:
+            assert [(j["jobid"], j["state"]) for j in got["result"]["jobs"]] == [(a, "PEND")]
+        else:
+            assert got["error"]["code"] == "STORAGE"
+
+        # Read-only while it fails: reads, heartbeats and volatile updates are served.
+        jobs = (await admin.ok("jobinfo"))["jobs"]
+        assert [(j["jobid"], j["state"], j["alloc"]) for j in jobs] == [(a, "PEND", [])]
+        assert (await admin.ok("hostinfo"))["hosts"][0]["used_slots"] == 0
+        assert await worker.ok("heartbeat")
+        assert await worker.ok("update_resvals", {"values": {"r1m": 0.25}})
+        refused = (await admin.call("jobsubmit", {"command": "d", "user": "u"}, rid="kd"))["error"]
+        assert refused["code"] == "STORAGE" and "nothing changed" in refused["message"]
+        assert (await admin.ok("resval", {"host": "n1"}))["hosts"]["n1"] == {"r1m": 0.25}
+
+        # Members never saw a rolled-back change; each got a fresh state after the rollback.
+        got: list[dict[str, Any]] = []
+        with anyio.fail_after(10):
+            while sum(p["push"] == "state" for p in got) < 2:  # at its join, after the rollback
+                got.append(await sched.push())
+        jobs_seen = [(p["data"]["jobid"], p["data"]["state"]) for p in got if p["push"] == "job"]
+        assert jobs_seen == [(a, "PEND")]
+        assert [(j["jobid"], j["state"]) for j in got[-1]["data"]["jobs"]] == [(a, "PEND")]
+        assert [p["seq"] for p in got] == list(range(1, len(got) + 1))  # withdrawn: no gap
+        await worker.push("state")  # at its join
+        assert (await worker.push("state"))["data"]["jobs"] == []  # its view of n1: nothing runs
+
+        store.failing = False  # the disk works again: a probe commits, writes are taken
+        with anyio.fail_after(10):
+            while not (reply := await admin.call("jobsubmit", {"command": "d", "user": "u"}, rid="kd"))["ok"]:
+                assert reply["error"]["code"] == "STORAGE"
+                await anyio.sleep(0.05)
+        d = reply["result"]["jobid"]
+        assert (await admin.ok("jobdispatch", {"jobid": a, "alloc": [{"host": "n1", "ntasks": 1}]}))["state"] == "RUN"
+        assert [j["jobid"] for j in (await admin.ok("jobinfo"))["jobs"]] == [a, d]
+        final = await admin.ok("jobinfo")
+    fault = [m for m in lines if "cannot commit to the state store" in m]
+    back = [m for m in lines if "commits again" in m]
+    assert len(fault) == 1 and len(back) == 1, lines
+    assert "I/O error" in fault[0] and "refusing writes" in fault[0]
+    # What the primary held is what the store holds: a new primary loads the same.
+    async with flaky(tmp_path) as (ctl2, _):
+        c = await RawClient.connect(ctl2.address, "admin@y")
+        assert await c.ok("jobinfo") == final
+
+
+# -- a real full file system ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``path`` (needs root), unmounted on exit."""
+    if os.geteuid() != 0:
+        pytest.fail("this test mounts a tmpfs for the state directory: it needs root (CI runs as root)")
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(path: Path) -> int:
+    """Write ``path`` until the file system is full; the bytes written."""
+    chunk = b"\0" * 65536
+    written = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                written += os.write(fd, chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                if len(chunk) == 1:
+                    return written
+                chunk = chunk[: len(chunk) // 2]
+    finally:
+        os.close(fd)
+
+
+class Writers:
+    """Threads submitting jobs one at a time, each recording every outcome."""
+
+    def __init__(self, address: str, n: int) -> None:
+        self.address = address
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ok: dict[str, int] = {}  # name -> jobid
+        self.refused: list[str] = []
+        self.other: list[tuple[str, Any]] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
+
+    def _run(self, i: int) -> None:
+        c = SyncClient(self.address, f"cli@w{i}")
+        k = 0
+        while not self.stop.is_set():
+            name = f"w{i}-{k}"
+            reply = c.call("jobsubmit", {"command": "sleep 0 " + "x" * 200, "name": name, "user": "u"})
+            with self.lock:
+                if reply["ok"]:
+                    self.ok[name] = reply["result"]["jobid"]
+                elif reply["error"]["code"] == "STORAGE":
+                    self.refused.append(name)
+                    assert "state.db" in reply["error"]["path"]
+                else:
+                    self.other.append((name, reply))
+            k += 1
+        c.close()
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return len(self.ok), len(self.refused)
+
+
+def test_a_full_disk_keeps_every_candidate_up_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "state", "12m") as state_dir:
+        procs = [start_controller(state_dir, tmp_path, None, "--storage-retry", "0.2")]
+        writers = Writers(procs[0].address, 3)
+        try:
+            wait_listening(procs[0].address, state="primary")
+            procs += [start_controller(state_dir, tmp_path, None, "--storage-retry", "0.2") for _ in range(2)]
+            for p in procs[1:]:
+                wait_listening(p.address, state="standby")
+            sched = SyncClient(procs[0].address, "scheduler@s")
+            assert sched.call("join", {"role": "scheduler"})["ok"]
+            for t in writers.threads:
+                t.start()
+            wait_for(lambda: writers.counts()[0] >= 100, 30, what="writes before the disk fills")
+            fill(state_dir / "filler")
+            wait_for(lambda: writers.counts()[1] >= 30, 60, what="writes refused on a full disk")
+            # The disk stays full while the writers are refused some more (the probes fail
+            # too): reads are served, standbys stand by, nothing exits.
+            reader = SyncClient(procs[0].address, "cli@reader")
+            while writers.counts()[1] < 1000:
+                assert reader.call("jobinfo", {"limit": 1})["ok"] and reader.call("status")["ok"]
+                assert all(standby_state(p) == "standby" for p in procs[1:])
+                assert (state_dir / "filler").exists()
+            refused_at_free = writers.counts()[1]
+            ok_at_free = writers.counts()[0]
+            (state_dir / "filler").unlink()
+            wait_for(lambda: writers.counts()[0] >= ok_at_free + 100, 60, what="writes after space returns")
+            writers.stop.set()
+            for t in writers.threads:
+                t.join(20)
+            assert not writers.other, writers.other[:3]
+            assert refused_at_free >= 1000
+            # Pushes went on throughout: the member got a push for every acknowledged job.
+            pushed: set[str] = set()
+            with contextlib.suppress(TimeoutError):
+                sched.sock.settimeout(2)
+                while len(pushed) < len(writers.ok):
+                    msg = sched.recv()
+                    if msg.get("push") == "job":
+                        pushed.add(msg["data"]["name"])
+            assert pushed == set(writers.ok)
+
+            def names(address: str) -> dict[str, int]:
+                c = SyncClient(address, "cli@check")
+                try:
+                    jobs = c.call("jobinfo")["result"]["jobs"]
+                    return {j["name"]: j["jobid"] for j in jobs}
+                finally:
+                    c.close()
+
+            held = names(procs[0].address)
+            assert held == writers.ok  # every acknowledged write, no refused one
+            assert not set(held) & set(writers.refused)
+            assert all(p.popen.poll() is None for p in procs)
+            log = procs[0].log.read_text()
+            assert log.count("cannot commit to the state store") == log.count("commits again") >= 1
+            assert "no space left on the device (SQLITE_FULL" in log
+            # Durable, too: a standby that takes over loads exactly the acknowledged writes.
+            procs[0].kill()
+            new = wait_for(lambda: next((p for p in procs[1:] if standby_state(p) == "primary"), None),
+                           20, what="a standby promoted")
+            assert names(new.address) == writers.ok
+            reader.close()
+            sched.close()
+        finally:
+            writers.stop.set()
+            for p in procs:
+                p.kill()
+
+
+def standby_state(proc: Proc) -> str | None:
+    try:
+        c = SyncClient(proc.address, "cli@probe")
+    except OSError:
+        return None
+    try:
+        return str(c.status.get("state"))
+    finally:
+        c.close()
