@@ -14,8 +14,12 @@ worker that restarts while a job runs still learns how the job ended.
   ``<state_dir>/jobs/<jobid>.out`` and ``.err``; stdin is ``/dev/null``;
 - reports (spooled in the journal, delivered in order): ``start`` with the pid, ``finish``
   with a shell-style exit status (128+N for a job killed by signal N), ``fail`` with a reason
-  when the job cannot start (bad cwd, unwritable output file, no shell) or its command is
-  not found/executable (exit status 127/126);
+  when the job cannot start or its command is not found/executable (exit status 127/126).
+  *Anything* that goes wrong between the claim of an attempt and its process running (a
+  bad record, a NUL byte in its command, cwd or environment, a missing or inaccessible cwd,
+  an unwritable output file, an unknown user, a failed ``exec``, even an unexpected error
+  here) ends the attempt with ``fail`` and the reason, so the controller marks it EXIT and
+  frees its slots: no job stays RUN without a process;
 - kill: SIGTERM (and SIGCONT, so a stopped job can act on it), SIGKILL after ``kill_grace``
   seconds; stop: SIGSTOP; resume: SIGCONT; checkpoint: not supported (logged).
 
@@ -25,6 +29,7 @@ Jobs run as the worker's own user. A job allocated to several hosts runs on the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -33,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from loguru import logger
 
@@ -93,13 +98,22 @@ class JobSpec:
         command = job.get("command")
         if not isinstance(command, str) or not command.strip():
             raise JobError("bad dispatch: the job has no command")
+        if "\0" in command:
+            raise JobError("bad dispatch: the command holds a NUL byte")
         env = job.get("env") or {}
         if not isinstance(env, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise JobError("bad dispatch: env must map strings to strings")
+        for k, v in env.items():
+            if not k or "=" in k or "\0" in k:
+                raise JobError(f"bad dispatch: env name {k[:64]!r} is not a variable name")
+            if "\0" in v:
+                raise JobError(f"bad dispatch: env {k[:64]} holds a NUL byte")
         cwd = job.get("cwd") or ""
         if not isinstance(cwd, str):
             raise JobError("bad dispatch: cwd must be a string")
+        if "\0" in cwd:
+            raise JobError("bad dispatch: cwd holds a NUL byte")
         alloc = job.get("alloc") or []
         return cls(
             jobid=int(job["jobid"]), attempt=int(job.get("attempt") or 0), command=command,
@@ -129,12 +143,13 @@ class ProcessManager:
     def start(self, job: Mapping[str, Any]) -> bool:
         """Start a dispatched job unless its attempt was ever claimed here; True if started.
 
-        Never raises for a bad job: it is reported as ``fail`` with the reason, and logged.
+        Never raises for a bad job: once its attempt is claimed, any failure to start it is
+        reported as ``fail`` with the reason, and logged.
         """
         jobid, attempt = job.get("jobid"), job.get("attempt") or 0
-        if not isinstance(jobid, int) or isinstance(jobid, bool):
-            logger.error("worker {}: dispatch without a valid job id ignored: {:.200}",
-                         self.hname, repr(job))
+        if not _is_int(jobid) or not _is_int(attempt):
+            logger.error("worker {}: dispatch without a valid job id and attempt ignored: "
+                         "{:.200}", self.hname, repr(job))
             return False
         if not self.journal.claim(jobid, attempt):
             logger.debug("worker {}: job {} attempt {} already started here; not again",
@@ -145,6 +160,12 @@ class ProcessManager:
             rj = self._spawn(spec)
         except JobError as exc:
             self._report_fail(jobid, attempt, str(exc))
+            return False
+        except Exception as exc:  # a defect here must not leave the job RUN with no process
+            logger.opt(exception=True).error("worker {}: starting job {} failed unexpectedly",
+                                             self.hname, jobid)
+            self._report_fail(jobid, attempt,
+                              f"cannot start on {self.hname}: {type(exc).__name__}: {exc}")
             return False
         logger.info("worker {}: started job {} (attempt {}) as pid {} in {}: {:.120}",
                     self.hname, jobid, attempt, rj.pid, spec.cwd, spec.command)
@@ -185,8 +206,27 @@ class ProcessManager:
     def _spawn(self, spec: JobSpec) -> RunningJob:
         if not os.path.isdir(spec.cwd):
             raise JobError(f"working directory {spec.cwd!r} does not exist on {self.hname}")
-        out_path, err_path = self._paths(spec)
         owner = self._owner(spec)
+        try:
+            popen, status = self._popen(spec, owner)
+        except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
+            filename = getattr(exc, "filename", None)
+            raise JobError(f"cannot start on {self.hname}: "
+                           f"{getattr(exc, 'strerror', None) or exc}"
+                           f"{f' ({filename})' if filename else ''}") from None
+        try:
+            return self._watch(spec, popen, status)
+        except Exception as exc:
+            # It runs but cannot be recorded or watched: its end would never be reported.
+            with contextlib.suppress(OSError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+            raise JobError(f"cannot watch the job on {self.hname} ({type(exc).__name__}: "
+                           f"{exc}); killed it") from None
+
+    def _popen(self, spec: JobSpec, owner: Any) -> tuple[subprocess.Popen[bytes], Path]:
+        """Start the job's wrapper: its process and the file its exit status goes to."""
+        out_path, err_path = self._paths(spec)
         status = self.jobs_dir / f"{spec.jobid}.{spec.attempt}.status"
         if owner is not None:
             # The wrapper, running as the user, writes its status where that user may write.
@@ -203,28 +243,34 @@ class ProcessManager:
             env.update(HOME=owner.pw_dir, USER=owner.pw_name, LOGNAME=owner.pw_name)
             identity = {"user": owner.pw_uid, "group": owner.pw_gid,
                         "extra_groups": os.getgrouplist(owner.pw_name, owner.pw_gid)}
-        try:
-            with open(out_path, "ab") as out, open(err_path, "ab") as err:
-                if owner is not None:
-                    os.fchown(out.fileno(), owner.pw_uid, owner.pw_gid)
-                    os.fchown(err.fileno(), owner.pw_uid, owner.pw_gid)
-                popen = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, f"xce-job-{spec.jobid}", spec.command,
-                     str(status)],
-                    cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, close_fds=True, **identity)
-        except OSError as exc:
-            raise JobError(f"cannot start on {self.hname}: {exc.strerror or exc}"
-                           f"{f' ({exc.filename})' if exc.filename else ''}") from None
+        with open(out_path, "ab") as out, open(err_path, "ab") as err:
+            if owner is not None:
+                os.fchown(out.fileno(), owner.pw_uid, owner.pw_gid)
+                os.fchown(err.fileno(), owner.pw_uid, owner.pw_gid)
+            popen = subprocess.Popen(
+                ["/bin/sh", "-c", WRAPPER, f"xce-job-{spec.jobid}", spec.command,
+                 str(status)],
+                cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                start_new_session=True, close_fds=True, **identity)
+        return popen, status
+
+    def _watch(self, spec: JobSpec, popen: subprocess.Popen[bytes], status: Path) -> RunningJob:
+        """Record a started job (journal) and watch it (a thread reports its end)."""
         rj = RunningJob(spec.jobid, spec.attempt, popen.pid, status, popen)
         with self._lock:
             self.running[spec.jobid] = rj
-        # The run record and the start report: one journal write, one fsync.
-        self.journal.record_run(spec.jobid, spec.attempt, popen.pid, _create_time(popen.pid),
-                                str(status), note={"jobid": spec.jobid, "event": "start",
-                                                   "pid": popen.pid, "attempt": spec.attempt})
-        threading.Thread(target=self._wait_child, args=(rj,), daemon=True,
-                         name=f"xce-job-{spec.jobid}").start()
+        try:
+            # The run record and the start report: one journal write, one fsync.
+            self.journal.record_run(spec.jobid, spec.attempt, popen.pid, _create_time(popen.pid),
+                                    str(status), note={"jobid": spec.jobid, "event": "start",
+                                                       "pid": popen.pid, "attempt": spec.attempt})
+            threading.Thread(target=self._wait_child, args=(rj,), daemon=True,
+                             name=f"xce-job-{spec.jobid}").start()
+        except BaseException:
+            with self._lock:
+                if self.running.get(spec.jobid) is rj:
+                    del self.running[spec.jobid]
+            raise
         return rj
 
     # ------------------------------------------------------------------ ending
@@ -407,6 +453,10 @@ class ProcessManager:
         deadline = time.monotonic() + (timeout if timeout is not None else self.kill_grace + 5)
         for rj in jobs:
             rj.done.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def swapped_bytes(pid: int) -> int:

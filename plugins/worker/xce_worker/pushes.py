@@ -72,8 +72,13 @@ class PushHandler:
                                "longer lists it (requeued or ended meanwhile); killing it",
                                self.hname, rj.jobid, rj.attempt)
                 self.procman.signal(rj.jobid, rj.attempt, "kill")
-        for job in jobs:
-            self._job(job)
+        for job in jobs:  # one job's bad record must not keep the others from starting
+            try:
+                self._job(job)
+            except Exception:
+                logger.opt(exception=True).error("worker {}: job {} of the state push not "
+                                                 "handled; going on", self.hname,
+                                                 job.get("jobid"))
 
     def _job(self, job: dict[str, Any]) -> None:
         hosts = _hosts(job)
