@@ -6,7 +6,7 @@ Run from the repository root (``run_all.py`` runs it last)::
 
 Every figure comes from a results JSON written by the script named next to it (with its
 command, date and core count); nothing is typed in by hand. Besides this suite's parts
-(failover, storm, throughput, failfast, hotpaths) it gathers the headline figures of the
+(failover, storm, throughput, failfast, hotpaths, flood) it gathers the headline figures of the
 other benchmarks that wrote ``results/<name>.json`` (connection, controller, resreq,
 scheduler, apiserver) and links their own ``.md`` reports.
 """
@@ -72,7 +72,7 @@ OTHERS: dict[str, list[tuple[str, str, str]]] = {
         ("GET /jobs real HTTP (p50)", "real_http_loopback.get_jobs_*.p50_ms", "ms"),
     ],
 }
-MINE = ("failover", "storm", "throughput", "failfast", "hotpaths")
+MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood")
 SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
@@ -348,9 +348,41 @@ def hotpaths_section(d: dict[str, Any] | None) -> list[str]:
             "", f"Evaluator: `{rq['evaluator']}`.", ""]
 
 
+def flood_section(d: dict[str, Any] | None) -> list[str]:
+    """Memory under clients that never read (bench_flood.py)."""
+    lines = ["## 6. Memory under clients that never read (`bench_flood.py`)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/flood.json`).", ""]
+    sc = d["scenarios"]
+    first = next(iter(sc.values()))["runs"][0]
+    lines += [f"Source: {provenance(d)}. A controller process holding {first['jobs']:,} jobs of ~2 KB "
+              f"(one `jobinfo` reply: {first['jobinfo_reply_mb']} MB); {first['clients']} connections "
+              "flood it and never read: `jobinfo` requests, `join`s as an API server (each answered "
+              "with the full state), or joined members that never read their pushes (64 KB each). "
+              "*Bounded*: the default `[controller]` bounds (`max_unsent_bytes` 32 MiB: reading "
+              "stops at half, a member is dropped past it; `stall_timeout` 30 s). *Bounds off*: only "
+              "the count bounds the controller had before (4,096 replies, 10,000 pushes), stopped "
+              "when the controller's RSS passes the cap. Meanwhile another client calls `hello` and "
+              "`jobinfo` (limit 3) in a loop (a call that takes 5 s counts as a failure).", "",
+              "| scenario | controller RSS peak, MB (median) | growth, MB | stopped at the cap | "
+              "flood ran, s (median) | other client p50 / p99, ms (median) | other client failures | runs |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, v in sc.items():
+        secs = sorted(r["seconds"] for r in v["runs"])
+        lines.append(
+            f"| {name} | {fmt(v['rss_peak_mb'].get('median'))} | {fmt(v['rss_growth_mb'].get('median'))} | "
+            f"{v['stopped_at_rss_cap']} of {len(v['runs'])} | {fmt(secs[len(secs) // 2])} | "
+            f"{fmt(v['other_client_p50_ms'].get('median'), 2)} / "
+            f"{fmt(v['other_client_p99_ms'].get('median'), 2)} | {v['other_client_failures']} | {len(v['runs'])} |")
+    return [*lines, "", "Bounded, each flooding connection holds at most about `max_unsent_bytes` "
+            "(plus what the kernel's socket buffers take, up to `net.ipv4.tcp_wmem`'s maximum), "
+            "whatever it sends; it is logged once when its requests stop being read and once when "
+            "it is dropped.", ""]
+
+
 def others_section() -> list[str]:
     """Headline figures of the other benchmarks, with links to their reports."""
-    lines = ["## 6. Other benchmarks' figures (gathered from `results/*.json`)", "",
+    lines = ["## 7. Other benchmarks' figures (gathered from `results/*.json`)", "",
              "Written by the other engineers' scripts; see each linked report for method and details.", "",
              "| benchmark | figure | value | source |", "|---|---|---|---|"]
     names = sorted({p.stem for p in RESULTS.glob("*.json")} - set(MINE) - set(SHOWN_IN_MINE))
@@ -384,7 +416,7 @@ def main() -> int:
     lines = ["# xce benchmark results", "",
              f"Written by `python benchmarks/report.py` on {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} "
              f"({os.cpu_count()} cores). Regenerate everything with `python benchmarks/run_all.py` "
-             "(one part: `--only failover|storm|throughput|failfast|hotpaths`; small counts: `--quick`).",
+             "(one part: `--only failover|storm|throughput|failfast|hotpaths|flood`; small counts: `--quick`).",
              "Real processes, real loopback TCP, real SIGKILL; no simulated time, no mocks. The machine is "
              "shared (other engineers' tests run on it): figures are medians and percentiles, and they vary "
              "from run to run. Each section names the command, date and core count of the run it comes from.",
@@ -394,6 +426,7 @@ def main() -> int:
     lines += throughput_section(mine["throughput"])
     lines += failfast_section(mine["failfast"])
     lines += hotpaths_section(mine["hotpaths"])
+    lines += flood_section(mine["flood"])
     lines += others_section()
     OUT.write_text("\n".join(lines))
     print(f"[report] wrote {OUT.relative_to(ROOT)}", flush=True)

@@ -7,7 +7,7 @@ Run from the repository root::
     python benchmarks/run_all.py --only failover  # one part (comma-separated for several)
     python benchmarks/run_all.py --only failover --kills 20
 
-Parts: hotpaths, throughput, failfast, failover, storm (the headline figures), then connection,
+Parts: hotpaths, flood, throughput, failfast, failover, storm (the headline figures), then connection,
 controller, resreq, scheduler, apiserver, cli (each component's own). Each runs as its own process (its own
 command line is what its results file records); a failing part is reported and the others
 still run. The report is rewritten at the end from every results file present.
@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PARTS = {  # name: (script, timeout in s, its arguments under --quick)
     "hotpaths": ("bench_hotpaths.py", 300, ["--quick"]),
+    "flood": ("bench_flood.py", 900, ["--quick"]),
     "throughput": ("bench_throughput.py", 600, ["--quick"]),
     "failfast": ("bench_failfast.py", 300, ["--quick"]),
     "failover": ("bench_failover.py", 900, ["--quick"]),
