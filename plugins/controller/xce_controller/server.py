@@ -535,11 +535,11 @@ class Controller:
             finally:
                 self.conns.pop(conn.cid, None)
                 self.fanout.remove(conn.cid)
-                if caller.joined and self.role == "primary" and not self._still_joined(caller):
+                if caller.joined and self.role == "primary" and not self.still_joined(caller):
                     self.apply_internal(self.state.remove_member(caller.identity), "member left")
                 logger.debug("controller {}: {} ({}) disconnected", self.address, caller.identity, peer)
 
-    def _still_joined(self, caller: Caller) -> bool:
+    def still_joined(self, caller: Caller) -> bool:
         """Whether another live connection is joined under ``caller``'s identity.
 
         A worker's is found through the fan-out's host index in O(1); other identities (a

@@ -30,24 +30,48 @@ arguments check should have caught), after the writes in flight have been report
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import orjson
 from loguru import logger
 
 from xce_controller.ops import Caller
-from xce_controller.pushes import Gate, Outbox
-from xce_controller.state import Changes
+from xce_controller.pushes import Fanout, Gate, Outbox
+from xce_controller.settings import ControllerSettings
+from xce_controller.state import Changes, ClusterState
 from xce_controller.store import StorageFault, Write
 from xcecore import wire
 from xcecore.wire import ErrorCode, RemoteError
 
-if TYPE_CHECKING:
-    from xce_controller.server import Controller
-
 Key = tuple[str, Any]
+
+
+class Primary(Protocol):
+    """What the guard needs of the controller (:class:`xce_controller.server.Controller`)."""
+
+    address: str
+    role: str
+    settings: ControllerSettings
+    state: ClusterState
+    store: Any
+    fanout: Fanout
+    conns: dict[int, Any]
+    pending: dict[str, tuple[bytes, Gate]]
+    unstable: deque[Write]
+
+    def spawn(self, fn: Callable[[], Any]) -> None: ...
+
+    def give_up(self) -> None: ...
+
+    def subscribe(self, caller: Caller) -> None: ...
+
+    def apply_internal(self, ch: Changes, what: str) -> None: ...
+
+    def still_joined(self, caller: Caller) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -63,7 +87,7 @@ class Inflight:
 class StorageGuard:
     """The storage-fault state of one primary, and its rollbacks."""
 
-    def __init__(self, ctl: Controller) -> None:
+    def __init__(self, ctl: Primary) -> None:
         self.ctl = ctl
         self.fault: StorageFault | None = None
         self.since = 0.0  # when the current fault began (monotonic)
@@ -192,7 +216,7 @@ class StorageGuard:
         caller.joined = False
         caller.worker_host = None
         ctl.fanout.remove(caller.cid)
-        if not ctl._still_joined(caller):
+        if not ctl.still_joined(caller):
             ctl.apply_internal(ctl.state.remove_member(caller.identity), "join rolled back")
 
     def _start(self) -> None:
