@@ -204,14 +204,16 @@ async def test_a_poisoned_record_costs_requests_not_the_process(
     store's, healing it."""
     monkeypatch.setattr(server_mod, "check_call", no_edge)
     monkeypatch.setattr(server_mod, "check_encodable", lambda op, args: None)
-    async with running(tmp_path, host_timeout=0.4) as ctl:
+    async with running(tmp_path, host_timeout=1.0) as ctl:
         w = await RawClient.connect(ctl.address, "worker@p")
         await w.ok("join", {"role": "worker", "attrs": {"hname": "p", "ncpus": 1}})
         reply = await async_raw(w, "update_resvals", b'{"values":{"x":' + nested(300) + b"}}")
         assert reply["ok"] is False
         cli = await RawClient.connect(ctl.address, "cli@x")
+        await w.ok("heartbeat")  # (beating: the host does not expire, so the poison stays)
         assert (await cli.call("hostinfo"))["error"]["code"] == "INVALID"  # its own error
         sched = await RawClient.connect(ctl.address, "scheduler@s")
+        await w.ok("heartbeat")
         await sched.call("join", {"role": "scheduler"})  # its state cannot be built: dropped
         with anyio.fail_after(10):
             while any(c.caller.identity == "scheduler@s" for c in ctl.conns.values()):

@@ -11,6 +11,7 @@ import os
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -283,7 +284,9 @@ def test_a_full_disk_keeps_every_candidate_up_and_loses_nothing_acknowledged(tmp
             # The disk stays full while the writers are refused some more (the probes fail
             # too): reads are served, standbys stand by, nothing exits.
             reader = SyncClient(procs[0].address, "cli@reader")
+            deadline = time.monotonic() + 60
             while writers.counts()[1] < 1000:
+                assert time.monotonic() < deadline, "writers stopped being refused"
                 assert reader.call("jobinfo", {"limit": 1})["ok"] and reader.call("status")["ok"]
                 assert all(standby_state(p) == "standby" for p in procs[1:])
                 assert (state_dir / "filler").exists()
