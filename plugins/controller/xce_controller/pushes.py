@@ -39,7 +39,8 @@ _SLICE = 256 * 1024  # the most one timed send carries (the stall bound is per s
 _PUSH_OVERHEAD = 48  # bytes of a push frame around its event name and data (about)
 
 ErrorFrame = Callable[[Any], bytes]
-"""Builds a reply's error frame from the reason its gate failed."""
+"""Builds the frame a reply becomes when its gate fails, from the reason (an error, or the
+answer of a read computed again from the rolled-back state)."""
 
 
 class Gate:
@@ -48,13 +49,14 @@ class Gate:
     Set on the event loop by the commit callback, or by the rollback of a failed commit.
     """
 
-    __slots__ = ("event", "failed", "reason", "waiters")
+    __slots__ = ("event", "failed", "reason", "redo", "waiters")
 
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.failed = False
-        self.reason: Any = None  # why it failed (given to the replies' error builders)
+        self.reason: Any = None  # why it failed (given to the replies' builders)
         self.waiters: set[Outbox] | None = None  # outboxes with pushes waiting on it
+        self.redo: list[tuple[Outbox, _Item]] | None = None  # replies to build anew if it fails
 
     def is_open(self) -> bool:
         """Resolved either way: nothing waits on it any more."""
@@ -64,8 +66,14 @@ class Gate:
         self.event.set()
 
     def fail(self, reason: Any) -> None:
+        """Fail it: each waiting reply with a builder becomes what the builder makes of
+        ``reason``, now (the caller has rolled the state back), and pushes are withdrawn."""
         self.failed = True
         self.reason = reason
+        for box, item in self.redo or ():
+            if item.alt is not None:
+                box._rebuild(item, item.alt(reason))
+        self.redo = None
         self.event.set()
 
 
@@ -143,7 +151,16 @@ class Outbox:
         self.queued_replies += 1
         item = _Item(data, gate, False, len(data))
         item.alt = failed
+        if failed is not None and gate is not None and not gate.is_open():
+            if gate.redo is None:
+                gate.redo = []
+            gate.redo.append((self, item))
         self._put(item)
+
+    def _rebuild(self, item: _Item, data: bytes) -> None:
+        """A queued reply becomes ``data`` (its gate failed)."""
+        self.unsent += len(data) - item.size
+        item.data, item.size, item.alt = data, len(data), None
 
     def push(self, event: str, data_json: bytes, gate: Gate | None) -> bool:
         """Queue a push; False (nothing queued) when it would take the member past a bound.

@@ -718,9 +718,10 @@ class Controller:
                                              conn.caller.identity)
             self._reply_error(conn, req.id, RemoteError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
             return
-        self._finish(conn, req, spec, ch)
+        self._finish(conn, req, spec, args, ch)
 
-    def _finish(self, conn: Connection, req: wire.Request, spec: OpSpec, ch: Changes) -> None:
+    def _finish(self, conn: Connection, req: wire.Request, spec: OpSpec, args: dict[str, Any],
+                ch: Changes) -> None:
         """Commit, push and answer the change a handler made."""
         try:
             gate, result = self.apply(ch, req.rid if spec.dedupe else None, req.op, conn.caller)
@@ -749,10 +750,15 @@ class Controller:
             text = (f"{req.op}: the result ({len(data)} bytes) exceeds the maximum frame; "
                     "narrow the query (filters, limit)")
             data = wire.encode(wire.reply_error(req.id, ErrorCode.INVALID, text))
-        # Should the commit this reply waits on fail: a change of its own was rolled back, and
-        # a read may show what was rolled back; a volatile update's answer stays true.
-        fails = ch.rows or spec.kind == "read"
-        conn.outbox.reply(data, gate, self._storage_error(req.id, req.op) if gate and fails else None)
+        # Should the commit this reply waits on fail: a change of its own was rolled back (its
+        # answer becomes STORAGE), a read may show what was rolled back (it is answered again
+        # from the rolled-back state), a volatile update's answer stays true.
+        again: ErrorFrame | None = None
+        if gate is not None and ch.rows:
+            again = self._storage_error(req.id, req.op)
+        elif gate is not None and spec.kind == "read":
+            again = lambda reason: self._read_again(conn, req, spec, args)  # noqa: E731
+        conn.outbox.reply(data, gate, again)
         if ch.after is not None:
             try:
                 ch.after()
@@ -761,6 +767,22 @@ class Controller:
                     "controller {}: {} from {}: the follow-up failed; closing the connection "
                     "(the member re-joins)", self.address, req.op, conn.caller.identity)
                 conn.close()
+
+    def _read_again(self, conn: Connection, req: wire.Request, spec: OpSpec,
+                    args: dict[str, Any]) -> bytes:
+        """A read's answer, computed again after a rollback (from the restored state)."""
+        try:
+            data = wire.encode(wire.reply_ok(req.id, spec.handler(self, conn.caller, args, now()).result))
+            if len(data) - 4 <= self.settings.max_frame:
+                return data
+            exc = RemoteError(ErrorCode.INVALID, f"{req.op}: the result exceeds the maximum frame")
+        except RemoteError as err:
+            exc = err
+        except Exception as err:
+            logger.opt(exception=True).error("controller {}: {} from {} failed when answered again",
+                                             self.address, req.op, conn.caller.identity)
+            exc = RemoteError(ErrorCode.INTERNAL, f"{type(err).__name__}: {err}")
+        return wire.encode(wire.reply_error(req.id, exc.code, exc.message))
 
     def _reply_error(self, conn: Connection, mid: int | None, exc: RemoteError) -> None:
         try:

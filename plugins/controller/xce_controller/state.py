@@ -19,7 +19,7 @@ from xcecore.wire import ErrorCode, RemoteError
 
 Record = dict[str, Any]
 # (table, key, record or None to delete); a ``meta`` row's value is any JSON value.
-Row = tuple[str, Any, Record | int | float | None]
+Row = tuple[str, Any, Record | int | float | str | None]
 
 
 @dataclass(slots=True)

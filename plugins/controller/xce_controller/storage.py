@@ -6,12 +6,14 @@ When the store cannot commit (ENOSPC, an I/O error, anything its commit raises),
    (each was applied in memory on top of the ones before; the store fails them without an
    attempt, see :mod:`xce_controller.store`). Their records go back to what the store holds
    (:meth:`ClusterState.restore <xce_controller.state.ClusterState.restore>`), their replies
-   become ``STORAGE`` errors, their pushes are withdrawn, and every member that was waiting
-   for one of those pushes gets a fresh ``state``;
+   become ``STORAGE`` errors, a read that was waiting behind them is answered again from the
+   restored state, their pushes are withdrawn, and every member that was waiting for one of
+   those pushes gets a fresh ``state``;
 2. refuses new writes with ``STORAGE``, naming the cause and the database file, before they
    touch anything, while reads, heartbeats, volatile updates and pushes go on;
-3. probes the store every ``storage_retry`` seconds with a one-row write and, once one
-   commits, takes writes again. Two log lines per episode: when it began and when it ended.
+3. probes the store every ``storage_retry`` seconds with a write of :data:`PROBE_BYTES`
+   (deleted in the same transaction) and, once one commits, takes writes again. Two log
+   lines per episode: when it began and when it ended.
 
 Why roll back rather than hold the failed batch and retry it until it commits: a held write
 keeps its reply gated, and so every later reply and push of every connection that waits
@@ -48,6 +50,7 @@ from xcecore import wire
 from xcecore.wire import ErrorCode, RemoteError
 
 Key = tuple[str, Any]
+PROBE_BYTES = 256 * 1024  # what a probe of a failing store writes (and deletes)
 
 
 class Primary(Protocol):
@@ -96,6 +99,7 @@ class StorageGuard:
         self.paused: anyio.Event | None = None  # set while a rollback runs (requests wait)
         self._keys: dict[Key, bool] = {}  # records to roll back -> keep volatile fields
         self._waiters: set[Outbox] = set()  # outboxes whose pushes were withdrawn
+        self._gates: list[tuple[Gate, StorageFault]] = []  # to fail once the state is restored
         self._resume_store = False
         self._reported = anyio.Event()  # the writer reported something (rollback waits)
 
@@ -203,9 +207,8 @@ class StorageGuard:
                 del ctl.pending[w.rid]
         for table, key, _ in w.rows:
             self._keys.setdefault((table, key), True)
-        if info.gate.waiters:
-            self._waiters |= info.gate.waiters
-        info.gate.fail(fault)
+        # Failed once the state is rolled back: a read waiting on it is then answered anew.
+        self._gates.append((info.gate, fault))
         caller = info.caller
         if info.op == "join" and caller is not None and caller.joined:
             self._unjoin(caller)
@@ -242,6 +245,7 @@ class StorageGuard:
                             for k, b in images.items() if keys[k] is keep}
                     if part:
                         ctl.state.restore(part, keep_volatile=keep)
+            self._fail_gates()
             self.rollbacks += 1
             if self._resume_store:
                 self._resume_store = False
@@ -255,14 +259,22 @@ class StorageGuard:
             logger.opt(exception=True).critical(
                 "controller {}: cannot roll the state back to the store's; giving up the "
                 "primary role so a standby takes over from the last durable state", ctl.address)
+            self._fail_gates()
             ctl.give_up()
         finally:
             paused, self.paused = self.paused, None
             if paused is not None:
                 paused.set()
 
+    def _fail_gates(self) -> None:
+        gates, self._gates = self._gates, []
+        for gate, fault in gates:
+            if gate.waiters:  # their pushes are withdrawn: those members get a fresh state
+                self._waiters |= gate.waiters
+            gate.fail(fault)
+
     async def _probe(self) -> None:
-        """While the store fails: a one-row write every ``storage_retry`` s until one commits."""
+        """While the store fails: a probe write every ``storage_retry`` s until one commits."""
         ctl = self.ctl
         while self.fault is not None and ctl.role == "primary":
             await anyio.sleep(ctl.settings.storage_retry)
@@ -270,5 +282,7 @@ class StorageGuard:
                 continue
             if any(w.extra.op == "storage probe" for w in ctl.unstable):
                 continue  # the last probe is still in the writer's hands (a slow disk)
-            ctl.apply_internal(Changes(rows=[("meta", "storage_probe", time.time())]),
-                               "storage probe")
+            # Written and deleted in one transaction: it needs PROBE_BYTES of room, so a disk
+            # with only a few free pages does not count as working again (and flap).
+            ctl.apply_internal(Changes(rows=[("meta", "storage_probe", "p" * PROBE_BYTES),
+                                             ("meta", "storage_probe", None)]), "storage probe")
