@@ -707,7 +707,8 @@ class Controller:
             if spec.kind == "write" and not self.storage.writable() and \
                     not (req.op == "join" and conn.caller.role != WORKER):  # joins store no rows
                 raise self.storage.refusal(req.op)
-            check_encodable(req.op, args)  # before the handler: a refusal changes nothing
+            if args:  # before the handler: a refusal changes nothing
+                check_encodable(req.op, args)
             ch = spec.handler(self, conn.caller, args, now())
         except RemoteError as exc:
             self._refused(conn, req.op, exc)
