@@ -109,6 +109,10 @@ def test_picker_cycles_while_allocator_waits_in_reconnect(xce_cluster: Any, tmp_
         first, second = submit(cli), submit(cli)
         wait_for(lambda: is_running(cli, first), 20, what="the first job RUN")
         wait_for(lambda: job(cli, second)["pend_reason"] == NO_SLOTS, 10, what="pend reason")
+        # The status file is written by the scheduler's own cycle: the first dispatch may be
+        # RUN at the controller before the scheduler has counted its reply.
+        wait_for(lambda: read_status(status_file).get("dispatched") == 1, 10,
+                 what="the first dispatch counted by the scheduler")
         # Freeze the scheduler, free the slot (its pushes wait in the scheduler's socket),
         # kill every candidate, thaw it: the picker proposes the second job and the
         # allocator's jobdispatch can only wait in the reconnect.

@@ -16,8 +16,8 @@ import pytest
 from xce_worker.procman import ProcessManager
 from xce_worker.spool import Journal
 
+from xcecore.client import SyncClient
 from xcecore.runtime import client_config, load
-from xcecore.syncclient import SyncClient
 from xcecore.testing import LocalCluster, wait_for
 from xcecore.wire import RemoteError
 
