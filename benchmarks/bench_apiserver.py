@@ -69,6 +69,7 @@ class InstantController:
 
     def __init__(self) -> None:
         self.next = 100_000
+        self.connected = True
 
     async def call(self, op: str, args: dict[str, Any] | None = None, **_: Any) -> Any:
         self.next += 1
@@ -135,10 +136,13 @@ async def in_process(repeat: int) -> dict[str, Any]:
         for _ in range(repeat):
             for name, n, one, status in cases:
                 out.setdefault(name, []).append(await _measure(n, one, status))
-            health.mark_degraded(3600, "benchmark")
+            backend.client.connected = False  # the link is down past the grace: breaker open
+            health.grace = 0.0
+            health.link_lost("benchmark")
             out.setdefault("post_jobs_503_degraded", []).append(
                 await _measure(2000, lambda: c.post(f"{V}/jobs", json={"command": "x"}, headers=hdr), 503))
-            health.mark_healthy()
+            backend.client.connected = True
+            health.link_up()
     return {k: _median_runs(v) for k, v in out.items()}
 
 

@@ -9,6 +9,10 @@ Run from the repository root::
   also the ``Client.rejoin_due(op)`` method for comparison. Net of an empty loop.
 - a pluggy hook call with one implementation: ``xce_reconnected`` on a plugin manager holding
   the xce hook specs and only the built-in ``rejoin`` plugin (what every reconnect runs).
+- the controller's validation edge per request: ``wire.parse_request`` (envelope and the
+  generic bound) plus ``ops.check_call`` (role, join, the op's typed schema) for a worker's
+  ``heartbeat`` (the hottest op: about 25-30 µs of controller CPU in all), an
+  ``update_resvals`` and a ``jobsubmit`` with an environment, as decoded from their frames.
 - resource-requirement select over 10,000 synthetic hosts with the evaluator the plugin
   manager provides (``pm.resreq_evaluator(registry).select``), a select-only requirement and a
   typical select + order + rusage one.
@@ -165,6 +169,39 @@ def resreq_select(quick: bool) -> dict[str, Any]:
     return out
 
 
+def controller_edge(quick: bool) -> dict[str, Any]:
+    """Microseconds of ``parse_request`` + ``check_call`` per request, by op."""
+    import orjson
+    from xce_controller.ops import Caller, check_call
+    from xce_controller.settings import DEFAULT_QUEUES
+    from xce_controller.state import ClusterConf, ClusterState
+
+    from xcecore import wire
+
+    state = ClusterState(ClusterConf(queues=DEFAULT_QUEUES))
+    worker = Caller("worker@n1", "worker", joined=True, worker_host="n1")
+    cli = Caller("cli@bench", "cli")
+    cases = {
+        "heartbeat": (worker, {}),
+        "update_resvals": (worker, {"values": {k: 0.5 for k in ("r15s", "r1m", "r15m", "ut", "pg", "io",
+                                                                  "ls", "it", "tmp", "swp", "mem")}}),
+        "jobsubmit": (cli, {"command": "sleep 1", "user": "alice", "queue": "normal", "ntasks": 2,
+                            "env": {f"V{i}": "x" * 20 for i in range(10)}, "resreq": "select[mem>1G]"}),
+    }
+    inner, repeat = (5_000, 9) if quick else (50_000, 15)
+    out: dict[str, Any] = {}
+    for op, (caller, args) in cases.items():
+        msg = orjson.loads(orjson.dumps(wire.request(7, op, args, "rid-1")))
+
+        def run(n: int, msg: dict[str, Any] = msg, caller: Caller = caller) -> None:
+            for _ in range(n):
+                req = wire.parse_request(msg)
+                check_call(req.op, caller, req.args, state)
+
+        out[op] = {"us": stats([x * 1e6 for x in per_call(run, inner, repeat)], 3)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the hot-path benchmark."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result = {**meta(), "post_call": post_call(args.quick), "hook_call": hook_call(args.quick),
               "resreq_select_10000": resreq_select(args.quick),
+              "controller_edge": controller_edge(args.quick),
               "reference": {"pluggy_hook_us": "about 4 (BENCHMARKS.md)",
                             "select_10000_ms": "3-5 generated code, 8-30 closure tree, "
                                                "64-155 AST walker (BENCHMARKS.md)"}}
@@ -179,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     pc, hk, rq = result["post_call"], result["hook_call"], result["resreq_select_10000"]
     log(PART, f"post-call check {pc['inline_check']['ns_net']['p50']} ns net; hook "
               f"{hk['pluggy_hook_us']['p50']} us; select 10k hosts "
-              f"{rq['select_only']['ms']['p50']} ms (typical {rq['select_order_rusage']['ms']['p50']} ms)")
+              f"{rq['select_only']['ms']['p50']} ms (typical {rq['select_order_rusage']['ms']['p50']} ms); "
+              f"edge heartbeat {result['controller_edge']['heartbeat']['us']['p50']} us")
     return 0
 
 

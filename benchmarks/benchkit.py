@@ -97,8 +97,8 @@ def log(part: str, msg: str) -> None:
     print(f"[{part} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def cluster_extra(root: Path, *, api: bool, degraded_ttl: float = 5.0,
-                  host_timeout: float = 60.0, extra: str = "") -> str:
+def cluster_extra(root: Path, *, api: bool, failover_grace: float | None = None,
+                  host_timeout: float = 60.0, extra: str = "", hash_iterations: int | None = None) -> str:
     """Config for the controller, scheduler and API server of a benchmark cluster."""
     text = (
         f'[controller]\nadmins = ["{BENCH_USER}", "admin"]\nhost_timeout = {host_timeout}\n'
@@ -109,10 +109,10 @@ def cluster_extra(root: Path, *, api: bool, degraded_ttl: float = 5.0,
     if api:
         from xce_apiserver.auth import hash_password
 
-        pw = hash_password(BENCH_PASSWORD)
+        pw = hash_password(BENCH_PASSWORD, **({"iterations": hash_iterations} if hash_iterations else {}))
+        grace = "" if failover_grace is None else f"failover_grace = {failover_grace}\n"
         text += (
-            f'[apiserver]\nlisten = "127.0.0.1:0"\nport_file = "{root / "api.port"}"\n'
-            f"degraded_ttl = {degraded_ttl}\n"
+            f'[apiserver]\nlisten = "127.0.0.1:0"\nport_file = "{root / "api.port"}"\n{grace}'
             f'users = [{{ name = "{BENCH_USER}", password_hash = "{pw}", role = "admin" }}]\n'
         )
     return text + extra
@@ -122,14 +122,16 @@ class BenchCluster:
     """Controller candidates plus (optionally) workers, the scheduler and the API server."""
 
     def __init__(self, root: Path, *, candidates: int = 3, extra: str = "", api: bool = False,
-                 degraded_ttl: float = 5.0, host_timeout: float = 60.0, cluster: str = "") -> None:
+                 failover_grace: float | None = None, host_timeout: float = 60.0, cluster: str = "",
+                 hash_iterations: int | None = None) -> None:
         from xcecore.testing.cluster import LocalCluster
 
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         # ``cluster``: extra lines of the [cluster] table (e.g. event_loop = "asyncio")
         self.cluster = LocalCluster(root, candidates, cluster_extra=cluster, extra_config=cluster_extra(
-            root, api=api, degraded_ttl=degraded_ttl, host_timeout=host_timeout, extra=extra))
+            root, api=api, failover_grace=failover_grace, host_timeout=host_timeout, extra=extra,
+            hash_iterations=hash_iterations))
         self.roles: dict[str, Any] = {}
 
     def start(self) -> None:

@@ -7,7 +7,7 @@ Run from the repository root::
     python benchmarks/run_all.py --only failover  # one part (comma-separated for several)
     python benchmarks/run_all.py --only failover --kills 20
 
-Parts: hotpaths, flood, throughput, failfast, failover, storm (the headline figures), then connection,
+Parts: hotpaths, flood, throughput, failfast, restfuzz, failover, storm (the headline figures), then connection,
 controller, resreq, scheduler, apiserver, cli (each component's own). Each runs as its own process (its own
 command line is what its results file records); a failing part is reported and the others
 still run. The report is rewritten at the end from every results file present.
@@ -30,6 +30,7 @@ PARTS = {  # name: (script, timeout in s, its arguments under --quick)
     "flood": ("bench_flood.py", 900, ["--quick"]),
     "throughput": ("bench_throughput.py", 600, ["--quick"]),
     "failfast": ("bench_failfast.py", 300, ["--quick"]),
+    "restfuzz": ("bench_restfuzz.py", 5400, ["--quick"]),
     "failover": ("bench_failover.py", 900, ["--quick"]),
     "storm": ("bench_storm.py", 1500, ["--quick"]),
     "connection": ("bench_connection.py", 600, ["--quick"]),

@@ -20,6 +20,7 @@ import struct
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xcecore.protocol import ErrorCode as ErrorCode  # the vocabulary lives in protocol
+from xcecore.schema.limits import CONTROL, RID_MAX, WIRE, find_violation
 
 if TYPE_CHECKING:
     import orjson
@@ -201,22 +202,43 @@ class Request:
     __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaced
 
 
+OP_MAX = 64
+"""The longest op name a request may carry."""
+
+
 def parse_request(msg: dict[str, Any]) -> Request:
-    """Validate a request's shape; raises :class:`RemoteError` (INVALID) naming the bad field."""
+    """Validate a request's envelope and bound its arguments; raises :class:`RemoteError`
+    (INVALID) naming the bad field.
+
+    The arguments get the generic bound :data:`xcecore.schema.limits.WIRE` (nesting depth,
+    items per list or object, string sizes) whatever the op, so nothing nested deeper than
+    the encoder can write back ever reaches a handler; each op's own schema follows in the
+    controller.
+    """
     rid_ = msg.get("id")
     if not isinstance(rid_, int) or isinstance(rid_, bool):
         raise RemoteError(ErrorCode.INVALID, "request 'id' must be an integer")
     op = msg.get("op")
-    if not isinstance(op, str) or not op:
-        raise RemoteError(ErrorCode.INVALID, "request 'op' must be a non-empty string")
+    if not isinstance(op, str) or not 0 < len(op) <= OP_MAX or CONTROL.search(op):
+        raise RemoteError(ErrorCode.INVALID, f"request 'op' must be a name of 1-{OP_MAX} "
+                                             "characters without control characters")
     args = msg.get("args", {})
     if args is None:
         args = {}
     if not isinstance(args, dict):
         raise RemoteError(ErrorCode.INVALID, f"request 'args' of op {op!r} must be an object")
+    if args:
+        found = find_violation(args, WIRE)
+        if found is not None:
+            path, problem = found
+            raise RemoteError(ErrorCode.INVALID, f"{op}: argument {path!r} {problem}",
+                              {"arg": path, "limit": {"depth": WIRE.depth, "items": WIRE.items,
+                                                      "string": WIRE.string, "key": WIRE.key}})
     key = msg.get("rid")
-    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 128):
-        raise RemoteError(ErrorCode.INVALID, "request 'rid' must be a string of 1-128 chars")
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= RID_MAX
+                            or CONTROL.search(key)):
+        raise RemoteError(ErrorCode.INVALID, f"request 'rid' must be a string of 1-{RID_MAX} "
+                                             "characters without control characters")
     return Request(rid_, op, args, key)
 
 

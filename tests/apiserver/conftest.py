@@ -3,143 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
-from xce_apiserver.app import create_app
-from xce_apiserver.auth import Authenticator, hash_password, parse_users
-from xce_apiserver.backend import Backend
-from xce_apiserver.health import BackendHealth
-from xce_apiserver.store import Store
-
-from xcecore.resreq.evaluator import Evaluator
-from xcecore.wire import RemoteError
-
-FAST = 1000  # PBKDF2 iterations for tests: the slow default is for real deployments
+from apikit import Api
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def job(jobid: int, user: str = "alice", state: str = "PEND", queue: str = "normal", **kw: Any) -> dict[str, Any]:
-    """A job record as the controller pushes it."""
-    rec = {"jobid": jobid, "name": "", "user": user, "project": "default", "queue": queue,
-           "command": "sleep 1", "cwd": "", "env": {}, "resreq": "", "ntasks": 1, "state": state,
-           "submit_time": 1700000000.0 + jobid, "start_time": None, "end_time": None, "alloc": [],
-           "pid": None, "exit_status": None, "pend_reason": None, "reason": None, "signal": None,
-           "attempt": 0, "forced": False, "usage": {}}
-    rec.update(kw)
-    return rec
-
-
-def host(name: str, ncpus: int = 4, used: int = 0, state: str = "ok", **attrs: Any) -> dict[str, Any]:
-    """A host record as the controller pushes it."""
-    return {"name": name, "state": state, "available": state != "unavail", "closed": state == "closed",
-            "comment": "", "max_slots": ncpus, "used_slots": used,
-            "attrs": {"hname": name, "ncpus": ncpus, "maxmem": 8192, "type": "X86_64",
-                      "model": "Intel", "cpuf": 1.0, **attrs},
-            "resvals": {"r1m": 0.1 * ncpus, "mem": 4000.0}, "joined_at": 1700000000.0}
-
-
-def queue(name: str, priority: int, open_: bool = True) -> dict[str, Any]:
-    """A queue record."""
-    return {"name": name, "priority": priority, "description": "", "open": open_, "active": True,
-            "status": f"{'Open' if open_ else 'Closed'}:Active"}
-
-
-def full_state(jobs: int = 3, hosts: int = 3) -> dict[str, Any]:
-    """A ``state`` push body."""
-    resources = [{"name": "gpu", "type": "bool"}]
-    return {
-        "server": "127.0.0.1:7600",
-        "cluster": {"name": "test", "resources": resources, "admins": ["root"],
-                    "default_queue": "normal", "host_timeout": 30.0, "host_groups": {},
-                    "user_groups": {}, "queues": ["priority", "normal", "closedq"]},
-        "resources": resources,
-        "queues": [queue("normal", 30), queue("priority", 43), queue("closedq", 10, open_=False)],
-        "hosts": [host(f"n{i}", ncpus=2 + i, resources=["gpu"] if i % 2 else []) for i in range(hosts)],
-        "jobs": [job(i, user="alice" if i % 2 else "bob") for i in range(1, jobs + 1)],
-        "members": [{"identity": "scheduler@ctl", "role": "scheduler", "joined_at": 1.0}],
-    }
-
-
-class FakeClient:
-    """Stands in for ``xcecore.client.Client``: answers like the controller would."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.next_jobid = 1000
-        self.fail: BaseException | None = None
-
-    async def call(self, op: str, args: dict[str, Any] | None = None, *,
-                   deadline: float | None = None, retry_budget: int | None = None) -> Any:
-        args = dict(args or {})
-        self.calls.append((op, args))
-        if self.fail is not None:
-            raise self.fail
-        return getattr(self, f"op_{op}")(args)
-
-    def op_jobsubmit(self, args: dict[str, Any]) -> Any:
-        q = self.store.queues.get(args.get("queue", "normal"))
-        if q is None:
-            raise RemoteError("NOT_FOUND", f"no such queue {args.get('queue')!r}", {"what": "queue"})
-        if not q["open"]:
-            raise RemoteError("CONFLICT", f"queue {q['name']!r} is closed")
-        self.next_jobid += 1
-        return {"jobid": self.next_jobid, "queue": q["name"], "state": "PEND"}
-
-    def op_jobctrl(self, args: dict[str, Any]) -> Any:
-        rec = self.store.get_job(args["jobid"])
-        if rec is None:
-            raise RemoteError("NOT_FOUND", f"no such job {args['jobid']}", {"what": "job"})
-        if rec["user"] != args["user"] and args["user"] != "root":
-            raise RemoteError("DENIED", f"user {args['user']!r} does not own job {args['jobid']}")
-        return {**rec, "state": "EXIT" if args["action"] == "kill" else rec["state"]}
-
-    def op_queuectrl(self, args: dict[str, Any]) -> Any:
-        q = self.store.queues.get(args["queue"])
-        if q is None:
-            raise RemoteError("NOT_FOUND", f"no such queue {args['queue']!r}")
-        return {**q, "open": args["action"] != "close"}
-
-    def op_hostctrl(self, args: dict[str, Any]) -> Any:
-        h = self.store.hosts.get(args["host"])
-        if h is None:
-            raise RemoteError("NOT_FOUND", f"no such host {args['host']!r}")
-        return {**h, "closed": args["action"] == "close", "comment": args["comment"],
-                "state": "closed" if args["action"] == "close" else "ok"}
-
-    def op_jobdispatch(self, args: dict[str, Any]) -> Any:
-        if self.store.get_job(args["jobid"]) is None:
-            raise RemoteError("NOT_FOUND", f"no such job {args['jobid']}")
-        return {"jobid": args["jobid"], "state": "RUN", "alloc": args["alloc"]}
-
-
-class Api:
-    """Everything a route test needs."""
-
-    def __init__(self) -> None:
-        self.store = Store()
-        self.store.apply("state", full_state())
-        self.health = BackendHealth()
-        self.fake = FakeClient(self.store)
-        self.backend = Backend(self.fake, self.health, timeout=1.0, degraded_ttl=30.0)
-        users = parse_users([
-            {"name": "alice", "password_hash": hash_password("alice-pw", iterations=FAST), "role": "user"},
-            {"name": "bob", "password_hash": hash_password("bob-pw", iterations=FAST), "role": "user"},
-            {"name": "root", "password_hash": hash_password("root-pw", iterations=FAST), "role": "admin"},
-        ])
-        self.auth = Authenticator(users)
-        self.app = create_app(self.store, self.backend, self.health, self.auth, Evaluator)
-        self.client: httpx.AsyncClient
-
-    def token(self, name: str) -> dict[str, str]:
-        """An Authorization header for user ``name``."""
-        return {"Authorization": f"Bearer {self.auth.issue(self.auth.users[name]).token}"}
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,8 @@ def test_registers_through_one_connect_with_redirect(xce_cluster: Any, tmp_path:
 
 
 def test_failover_during_submissions_is_exactly_once(xce_cluster: Any, tmp_path: Path) -> None:
-    run = _start(xce_cluster, tmp_path, backend_timeout=10)
+    # A grace well above any failover on a loaded machine: this test is about exactly-once.
+    run = _start(xce_cluster, tmp_path, backend_timeout=10, failover_grace=5)
     pid = run.proc.pid
     results: list[tuple[str, int, Any]] = []
     stop = threading.Event()
@@ -138,21 +139,88 @@ def test_idle_failover_rejoins_and_pushes_resume(xce_cluster: Any, tmp_path: Pat
     run.http.close()
 
 
-def test_backend_down_fails_fast(xce_cluster: Any, tmp_path: Path) -> None:
-    run = _start(xce_cluster, tmp_path, backend_timeout=1.0, degraded_ttl=60)
-    for index, proc in list(run.cluster.candidates.items()):
+def test_backend_down_opens_the_breaker_without_a_write(xce_cluster: Any, tmp_path: Path) -> None:
+    run = _start(xce_cluster, tmp_path, backend_timeout=1.0)
+    for proc in list(run.cluster.candidates.values()):
         proc.kill()
-        del index
+    # No write needed: the heartbeats' failing reconnects open the breaker.
+    wait_for(lambda: run.http.get("/xce/v1/readyz").status_code == 503, 10, what="readyz 503")
+    r = run.http.get("/xce/v1/readyz")
+    assert "backend degraded" in r.json()["msg"] and r.json()["data"]["degraded"] is True
     first = run.submit("first")
     assert first.status_code == 503, first.text
-    assert "backend unavailable" in first.json()["msg"] and int(first.headers["retry-after"]) >= 1
-    started = time.monotonic()
-    second = run.submit("second")
-    took = time.monotonic() - started
-    assert second.status_code == 503 and second.json()["code"] == 503
-    # The issue's requirement: "in well under a second" (a generous bound, not a benchmark).
-    assert took < 1.0, took
-    assert run.http.get("/xce/v1/readyz").status_code == 503
+    assert "nothing was sent" in first.json()["msg"] and first.headers["retry-after"] == "1"
     assert run.http.get("/xce/v1/jobs", headers=run.hdr).status_code == 200  # reads still served
+    assert "writes answer 503 at once" in run.proc.text()
+    # Heartbeat recovery closes it: no write probes, the first write after it goes through.
+    run.cluster.start_candidate(0)
+    wait_for(lambda: run.http.get("/xce/v1/readyz").status_code == 200, 30, what="readyz 200 again")
+    r = run.submit("after")
+    assert r.status_code == 200 and r.json()["code"] == 201, r.text
     assert run.proc.alive()
+    run.http.close()
+
+
+def test_hung_primary_answers_504_with_the_key_and_the_retry_is_applied_once(
+        xce_cluster: Any, tmp_path: Path) -> None:
+    run = _start(xce_cluster, tmp_path, backend_timeout=2.0)
+    primary = run.cluster.candidates[run.cluster.wait_primary()]
+    key = "hung-primary-1"
+    hdr = {**run.hdr, "Idempotency-Key": f'"{key}"'}
+    primary.kill(signal.SIGSTOP)
+    try:
+        r = run.http.post("/xce/v1/jobs", json={"command": "true", "name": "hung"}, headers=hdr)
+        assert r.status_code == 504, r.text
+        env = r.json()
+        assert env["data"] == {"idempotency_key": key, "op": "jobsubmit"} and key in env["msg"]
+        assert r.headers["idempotency-key"] == f'"{key}"'
+        # The liveness timeout opened the breaker: a new write is refused, not sent.
+        wait_for(lambda: run.http.get("/xce/v1/readyz").status_code == 503, 10, what="readyz 503")
+        refused = run.submit("refused")
+        assert refused.status_code == 503 and "nothing was sent" in refused.json()["msg"]
+    finally:
+        primary.kill(signal.SIGCONT)
+    wait_for(lambda: run.http.get("/xce/v1/readyz").status_code == 200, 30, what="readyz 200 again")
+    again = run.http.post("/xce/v1/jobs", json={"command": "true", "name": "hung"}, headers=hdr)
+    assert again.status_code == 200 and again.json()["code"] == 201, again.text
+    jobid = again.json()["data"]["jobid"]
+    wait_for(lambda: [j for j in run.jobs() if j["jobid"] == jobid], 10, what="the job's push")
+    names = [j["name"] for j in run.jobs()]
+    assert names.count("hung") == 1 and "refused" not in names, names
+    run.http.close()
+
+
+def test_idempotency_key_against_a_real_controller(xce_cluster: Any, tmp_path: Path) -> None:
+    run = _start(xce_cluster, tmp_path)
+    hdr = {**run.hdr, "Idempotency-Key": "k-123"}
+    body = {"command": "true", "name": "once"}
+    first = run.http.post("/xce/v1/jobs", json=body, headers=hdr)
+    assert first.status_code == 200 and first.json()["code"] == 201, first.text
+    second = run.http.post("/xce/v1/jobs", json=body, headers=hdr)
+    assert second.content == first.content  # same key, same request: same response
+    other = run.http.post("/xce/v1/jobs", json={**body, "name": "twice"}, headers=hdr)
+    assert other.status_code == 422 and "header.Idempotency-Key" in other.json()["msg"]
+    # A key the API server made (no header) is returned, and retrying with it is safe too.
+    made = run.submit("made")
+    key = made.headers["idempotency-key"].strip('"')
+    again = run.http.post("/xce/v1/jobs", json={"command": "true", "name": "made"},
+                          headers={**run.hdr, "Idempotency-Key": key})
+    assert again.json()["data"]["jobid"] == made.json()["data"]["jobid"]
+    jobid = made.json()["data"]["jobid"]
+    wait_for(lambda: [j for j in run.jobs() if j["jobid"] == jobid], 10, what="the job's push")
+    names = [j["name"] for j in run.jobs()]
+    assert names.count("once") == 1 and names.count("made") == 1 and "twice" not in names
+    run.http.close()
+
+
+def test_oversized_submission_is_413_at_the_edge(xce_cluster: Any, tmp_path: Path) -> None:
+    run = _start(xce_cluster, tmp_path)
+    huge = {"command": "true", "env": {f"V{i}": "x" * 30_000 for i in range(600)}}  # ~17 MiB
+    r = run.http.post("/xce/v1/jobs", json=huge, headers=run.hdr)
+    assert r.status_code == 413, r.text
+    assert "too large" in r.json()["msg"] and r.json()["data"] == {"limit": 1024 * 1024}
+    log = run.proc.text()
+    assert "lost connection" not in log and "reconnect" not in log.split("REST API listening")[-1]
+    r = run.submit("after")  # the controller connection was never touched
+    assert r.status_code == 200 and r.json()["code"] == 201, r.text
     run.http.close()

@@ -269,26 +269,35 @@ async def test_cluster(api: Any) -> None:
 
 # ---------------------------------------------------------------------- health, errors, docs
 
+def _down(api: Any, detail: str = "reconnecting: controller gone") -> None:
+    """The client lost its link and the grace is over: the breaker is open."""
+    api.fake.connected = False
+    api.health.grace = 0.0
+    api.health.link_lost(detail)
+
+
 async def test_healthz_readyz(api: Any) -> None:
     r = await api.client.get(f"{V}/healthz")
     assert r.status_code == 200 and body(r)["data"] == {"status": "up"}
     assert (await api.client.get(f"{V}/readyz")).status_code == 200
-    api.health.mark_degraded(10, "test")
+    _down(api)
     r = await api.client.get(f"{V}/readyz")
     assert r.status_code == 503 and "degraded" in body(r)["msg"] and int(r.headers["retry-after"]) >= 1
-    api.health.mark_healthy()
+    api.fake.connected = True  # a heartbeat reconnected
+    api.health.link_up()
+    assert (await api.client.get(f"{V}/readyz")).status_code == 200
     api.store.ready = False
     r = await api.client.get(f"{V}/readyz")
     assert r.status_code == 503 and "no full state" in body(r)["msg"]
 
 
 async def test_degraded_write_is_503_with_retry_after(api: Any) -> None:
-    api.health.mark_degraded(7, "controller gone")
+    _down(api)
     r = await api.client.post(f"{V}/jobs", json={"command": "x"}, headers=api.token("alice"))
     env = body(r)
     assert r.status_code == 503 and "backend unavailable" in env["msg"] and "controller gone" in env["msg"]
-    assert 1 <= int(r.headers["retry-after"]) <= 7
-    assert api.fake.calls == []
+    assert int(r.headers["retry-after"]) == 1 and "nothing was sent" in env["msg"]
+    assert api.fake.calls == [] and api.fake.rids == []
     # Reads keep working from the store.
     assert (await api.client.get(f"{V}/jobs", headers=api.token("alice"))).status_code == 200
 
@@ -315,3 +324,96 @@ async def test_openapi_documents_every_route(api: Any) -> None:
     assert {"401", "403", "404", "409", "422", "503"} <= set(submit["responses"])
     assert "bearer" in str(doc["components"]["securitySchemes"]).lower()
     assert "SubmitBody" in doc["components"]["schemas"]
+
+
+# ---------------------------------------------------------------------- idempotency, edge
+
+async def test_same_key_same_request_same_response_and_applied_once(api: Any) -> None:
+    hdr = {**api.token("alice"), "Idempotency-Key": '"k-1"'}
+    first = await api.client.post(f"{V}/jobs", json={"command": "sleep 1"}, headers=hdr)
+    again = await api.client.post(f"{V}/jobs", json={"command": "sleep 1"}, headers=hdr)
+    assert first.status_code == again.status_code == 200 and first.content == again.content
+    assert first.headers["idempotency-key"] == '"k-1"'
+    assert [op for op, _ in api.fake.calls] == ["jobsubmit"]  # replayed, not sent again
+    r = await api.client.post(f"{V}/jobs", json={"command": "sleep 2"}, headers=hdr)
+    assert r.status_code == 422 and "header.Idempotency-Key" in body(r)["msg"]
+    r = await api.client.post(f"{V}/jobs/1/control", json={"action": "kill"}, headers=hdr)
+    assert r.status_code == 422  # another path is another request: the key is taken
+    bob = {**api.token("bob"), "Idempotency-Key": "k-1"}  # keys belong to their user
+    r = await api.client.post(f"{V}/jobs", json={"command": "sleep 2"}, headers=bob)
+    assert r.status_code == 200 and len(api.fake.calls) == 2
+    assert api.fake.rids[0] != api.fake.rids[-1] and api.fake.rids[0].endswith(":jobsubmit:k-1")
+
+
+async def test_errors_are_remembered_too_and_each_job_of_a_control_has_its_rid(api: Any) -> None:
+    hdr = {**api.token("root"), "Idempotency-Key": "ctl-7"}
+    r = await api.client.post(f"{V}/jobs/1,2/control", json={"action": "kill"}, headers=hdr)
+    assert r.status_code == 200 and body(r)["count"] == 2
+    rids = api.fake.rids[-2:]
+    assert rids[0] != rids[1] and rids[0].endswith("jobctrl.1:ctl-7") and rids[1].endswith("jobctrl.2:ctl-7")
+    closed = {**api.token("alice"), "Idempotency-Key": "q-1"}
+    a = await api.client.post(f"{V}/jobs", json={"command": "x", "queue": "closedq"}, headers=closed)
+    b = await api.client.post(f"{V}/jobs", json={"command": "x", "queue": "closedq"}, headers=closed)
+    assert a.status_code == b.status_code == 409 and a.content == b.content
+
+
+async def test_a_write_sent_without_answer_is_504_with_its_key_and_a_retry_is_safe(api: Any) -> None:
+    from xcecore.client import OutcomeUnknown
+
+    api.fake.fail = OutcomeUnknown("deadline of 1 s passed after the send", rid="r", op="jobsubmit")
+    r = await api.client.post(f"{V}/jobs", json={"command": "x"}, headers=api.token("alice"))
+    env = body(r)
+    assert r.status_code == 504 and env["data"]["op"] == "jobsubmit"
+    key = env["data"]["idempotency_key"]
+    assert key in env["msg"] and r.headers["idempotency-key"] == f'"{key}"'
+    api.fake.fail = None
+    hdr = {**api.token("alice"), "Idempotency-Key": key}
+    ok1 = await api.client.post(f"{V}/jobs", json={"command": "x"}, headers=hdr)
+    ok2 = await api.client.post(f"{V}/jobs", json={"command": "x"}, headers=hdr)
+    assert ok1.status_code == ok2.status_code == 200
+    assert body(ok1)["data"]["jobid"] == body(ok2)["data"]["jobid"] and len(api.fake.calls) == 1
+
+
+@pytest.mark.parametrize("key", ['"a"b"', "x" * 65, '"unbalanced', "sp ace", "\\x"])
+async def test_a_bad_idempotency_key_is_422(api: Any, key: str) -> None:
+    r = await api.client.post(f"{V}/jobs", json={"command": "x"},
+                              headers={**api.token("alice"), "Idempotency-Key": key})
+    assert r.status_code == 422 and "Idempotency-Key" in body(r)["msg"] and api.fake.calls == []
+
+
+@pytest.mark.parametrize(("payload", "field", "words"), [
+    ({"command": "ls\u0000"}, "body.command", "U+0000"),
+    ({"command": "x", "cwd": "/a\u0000"}, "body.cwd", "control characters"),
+    ({"command": "x", "env": {"A": "1\u0000"}}, "body.env.A", "control characters"),
+    ({"command": "x", "ntasks": 2**70}, "body.ntasks", "<= 2147483647"),
+    ({"command": "x", "ntasks": "2"}, "body.ntasks", "must be int, got str"),
+    ({"command": "x", "queue": "true\u0000"}, "body.queue", "control characters"),
+    ({"command": "x" * 40_000}, "body.command", "at most 32,768"),
+])
+async def test_hostile_values_are_422_naming_field_and_limit(api: Any, payload: dict[str, Any],
+                                                             field: str, words: str) -> None:
+    r = await api.client.post(f"{V}/jobs", json=payload, headers=api.token("alice"))
+    env = body(r)
+    assert r.status_code == 422 and field in env["msg"] and words in env["msg"], env
+    assert api.fake.calls == []
+
+
+async def test_edge_limits_paths_queries_and_methods(api: Any) -> None:
+    hdr = api.token("root")
+    r = await api.client.post(f"{V}/jobs", content=b"{" + b" " * (1 << 20) + b"}", headers=hdr)
+    assert r.status_code == 413 and body(r)["data"] == {"limit": 1 << 20}
+    r = await api.client.post(f"{V}/jobs/{2**63}/run", json={"hosts": ["n1"]}, headers=hdr)
+    assert r.status_code == 422 and "path.jobid" in body(r)["msg"]
+    r = await api.client.get(f"{V}/jobs/{2**64}", headers=hdr)
+    assert r.status_code == 422 and "path.jobids" in body(r)["msg"]
+    r = await api.client.get(f"{V}/jobs", params={"usr": "bob"}, headers=hdr)
+    assert r.status_code == 422 and "query.usr" in body(r)["msg"]
+    r = await api.client.get(f"{V}/jobs", params={"user": "b\u0000"}, headers=hdr)
+    assert r.status_code == 422 and "query.user" in body(r)["msg"]
+    r = await api.client.request("OPTIONS", f"{V}/jobs", headers=hdr)
+    assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
+    r = await api.client.get(f"{V}/jobs/create", headers=hdr)  # create is not a job id
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    r = await api.client.post(f"{V}/jobs", content=b"\xff\xfe", headers={**hdr, "content-type": "application/json"})
+    assert r.status_code == 422 and "body" in body(r)["msg"]
+    assert api.fake.calls == []

@@ -156,14 +156,20 @@ def test_pushes_feed_the_role_store(xce_plugin_manager: Any, xce_role: Any) -> N
     assert sorted(role.store.jobs) == [1, 5]
 
 
-def test_connection_states_drive_health(xce_plugin_manager: Any, xce_role: Any) -> None:
-    role = xce_role(xce_plugin_manager(plugin), "apiserver", {"apiserver": {"degraded_ttl": 30}})
-    role.connection_state("degraded", None, "budget exhausted")
-    assert role.health.is_degraded() and "budget exhausted" in role.health.reason
-    role.connection_state("reconnecting", None, "")
-    assert role.health.is_degraded()
+def test_connection_states_drive_the_breaker(xce_plugin_manager: Any, xce_role: Any) -> None:
+    role = xce_role(xce_plugin_manager(plugin), "apiserver", {"apiserver": {"failover_grace": 0}})
+    health = role.health
+    assert health.grace == 0
+    role.connection_state("reconnecting", None, "closed by the controller")
+    v = health.verdict(False)
+    assert v.open and "reconnecting: closed by the controller" in v.reason
+    role.connection_state("degraded", None, "budget exhausted")  # the same outage
+    assert "closed by the controller" in health.verdict(False).reason
     role.connection_state("rejoined", None, "heartbeats recovered")
-    assert not role.health.is_degraded()
+    health.grace = 60.0
+    assert health.verdict(False).state == "grace"  # closed by the re-join; a new loss starts over
+    role.connection_state("connected", None, "reconnected by heartbeat")
+    assert health.verdict(True).state == "closed"
 
 
 @pytest.mark.parametrize(
@@ -187,8 +193,11 @@ def test_config_section_validates(tmp_path: Path) -> None:
     cfg.write_text('[cluster]\npeers = "127.0.0.1:7600"\n[apiserver]\nusers = [{name = "a"}]\n')
     with pytest.raises(ConfigError, match="password_hash"):
         load(cfg)
-    cfg.write_text('[cluster]\npeers = "127.0.0.1:7600"\n[apiserver]\ndegraded_ttl = 0\n')
-    with pytest.raises(ConfigError, match="degraded_ttl"):
+    cfg.write_text('[cluster]\npeers = "127.0.0.1:7600"\n[apiserver]\nfailover_grace = -1\n')
+    with pytest.raises(ConfigError, match="failover_grace"):
+        load(cfg)
+    cfg.write_text('[cluster]\npeers = "127.0.0.1:7600"\n[apiserver]\nmax_body = 10\n')
+    with pytest.raises(ConfigError, match="max_body"):
         load(cfg)
 
 

@@ -14,12 +14,12 @@ import pytest
 from ctl_testlib import KEY, Proc, start_controller, wait_listening
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from xce_controller.ops import OPS
+from xce_controller.ops import OPS, SCHEMAS
 
 from xcecore import auth, wire
 
 INTS = st.integers(-(2**63), 2**63 - 1)
-ARG_NAMES = sorted({name for spec in OPS.values() for name in spec.args} | {"user"})
+ARG_NAMES = sorted({name for schema in SCHEMAS.values() for name in schema.names})
 # Values are never strings, so no random request can be a valid state-changing call, and
 # identities are roles that may only read (or an unjoined worker): any state change is a bug.
 json_values = st.recursive(

@@ -147,6 +147,12 @@ def no_edge(op: str, caller: Caller, args: dict[str, Any], state: ClusterState) 
     return OPS[op], dict(args)
 
 
+def without_the_edge(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No validation edge at all: neither the op schemas nor the wire's generic bound."""
+    monkeypatch.setattr(server_mod, "check_call", no_edge)
+    monkeypatch.setattr(server_mod.wire, "find_violation", lambda value, bound: None)
+
+
 def stored_hosts(state_dir: Path) -> dict[str, Any]:
     store = SQLiteStore(str(state_dir))
     store.open()
@@ -158,7 +164,7 @@ def stored_hosts(state_dir: Path) -> dict[str, Any]:
 
 @pytest.mark.anyio
 async def test_without_the_edge_the_arguments_check_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_mod, "check_call", no_edge)
+    without_the_edge(monkeypatch)
     async with running(tmp_path) as ctl:
         w = await RawClient.connect(ctl.address, "worker@deep")
         reply = await async_raw(w, "join", DEEP_JOIN)
@@ -169,7 +175,7 @@ async def test_without_the_edge_the_arguments_check_refuses(tmp_path: Path, monk
 
 @pytest.mark.anyio
 async def test_a_change_that_cannot_be_encoded_is_rolled_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_mod, "check_call", no_edge)
+    without_the_edge(monkeypatch)
     monkeypatch.setattr(server_mod, "check_encodable", lambda op, args: None)
     async with running(tmp_path) as ctl:
         good = await RawClient.connect(ctl.address, "worker@good")
@@ -202,7 +208,7 @@ async def test_a_poisoned_record_costs_requests_not_the_process(
     later request that would encode it gets its own error, a member whose state cannot be
     built is disconnected, and the host's next durable change rolls the record back to the
     store's, healing it."""
-    monkeypatch.setattr(server_mod, "check_call", no_edge)
+    without_the_edge(monkeypatch)
     monkeypatch.setattr(server_mod, "check_encodable", lambda op, args: None)
     async with running(tmp_path, host_timeout=1.0) as ctl:
         w = await RawClient.connect(ctl.address, "worker@p")

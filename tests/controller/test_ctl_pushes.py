@@ -37,7 +37,7 @@ async def test_slow_subscriber_is_dropped(tmp_path):
         fast = await RawClient.connect(ctl.address, "scheduler@fast")
         await fast.ok("join", {"role": "scheduler"})
         cli = await RawClient.connect(ctl.address, "cli@x")
-        big = "x" * 60_000
+        big = "x" * 30_000  # a command's limit is 32,768 characters: the env carries the rest
         got: list[dict] = []
 
         async def read_fast() -> None:
@@ -48,7 +48,7 @@ async def test_slow_subscriber_is_dropped(tmp_path):
             tg.start_soon(read_fast)
             with anyio.fail_after(30):
                 for i in range(150):  # ~9 MB of pushes to a reader that never reads
-                    await cli.ok("jobsubmit", {"command": big, "user": "u", "name": str(i)})
+                    await cli.ok("jobsubmit", {"command": big, "env": {"PAD": big}, "user": "u", "name": str(i)})
                 while any(c.caller.identity == "apiserver@slow" for c in ctl.conns.values()):
                     await anyio.sleep(0.01)
                 while sum(p["push"] == "job" for p in got) < 150:  # the fast one got them all

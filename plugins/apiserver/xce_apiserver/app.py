@@ -1,20 +1,22 @@
 """The FastAPI application: every route of the REST API under ``/xce/v1``.
 
 Reads are served from the push-fed :class:`~xce_apiserver.store.Store`; writes go through the
-one :class:`~xce_apiserver.backend.Backend` wrapper. Every response, success or failure, is
-the envelope ``{"code", "msg", "data", "count"}`` rendered with orjson.
+one :class:`~xce_apiserver.backend.Backend` wrapper, each under its ``Idempotency-Key``
+(:mod:`xce_apiserver.idempotency`). Every response, success or failure, is the envelope
+``{"code", "msg", "data", "count"}`` rendered with orjson (:mod:`xce_apiserver.envelope`);
+bodies are bounded and validated at the edge (:mod:`xce_apiserver.edge`) with the same
+constrained types the controller uses, so no input reaches the controller that it would
+refuse, and none ends in a 5xx.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run
 # time, and the dependency aliases (User, Admin) are local to create_app.
-import math
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import anyio
-import orjson
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -22,66 +24,35 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from xce_apiserver import models as m
 from xce_apiserver.auth import Authenticator, Session
-from xce_apiserver.backend import Backend, BackendUnavailableError
+from xce_apiserver.backend import RETRY_AFTER, Backend, BackendUnavailableError, OutcomeUnknownError
+from xce_apiserver.edge import DEFAULT_MAX_BODY, BodyLimit, allowed_methods, unknown_query, validation_response
+from xce_apiserver.envelope import (
+    ApiError,
+    EnvelopeResponse,
+    envelope,
+    error_response,
+    ok,
+    remote_to_api,
+)
+from xce_apiserver.envelope import dumps as _dumps
 from xce_apiserver.health import BackendHealth
 from xce_apiserver.hosts import evaluator_host, lsf_host
+from xce_apiserver.idempotency import HEADER as IDEMPOTENCY_HEADER
+from xce_apiserver.idempotency import Idempotent, Memory, parse_key
 from xce_apiserver.store import Store
+from xcecore.schema import limits as lim
+from xcecore.schema import types as t
 from xcecore.wire import RemoteError
 
 PREFIX = "/xce/v1"
 EvaluatorFactory = Callable[[Any], Any]
 """Builds a resource-requirement evaluator for a ``ResourceRegistry``."""
 
-# Controller error code -> HTTP status.
-_STATUS = {"NOT_FOUND": 404, "DENIED": 403, "CONFLICT": 409, "INVALID": 422}
+MAX_JOBIDS = 10_000
+"""Job ids one path may name (``/jobs/1,2,3``)."""
 
-
-class EnvelopeResponse(Response):
-    """A JSON response rendered with orjson."""
-
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        """Serialize ``content``."""
-        return _dumps(content)
-
-
-def envelope(data: Any = None, code: int = 200, msg: str = "ok") -> dict[str, Any]:
-    """The envelope around ``data``; ``count`` is its length for lists, 1 or 0 otherwise."""
-    count = len(data) if isinstance(data, list) else int(data is not None)
-    return {"code": code, "msg": msg, "data": data, "count": count}
-
-
-def ok(data: Any = None, code: int = 200, msg: str = "ok") -> EnvelopeResponse:
-    """A success response (HTTP 200; the envelope code is 201 for a created job)."""
-    return EnvelopeResponse(envelope(data, code, msg), status_code=200)
-
-
-class ApiError(Exception):
-    """A failure the route reports with ``status`` and the envelope."""
-
-    def __init__(self, status: int, msg: str, data: Any = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(msg)
-        self.status, self.msg, self.data, self.headers = status, msg, data, headers
-
-
-def _error(status: int, msg: str, data: Any = None, headers: dict[str, str] | None = None) -> EnvelopeResponse:
-    return EnvelopeResponse(envelope(data, status, msg), status_code=status, headers=headers)
-
-
-def _field(loc: tuple[Any, ...] | list[Any]) -> str:
-    return ".".join(str(p) for p in loc) or "request"
-
-
-def remote_to_api(exc: RemoteError, what: str) -> ApiError:
-    """Map a controller error reply to an HTTP failure naming what failed."""
-    status = _STATUS.get(exc.code, 502)
-    data = {"error": exc.code, **exc.data}
-    return ApiError(status, f"{what}: {exc.message or exc.code}", data)
-
-
-def _unavailable(exc: BackendUnavailableError) -> ApiError:
-    return ApiError(503, exc.message, None, {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
+__all__ = ["PREFIX", "ApiError", "EnvelopeResponse", "HostSelector", "create_app", "envelope", "ok",
+           "raw_ok", "remote_to_api"]
 
 
 _HostEntry = tuple[dict[str, Any], dict[str, Any], bytes]
@@ -205,10 +176,6 @@ class HostSelector:
         return b"".join(parts), len(matches)
 
 
-def _dumps(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
-
-
 def raw_ok(data_json: bytes, count: int) -> Response:
     """A success envelope around ``data_json``, already-serialized JSON of ``count`` items."""
     body = b'{"code":200,"msg":"ok","data":' + data_json + b',"count":' + str(count).encode() + b"}"
@@ -221,65 +188,96 @@ def _resreq_error_type() -> type[Exception]:
     return ResreqError
 
 
+def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The documented failures of a route (every one of them is the envelope)."""
+    text = {
+        400: "bad resource requirement (data: where and why)",
+        401: "missing, unknown or expired token",
+        403: "not allowed for this user",
+        404: "unknown job, host or queue",
+        405: "method not allowed on this path (see Allow)",
+        409: "the state forbids it (e.g. queue closed)",
+        413: "request body too large",
+        422: "invalid request: the msg names each field and its limit",
+        503: "backend unavailable, nothing was sent; see Retry-After",
+        504: "outcome unknown: the write was sent and no answer came; retry with the same "
+             "Idempotency-Key (data.idempotency_key), which is safe",
+    }
+    return {c: {"model": m.Envelope[Any], "description": text[c]} for c in codes}
+
+
+READ = (401, 405, 413, 422)
+WRITE = (*READ, 403, 404, 409, 503, 504)
+
+
 def create_app(
     store: Store,
     backend: Backend,
     health: BackendHealth,
     auth: Authenticator,
     evaluator_factory: EvaluatorFactory,
+    *,
+    max_body: int = DEFAULT_MAX_BODY,
 ) -> FastAPI:
     """Build the application over the given store, backend wrapper, health and users."""
+    declared: dict[int, frozenset[str]] = {}
+
+    async def no_unknown_query(request: Request) -> None:
+        # Like a body's unknown field: a misspelt filter is a 422, not silently ignored.
+        unknown = unknown_query(request.scope.get("route"), request.query_params.keys(), declared)
+        if unknown:
+            shown = [u[:40] for u in unknown[:5]]
+            raise ApiError(422, f"invalid request: query.{shown[0]} is not accepted"
+                           + (f" (nor {', '.join(shown[1:])})" if len(shown) > 1 else ""),
+                           [{"field": f"query.{u}", "message": "is not accepted"} for u in shown])
+
     app = FastAPI(
+        dependencies=[Depends(no_unknown_query)],
         title="xce REST API",
         version="1",
-        description="Cluster workload management: jobs, queues, hosts, resources.",
+        description="Cluster workload management: jobs, queues, hosts, resources. Every POST "
+                    "takes an Idempotency-Key header (IETF httpapi draft).",
         default_response_class=EnvelopeResponse,
         openapi_url=f"{PREFIX}/openapi.json",
         docs_url=f"{PREFIX}/docs",
         redoc_url=None,
     )
+    app.add_middleware(BodyLimit, max_bytes=max_body)
     selector = HostSelector(store, evaluator_factory)
     resreq_error = _resreq_error_type()
+    memory = Memory()
     bearer = HTTPBearer(auto_error=False, description="token from POST /xce/v1/auth/logon")
-    errors: dict[int | str, dict[str, Any]] = {
-        401: {"model": m.Envelope[None], "description": "missing, unknown or expired token"},
-        422: {"model": m.Envelope[Any], "description": "invalid request (the msg names the field)"},
-    }
-    write_errors: dict[int | str, dict[str, Any]] = {
-        **errors,
-        403: {"model": m.Envelope[Any], "description": "not allowed for this user"},
-        404: {"model": m.Envelope[Any], "description": "unknown job, host or queue"},
-        409: {"model": m.Envelope[Any], "description": "the state forbids it (e.g. queue closed)"},
-        503: {"model": m.Envelope[None], "description": "backend unavailable; see Retry-After"},
-    }
 
     # ------------------------------------------------------------------ errors
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
-        return _error(exc.status, exc.msg, exc.data, exc.headers)
+        return error_response(exc.status, exc.msg, exc.data, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        details = [
-            {"field": _field(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
-        msg = "; ".join(f"{d['field']}: {d['message']}" for d in details) or "invalid request"
-        return _error(422, f"invalid request: {msg}", details)
+        return validation_response(exc.errors())
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         msg = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404 and msg == "Not Found":
+        status, headers = exc.status_code, dict(getattr(exc, "headers", None) or {})
+        if status == 404 and msg == "Not Found":
             msg = f"no route {request.method} {request.url.path}"
-        return _error(exc.status_code, msg, None, getattr(exc, "headers", None))
+        elif status == 405:
+            headers["Allow"] = allowed_methods(app.router.routes, request.scope)
+            msg = f"method {request.method} not allowed on {request.url.path}; allowed: {headers['Allow']}"
+        elif status == 400 and "parsing the body" in msg:
+            # FastAPI's answer to a body that is not text (bad UTF-8): a field error like any other
+            return validation_response([{"loc": ("body",), "type": "json_invalid",
+                                         "msg": "is not valid JSON text (UTF-8)"}])
+        return error_response(status, msg, None, headers or None)
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> Response:
         from loguru import logger
 
         logger.exception("apiserver: {} {} failed", request.method, request.url.path)
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ auth
     async def session(
@@ -298,14 +296,31 @@ def create_app(
             raise ApiError(403, f"user {s.user.name!r} is not an administrator")
         return s
 
+    async def idempotent(
+        request: Request,
+        key: Annotated[m.IdempotencyKey | None, Header(
+            alias=IDEMPOTENCY_HEADER, description="the request's idempotency key (IETF httpapi "
+            "draft): the same key and request get the same response, the same key with another "
+            "request is a 422; 1 to 64 visible ASCII characters, in quotes or bare")] = None,
+    ) -> Idempotent:
+        body = await request.body()  # already read and cached for the route's body model
+        given = parse_key(key) if key is not None else None
+        return Idempotent(memory, given, request.method, request.url.path, body)
+
     User = Annotated[Session, Depends(session)]
     Admin = Annotated[Session, Depends(admin)]
+    Once = Annotated[Idempotent, Depends(idempotent)]
 
-    async def forward(op: str, args: dict[str, Any], what: str) -> Any:
+    async def forward(op: str, args: dict[str, Any], what: str, rid: str) -> Any:
         try:
-            return await backend.call(op, args)
+            return await backend.call(op, args, rid=rid)
         except BackendUnavailableError as exc:
-            raise _unavailable(exc) from None
+            raise ApiError(503, exc.message, None, {"Retry-After": str(max(1, round(exc.retry_after)))}) from None
+        except OutcomeUnknownError as exc:
+            key = rid.rsplit(":", 1)[-1]
+            raise ApiError(504, f"{what}: outcome unknown: the request was sent and no answer came "
+                                f"({exc.message}); retry with {IDEMPOTENCY_HEADER}: \"{key}\", "
+                                "which is safe", {"idempotency_key": key, "op": op}) from None
         except RemoteError as exc:
             raise remote_to_api(exc, what) from None
 
@@ -315,32 +330,42 @@ def create_app(
         except resreq_error as exc:
             raise ApiError(400, f"bad resource requirement: {exc.message}", exc.to_dict()) from None  # type: ignore[attr-defined]
 
+    def once(idem: Idempotent, user: str, handle: Callable[[], Awaitable[Response]]) -> Awaitable[Response]:
+        return idem.run(user, handle)
+
     # ------------------------------------------------------------------ auth routes
     @app.post(f"{PREFIX}/auth/logon", response_model=m.Envelope[m.Token], tags=["auth"],
-              responses={401: errors[401], 422: errors[422]})
-    async def logon(body: m.LogonBody) -> Response:
+              responses=_responses(401, 405, 413, 422))
+    async def logon(body: m.LogonBody, idem: Once) -> Response:
         """Exchange a user name and password for a bearer token."""
-        user = await anyio.to_thread.run_sync(auth.check_password, body.username, body.password)
-        if user is None:
-            raise ApiError(401, "logon failed: unknown user or wrong password")
-        s = auth.issue(user)
-        return ok({"token": s.token, "token_type": "bearer", "expires_in": auth.token_ttl,
-                   "username": user.name, "role": user.role})
+        async def handle() -> Response:
+            user = await anyio.to_thread.run_sync(auth.check_password, body.username, body.password)
+            if user is None:
+                raise ApiError(401, "logon failed: unknown user or wrong password")
+            s = auth.issue(user)
+            return ok({"token": s.token, "token_type": "bearer", "expires_in": auth.token_ttl,
+                       "username": user.name, "role": user.role})
+        return await once(idem, f"logon:{body.username}", handle)
 
-    @app.post(f"{PREFIX}/auth/logout", response_model=m.Envelope[None], tags=["auth"], responses=errors)
-    async def logout(s: User) -> Response:
+    @app.post(f"{PREFIX}/auth/logout", response_model=m.Envelope[None], tags=["auth"],
+              responses=_responses(*READ))
+    async def logout(s: User, idem: Once) -> Response:
         """Revoke the token of this request."""
-        auth.revoke(s.token)
-        return ok(None, msg=f"user {s.user.name} logged out")
+        async def handle() -> Response:
+            auth.revoke(s.token)
+            return ok(None, msg=f"user {s.user.name} logged out")
+        return await once(idem, s.user.name, handle)
 
     # ------------------------------------------------------------------ jobs
-    @app.get(f"{PREFIX}/jobs", response_model=m.Envelope[list[m.Job]], tags=["jobs"], responses=errors)
+    @app.get(f"{PREFIX}/jobs", response_model=m.Envelope[list[m.JobOrFields]], tags=["jobs"],
+             responses=_responses(*READ))
     async def list_jobs(
         s: User,
-        state: Annotated[str | None, Query(description="state(s), comma-separated: PEND,RUN")] = None,
-        user: Annotated[str | None, Query(description="owner")] = None,
-        queue: Annotated[str | None, Query()] = None,
-        fields: Annotated[str | None, Query(description="only these fields, comma-separated")] = None,
+        state: Annotated[t.Label | None, Query(description="state(s), comma-separated: PEND,RUN")] = None,
+        user: Annotated[t.Name | None, Query(description="owner")] = None,
+        queue: Annotated[t.Name | None, Query()] = None,
+        fields: Annotated[t.Label | None, Query(description="only these fields, comma-separated "
+                                                            "(each item then holds only those)")] = None,
     ) -> Response:
         """Jobs from the pushed state, in job id order."""
         jobs = store.snapshot_jobs()
@@ -356,122 +381,148 @@ def create_app(
             jobs = [{k: j.get(k) for k in keep} for j in jobs]
         return ok(jobs)
 
-    @app.get(f"{PREFIX}/jobs/{{jobids}}", response_model=m.Envelope[list[m.Job]], tags=["jobs"],
-             responses={**errors, 404: write_errors[404]})
+    @app.get(f"{PREFIX}/jobs/{{jobids:jobids}}", response_model=m.Envelope[list[m.Job]], tags=["jobs"],
+             responses=_responses(*READ, 404))
     async def get_jobs(s: User, jobids: Annotated[str, Path(description="ids, comma-separated")]) -> Response:
         """The named jobs; 404 naming any unknown id."""
         ids = parse_jobids(jobids)
         missing = [i for i in ids if store.get_job(i) is None]
         if missing:
-            raise ApiError(404, f"no such job: {', '.join(map(str, missing))}", {"missing": missing})
+            raise ApiError(404, f"no such job: {', '.join(map(str, missing[:20]))}", {"missing": missing})
         return ok([store.get_job(i) for i in ids])
 
-    async def submit(s: User, body: m.SubmitBody) -> Response:
-        if body.resreq:
-            check_resreq(body.resreq)
-        args = {k: v for k, v in body.model_dump().items() if v is not None}
-        args["user"] = s.user.name
-        result = await forward("jobsubmit", args, "job submission")
-        return ok(result, code=201, msg=f"job <{result.get('jobid')}> is submitted to queue <{result.get('queue')}>")
+    async def submit(s: User, body: m.SubmitBody, idem: Once) -> Response:
+        async def handle() -> Response:
+            if body.resreq:
+                check_resreq(body.resreq)
+            args = {k: v for k, v in body.model_dump().items() if v is not None}
+            args["user"] = s.user.name
+            result = await forward("jobsubmit", args, "job submission", idem.rid(s.user.name, "jobsubmit"))
+            return ok(result, code=201,
+                      msg=f"job <{result.get('jobid')}> is submitted to queue <{result.get('queue')}>")
+        return await once(idem, s.user.name, handle)
 
     for path in (f"{PREFIX}/jobs", f"{PREFIX}/jobs/create"):
         app.add_api_route(path, submit, methods=["POST"], response_model=m.Envelope[m.Submitted],
-                          tags=["jobs"], responses=write_errors, summary="Submit a job",
+                          tags=["jobs"], responses=_responses(*WRITE, 400), summary="Submit a job",
                           description="Submit a job as the logged-on user; envelope code 201.")
 
-    @app.post(f"{PREFIX}/jobs/{{jobids}}/control", response_model=m.Envelope[list[m.Job]],
-              tags=["jobs"], responses=write_errors)
-    async def control_jobs(s: User, body: m.ControlBody, jobids: Annotated[str, Path()]) -> Response:
+    @app.post(f"{PREFIX}/jobs/{{jobids:jobids}}/control", response_model=m.Envelope[list[m.Job]],
+              tags=["jobs"], responses=_responses(*WRITE))
+    async def control_jobs(s: User, body: m.ControlBody, jobids: Annotated[str, Path()], idem: Once) -> Response:
         """kill, stop, resume, checkpoint or requeue jobs (own jobs; admins any)."""
-        done = []
-        for jobid in parse_jobids(jobids):
-            args = {"jobid": jobid, "action": body.action, "user": s.user.name}
-            done.append(await forward("jobctrl", args, f"{body.action} job {jobid}"))
-        return ok(done)
+        ids = parse_jobids(jobids)
+
+        async def handle() -> Response:
+            done = []
+            for jobid in ids:
+                args = {"jobid": jobid, "action": body.action, "user": s.user.name}
+                rid = idem.rid(s.user.name, "jobctrl", jobid)
+                done.append(await forward("jobctrl", args, f"{body.action} job {jobid}", rid))
+            return ok(done)
+        return await once(idem, s.user.name, handle)
 
     @app.post(f"{PREFIX}/jobs/{{jobid}}/run", response_model=m.Envelope[dict[str, Any]],
-              tags=["jobs"], responses=write_errors)
-    async def force_run(s: Admin, body: m.RunBody, jobid: Annotated[int, Path(ge=1)]) -> Response:
+              tags=["jobs"], responses=_responses(*WRITE))
+    async def force_run(s: Admin, body: m.RunBody, jobid: Annotated[t.JobId, Path()], idem: Once) -> Response:
         """Admin: dispatch a pending job to named hosts now (like LSF ``brun``)."""
-        alloc = run_alloc(body, store.get_job(jobid))
-        args = {"jobid": jobid, "alloc": alloc, "force": body.force, "user": s.user.name}
-        return ok(await forward("jobdispatch", args, f"force-run job {jobid}"))
+        async def handle() -> Response:
+            alloc = run_alloc(body, store.get_job(jobid))
+            args = {"jobid": jobid, "alloc": alloc, "force": body.force, "user": s.user.name}
+            rid = idem.rid(s.user.name, "jobdispatch")
+            return ok(await forward("jobdispatch", args, f"force-run job {jobid}", rid))
+        return await once(idem, s.user.name, handle)
 
     # ------------------------------------------------------------------ queues
-    @app.get(f"{PREFIX}/queues", response_model=m.Envelope[list[m.Queue]], tags=["queues"], responses=errors)
+    @app.get(f"{PREFIX}/queues", response_model=m.Envelope[list[m.Queue]], tags=["queues"],
+             responses=_responses(*READ))
     async def list_queues(s: User) -> Response:
         """Queues, highest priority first."""
         return ok(store.snapshot_queues())
 
     @app.post(f"{PREFIX}/queues/control", response_model=m.Envelope[m.Queue], tags=["queues"],
-              responses=write_errors)
-    async def control_queue(s: Admin, body: m.QueueControlBody) -> Response:
+              responses=_responses(*WRITE))
+    async def control_queue(s: Admin, body: m.QueueControlBody, idem: Once) -> Response:
         """Admin: open, close, activate or inactivate a queue."""
-        args = {"queue": body.queue, "action": body.action, "user": s.user.name}
-        return ok(await forward("queuectrl", args, f"{body.action} queue {body.queue}"))
+        async def handle() -> Response:
+            args = {"queue": body.queue, "action": body.action, "user": s.user.name}
+            rid = idem.rid(s.user.name, "queuectrl")
+            return ok(await forward("queuectrl", args, f"{body.action} queue {body.queue}", rid))
+        return await once(idem, s.user.name, handle)
 
     # ------------------------------------------------------------------ hosts
-    @app.get(f"{PREFIX}/hosts", response_model=m.Envelope[list[m.Host]], tags=["hosts"], responses=errors)
+    @app.get(f"{PREFIX}/hosts", response_model=m.Envelope[list[m.Host]], tags=["hosts"],
+             responses=_responses(*READ))
     async def list_hosts(s: User) -> Response:
         """Hosts in LSF's field names, by name."""
         return raw_ok(*selector.hosts_json())
 
     @app.post(f"{PREFIX}/hosts/control", response_model=m.Envelope[m.Host], tags=["hosts"],
-              responses=write_errors)
-    async def control_host(s: Admin, body: m.HostControlBody) -> Response:
+              responses=_responses(*WRITE))
+    async def control_host(s: Admin, body: m.HostControlBody, idem: Once) -> Response:
         """Admin: open or close a host (with a comment)."""
-        args = {"host": body.host, "action": body.action, "comment": body.comment, "user": s.user.name}
-        result = await forward("hostctrl", args, f"{body.action} host {body.host}")
-        return ok(lsf_host(result) if isinstance(result, dict) and "name" in result else result)
+        async def handle() -> Response:
+            args = {"host": body.host, "action": body.action, "comment": body.comment, "user": s.user.name}
+            rid = idem.rid(s.user.name, "hostctrl")
+            result = await forward("hostctrl", args, f"{body.action} host {body.host}", rid)
+            return ok(lsf_host(result) if isinstance(result, dict) and "name" in result else result)
+        return await once(idem, s.user.name, handle)
 
     @app.post(f"{PREFIX}/hosts/select", response_model=m.Envelope[list[m.SelectedHost]],
-              tags=["hosts"], responses={**errors, 400: {"model": m.Envelope[m.ResreqErrorData],
-                                                         "description": "bad resource requirement"}})
-    async def select_hosts(s: User, body: m.SelectBody) -> Response:
+              tags=["hosts"], responses={**_responses(*READ), 400: {"model": m.Envelope[m.ResreqErrorData],
+                                                                    "description": "bad resource requirement"}})
+    async def select_hosts(s: User, body: m.SelectBody, idem: Once) -> Response:
         """Hosts that satisfy a resource requirement, best first."""
-        try:
-            found = await anyio.to_thread.run_sync(selector.select_json, body.resreq, body.limit,
-                                                   body.ntasks)
-        except resreq_error as exc:
-            raise ApiError(400, f"bad resource requirement: {exc.message}", exc.to_dict()) from None  # type: ignore[attr-defined]
-        return raw_ok(*found)
+        async def handle() -> Response:
+            try:
+                found = await anyio.to_thread.run_sync(selector.select_json, body.resreq, body.limit,
+                                                       body.ntasks)
+            except resreq_error as exc:
+                raise ApiError(400, f"bad resource requirement: {exc.message}", exc.to_dict()) from None  # type: ignore[attr-defined]
+            return raw_ok(*found)
+        return await once(idem, s.user.name, handle)
 
     # ------------------------------------------------------------------ resources, cluster
     @app.get(f"{PREFIX}/resources", response_model=m.Envelope[list[dict[str, Any]]],
-             tags=["resources"], responses=errors)
+             tags=["resources"], responses=_responses(*READ))
     async def list_resources(s: User) -> Response:
         """Resource definitions: LSF's built-ins and the site's."""
         return ok([r.to_dict() for r in selector.registry().resources()])
 
     @app.get(f"{PREFIX}/resources/values", response_model=m.Envelope[dict[str, dict[str, Any]]],
-             tags=["resources"], responses=errors)
+             tags=["resources"], responses=_responses(*READ))
     async def resource_values(s: User) -> Response:
         """Each host's resource values as last pushed (no call to the controller)."""
         values = {h["name"]: dict(h.get("resvals") or {}) for h in store.snapshot_hosts()[1]}
         return EnvelopeResponse(envelope(values) | {"count": len(values)})
 
-    @app.get(f"{PREFIX}/cluster", response_model=m.Envelope[dict[str, Any]], tags=["cluster"], responses=errors)
+    @app.get(f"{PREFIX}/cluster", response_model=m.Envelope[dict[str, Any]], tags=["cluster"],
+             responses=_responses(*READ))
     async def cluster(s: User) -> Response:
         """The pushed cluster configuration, with the controller that sent it."""
         return ok({**store.cluster, "server": store.server, "members": list(store.members.values())})
 
     # ------------------------------------------------------------------ health
-    @app.get(f"{PREFIX}/healthz", response_model=m.Envelope[dict[str, Any]], tags=["health"])
+    @app.get(f"{PREFIX}/healthz", response_model=m.Envelope[dict[str, Any]], tags=["health"],
+             responses=_responses(405, 413))
     async def healthz() -> Response:
         """The process is up."""
         return ok({"status": "up"})
 
     @app.get(f"{PREFIX}/readyz", response_model=m.Envelope[dict[str, Any]], tags=["health"],
-             responses={503: {"model": m.Envelope[dict[str, Any]], "description": "not ready"}})
+             responses={**_responses(405, 413),
+                        503: {"model": m.Envelope[dict[str, Any]], "description": "not ready"}})
     async def readyz() -> Response:
         """Ready: the first full state arrived and the backend is not degraded."""
-        data = {"state_received": store.ready, "degraded": health.is_degraded(),
+        degraded = await backend.degraded()
+        data = {"state_received": store.ready, "degraded": degraded is not None,
                 "server": store.server, "pushes": store.pushes}
         if not store.ready:
-            return _error(503, "not ready: no full state from the controller yet", data, {"Retry-After": "1"})
-        if data["degraded"]:
-            wait = str(max(1, math.ceil(health.retry_after())))
-            return _error(503, f"not ready: backend degraded ({health.reason})", data, {"Retry-After": wait})
+            return error_response(503, "not ready: no full state from the controller yet", data,
+                                  {"Retry-After": "1"})
+        if degraded is not None:
+            return error_response(503, f"not ready: backend degraded ({degraded})", data,
+                                  {"Retry-After": str(max(1, round(RETRY_AFTER)))})
         return ok(data)
 
     return app
@@ -479,12 +530,18 @@ def create_app(
 
 def parse_jobids(text: str) -> list[int]:
     """``"1,2,3"`` -> ``[1, 2, 3]``; anything else is a 422 naming the bad part."""
+    parts = text.split(",")
+    if len(parts) > MAX_JOBIDS:
+        raise ApiError(422, f"invalid request: path.jobids: more than {MAX_JOBIDS:,} job ids",
+                       [{"field": "path.jobids", "message": f"more than {MAX_JOBIDS:,} job ids"}])
     ids: list[int] = []
-    for part in text.split(","):
+    for part in parts:
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise ApiError(422, f"invalid request: path.jobids: {part!r} is not a job id (positive integer)",
-                           [{"field": "path.jobids", "message": f"{part!r} is not a job id"}])
+        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= lim.INT64_MAX:
+            shown = part if len(part) <= 24 else part[:21] + "..."
+            raise ApiError(422, f"invalid request: path.jobids: {shown!r} is not a job id (1 to "
+                                f"{lim.INT64_MAX})", [{"field": "path.jobids",
+                                                       "message": f"{shown!r} is not a job id"}])
         ids.append(int(part))
     return ids
 

@@ -1,17 +1,24 @@
 """Request bodies and documented response shapes of the REST API (pydantic models).
 
 Request bodies forbid unknown fields, so a typo is a 422 naming the field rather than a
-silently ignored option. Response models exist for the OpenAPI document; routes build their
-JSON directly (orjson) instead of validating 10,000 records per request.
+silently ignored option, and take JSON's types strictly (``"2"`` is not an integer). Every
+field is one of the constrained types of :mod:`xcecore.schema.types`, the very objects the
+controller validates its op arguments with: a body the API server accepts is one the
+controller accepts, and a 422 here says what an ``INVALID`` there would. Response models exist
+for the OpenAPI document; routes build their JSON directly (orjson) instead of validating
+10,000 records per request.
 """
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from xcecore.protocol import JobState
+from xcecore.schema import limits as lim
+from xcecore.schema import ops as schema_ops
+from xcecore.schema import types as t
 
 T = TypeVar("T")
 
@@ -26,14 +33,22 @@ class Envelope(BaseModel, Generic[T]):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+Password = Annotated[str, StringConstraints(max_length=lim.LABEL_MAX)]
+
+IdempotencyKey = Annotated[str, StringConstraints(
+    min_length=1, max_length=66, pattern=r"^[\x21-\x5b\x5d-\x7e]+$")]
+"""An ``Idempotency-Key`` header: 1 to 64 visible ASCII characters (no backslash), in
+quotes as the IETF draft writes it (a structured-field string) or bare."""
 
 
 class LogonBody(_Body):
     """``POST /auth/logon``."""
 
-    username: str = Field(min_length=1)
-    password: str
+    username: t.Name
+    password: Password
 
 
 class Token(BaseModel):
@@ -47,16 +62,16 @@ class Token(BaseModel):
 
 
 class SubmitBody(_Body):
-    """``POST /jobs``: what ``bsub`` takes."""
+    """``POST /jobs``: what ``bsub`` takes (the controller's ``jobsubmit`` arguments)."""
 
-    command: str = Field(min_length=1, description="the command line to run")
-    queue: str | None = Field(None, min_length=1, description="queue (default: the cluster's)")
-    resreq: str | None = Field(None, description="resource requirement, e.g. select[mem>4G]")
-    name: str | None = None
-    project: str | None = None
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    ntasks: int | None = Field(None, ge=1)
+    command: t.Command = Field(description="the command line to run")
+    queue: t.Name | None = Field(None, description="queue (default: the cluster's)")
+    resreq: t.ResReq | None = Field(None, description="resource requirement, e.g. select[mem>4G]")
+    name: t.Label | None = None
+    project: t.Name | None = None
+    cwd: t.WorkDir | None = None
+    env: t.Env | None = None
+    ntasks: t.Count | None = None
 
 
 class Submitted(BaseModel):
@@ -70,45 +85,53 @@ class Submitted(BaseModel):
 class ControlBody(_Body):
     """``POST /jobs/{jobids}/control``."""
 
-    action: Literal["kill", "stop", "resume", "checkpoint", "requeue"]
+    action: schema_ops.JobAction
 
 
 class AllocEntry(_Body):
     """Tasks on one host."""
 
-    host: str = Field(min_length=1)
-    ntasks: int = Field(ge=1)
+    host: t.Name
+    ntasks: t.Count
 
 
 class RunBody(_Body):
     """``POST /jobs/{jobid}/run`` (like LSF ``brun``): ``hosts`` or an explicit ``alloc``."""
 
-    hosts: list[str] | None = Field(None, min_length=1, description="tasks spread over these")
-    alloc: list[AllocEntry] | None = Field(None, min_length=1)
+    hosts: list[t.Name] | None = Field(None, min_length=1, max_length=lim.ALLOC_MAX,
+                                       description="tasks spread over these")
+    alloc: list[AllocEntry] | None = Field(None, min_length=1, max_length=lim.ALLOC_MAX)
     force: bool = Field(True, description="ignore closed hosts and free slots (brun -f)")
+
+    @field_validator("alloc")
+    @classmethod
+    def _distinct(cls, alloc: list[AllocEntry] | None) -> list[AllocEntry] | None:
+        if alloc is not None:
+            schema_ops.check_distinct([a.host for a in alloc])  # the controller's own rule
+        return alloc
 
 
 class QueueControlBody(_Body):
     """``POST /queues/control``."""
 
-    queue: str = Field(min_length=1)
-    action: Literal["open", "close", "activate", "inactivate"]
+    queue: t.Name
+    action: schema_ops.QueueAction
 
 
 class HostControlBody(_Body):
     """``POST /hosts/control``."""
 
-    host: str = Field(min_length=1)
-    action: Literal["open", "close"]
-    comment: str = ""
+    host: t.Name
+    action: schema_ops.HostAction
+    comment: t.Label = ""
 
 
 class SelectBody(_Body):
     """``POST /hosts/select``."""
 
-    resreq: str = Field(description="resource requirement, e.g. select[ncpus>=4] order[r1m]")
-    limit: int | None = Field(None, ge=1, description="at most this many hosts")
-    ntasks: int = Field(1, ge=1)
+    resreq: t.ResReq = Field(description="resource requirement, e.g. select[ncpus>=4] order[r1m]")
+    limit: t.Count | None = Field(None, description="at most this many hosts")
+    ntasks: t.Count = 1
 
 
 class Job(BaseModel):
@@ -138,6 +161,10 @@ class Job(BaseModel):
     attempt: int = 0
     forced: bool = False
     usage: dict[str, Any] = {}
+
+
+JobOrFields = Job | dict[str, Any]
+"""A job record, or (with ``fields=``) the chosen fields of one."""
 
 
 class Host(BaseModel):

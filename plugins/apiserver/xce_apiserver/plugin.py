@@ -31,9 +31,13 @@ def _check_section(values: dict[str, Any]) -> None:
     parse_users(values["users"])
     if values["backend_retries"] < 0:
         raise ValueError(f"backend_retries must be >= 0, got {values['backend_retries']}")
-    for key in ("backend_timeout", "degraded_ttl", "token_ttl"):
+    for key in ("backend_timeout", "token_ttl"):
         if values[key] <= 0:
             raise ValueError(f"{key} must be > 0, got {values[key]}")
+    if not values["failover_grace"] >= 0:
+        raise ValueError(f"failover_grace must be >= 0, got {values['failover_grace']}")
+    if values["max_body"] < 1024:
+        raise ValueError(f"max_body must be at least 1024 bytes, got {values['max_body']}")
 
 
 SECTION = ConfigSection(
@@ -44,7 +48,10 @@ SECTION = ConfigSection(
         "hname": Field((str,), None, "host part of the identity apiserver@HOST"),
         "backend_timeout": Field((float, int), 3.0, "seconds a write may wait for the controller"),
         "backend_retries": Field((int,), 10, "retries (re-sends, connect passes) per write"),
-        "degraded_ttl": Field((float, int), 5.0, "seconds writes fail fast (503) after a timeout"),
+        "failover_grace": Field((float, int), 0.25, "seconds a write waits for the client to reach a "
+                                                     "primary after the link was lost; then writes "
+                                                     "answer 503 at once until a heartbeat reconnects"),
+        "max_body": Field((int,), 1024 * 1024, "bytes a request body may have (larger: 413)"),
         "token_ttl": Field((float, int), 8 * 3600.0, "seconds a bearer token stays valid"),
         "users": Field((list,), [], "[{name, password_hash, role = 'user'|'admin'}]; admins must "
                                     "also be in [controller] admins for admin ops"),

@@ -22,9 +22,9 @@ async def run(role: ApiServerRole) -> None:
                        "answers 401 (add users with `xce apiserver hash-password`)")
     auth = Authenticator(users, token_ttl=float(section["token_ttl"]))
     backend = Backend(ctx.client, role.health, timeout=float(section["backend_timeout"]),
-                      retries=section["backend_retries"],
-                      degraded_ttl=role.degraded_ttl)
-    app = create_app(role.store, backend, role.health, auth, ctx.pm.resreq_evaluator)
+                      retries=section["backend_retries"])
+    app = create_app(role.store, backend, role.health, auth, ctx.pm.resreq_evaluator,
+                     max_body=section["max_body"])
     sock = bind(section["listen"])
     address = bound_address(sock)
     if section.get("port_file"):

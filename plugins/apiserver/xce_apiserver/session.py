@@ -28,8 +28,7 @@ class ApiServerRole(Role):
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.store = Store()
-        self.health = BackendHealth()
-        self.degraded_ttl = float(ctx.section["degraded_ttl"])
+        self.health = BackendHealth(grace=float(ctx.section["failover_grace"]))
 
     def join_attributes(self) -> dict[str, Any]:
         """The address its REST API listens on, for operators reading ``status``."""
@@ -47,17 +46,15 @@ class ApiServerRole(Role):
         return None
 
     def connection_state(self, state: str, candidate: Candidate | None, detail: str) -> Handled:
-        """A re-join (heartbeat recovery or write path) marks the backend healthy again; a
-        degraded connection makes writes fail fast."""
+        """Feed the breaker: a lost link starts its grace, a link up again (a heartbeat's
+        reconnect, a re-join) closes it (see :mod:`xce_apiserver.health`)."""
         health = self.health
         if state in ("rejoined", "connected"):
-            if health.is_degraded():
-                logger.info("apiserver: {} {}; backend healthy again, writes resume", state, candidate)
-            health.mark_healthy()
-        elif state == "degraded":
-            logger.warning("apiserver: connection degraded ({}); writes answer 503 for up to {:g} s",
-                           detail, self.degraded_ttl)
-            health.mark_degraded(self.degraded_ttl, f"connection degraded: {detail}")
+            if health.announced:  # the outage was logged: say that it is over
+                logger.info("apiserver: {} {}; backend reachable again, writes go through", state, candidate)
+            health.link_up()
+        elif state in ("reconnecting", "degraded"):
+            health.link_lost(f"{state}: {detail}")
         return None
 
     async def main(self) -> None:

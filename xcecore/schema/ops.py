@@ -1,0 +1,472 @@
+"""The argument model of every controller op, and the one function that validates against it.
+
+Each model is a ``TypedDict`` (validation returns a plain dict, which is what the handlers
+take) that forbids unknown arguments and takes JSON's types strictly: ``"2"`` is not an int,
+``true`` is not a number. Its docstring is the op's contract as ``docs/protocol-ops.md``
+shows it; each field's description is its line in the op's argument table. Who may call an
+op, its kind (read, write, volatile) and its joins live in the controller's op table
+(``xce_controller.ops.OPS``), which takes its argument models from :data:`OP_ARGS`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NotRequired
+
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
+
+from xcecore.schema import types as t
+from xcecore.schema.errors import invalid
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+def _d(text: str) -> Any:
+    return Field(description=text)
+
+
+User = Annotated[t.Name, _d("the person a front end acts for (required from front ends where "
+                            "marked *user*; accepted by every op)")]
+
+
+@with_config(_STRICT)
+class NoArgs(TypedDict):
+    """An op that takes no arguments (``user`` is accepted and means nothing)."""
+
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class Subscribe(TypedDict):
+    """What a member receives."""
+
+    pushes: NotRequired[Annotated[Literal["all", "none"], _d('every push (`"all"`, the default) or '
+                                                             'none (`"none"`: a member that only calls)')]]
+
+
+@with_config(_STRICT)
+class JoinArgs(TypedDict):
+    """Make this connection a member.
+
+    ``role`` must equal the handshake role, else DENIED. A joining host (role ``worker``)
+    gives its attributes in ``attrs`` (see *Host attributes*): the join creates the host or
+    updates its attributes, and makes an unavailable host available again (``state`` ok, or
+    closed if an admin closed it). A newer worker join for the same host replaces (closes) an
+    older connection of that host.
+
+    Result: ``{"member": "<identity>", "server": "<host:port>", "role": "<role>"}``. After the
+    reply the controller pushes ``state``, then deltas. Joining again on the same connection
+    re-sends ``state`` (seq keeps counting).
+    """
+
+    role: Annotated[t.Name, _d("the role joining; must equal the handshake's")]
+    attrs: NotRequired[Annotated[t.JsonObject, _d("the member's attributes (default `{}`)")]]
+    subscribe: NotRequired[Annotated[Subscribe, _d('`{"pushes": "all" | "none"}` (default all)')]]
+    user: NotRequired[User]
+
+
+@with_config(ConfigDict(extra="ignore", strict=True))
+class HostAttrs(TypedDict):
+    """Host attributes, the ``attrs`` of a worker's ``join``.
+
+    Other keys (``ncores``, ``nthreads``, site string and numeric resources, ...) are
+    kept as they are, within the bounds of a free-form object.
+    """
+
+    hname: Annotated[t.Name, _d("the host's name")]
+    ncpus: NotRequired[Annotated[t.Count, _d("logical CPUs")]]
+    max_slots: NotRequired[Annotated[t.Count, _d("job slots (default: ncpus, else 1)")]]
+    resources: NotRequired[Annotated[t.Names, _d("the host's boolean resources")]]
+    type: NotRequired[Annotated[t.Name, _d("host type (LSF `hostType`), e.g. X86_64")]]
+    model: NotRequired[Annotated[t.Label, _d("host model (LSF `hostModel`), e.g. the CPU")]]
+    cpuf: NotRequired[Annotated[t.Amount, _d("CPU factor")]]
+    maxmem: NotRequired[Annotated[t.Amount, _d("memory (MB)")]]
+    maxswp: NotRequired[Annotated[t.Amount, _d("swap (MB)")]]
+    maxtmp: NotRequired[Annotated[t.Amount, _d("temporary space (MB)")]]
+
+
+@with_config(_STRICT)
+class HelloArgs(TypedDict):
+    """Result: ``{"server": "<host:port>", "state": "primary", "time": <float epoch>,
+    "joined": <bool>}``. A worker re-joins after ``hello`` when a rejoin is pending."""
+
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class HeartbeatArgs(TypedDict):
+    """Result: ``{"time": <float epoch>}``. A worker's heartbeat keeps its host available: a
+    host whose worker has not sent a heartbeat (or joined) for ``[controller] host_timeout``
+    seconds becomes ``unavail``."""
+
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class JobSubmitArgs(TypedDict):
+    """Submit a job. Result: ``{"jobid": <int>, "queue": "<name>", "state": "PEND"}``.
+
+    Errors: NOT_FOUND (queue), CONFLICT (queue closed). The resource requirement is stored
+    as text; the scheduler evaluates it. Job ids start at 1 and are never reused (also not
+    after the highest ones are purged).
+    """
+
+    command: Annotated[t.Command, _d("the command line (run by the worker as `sh -c`)")]
+    user: Annotated[t.Name, _d("the job's owner")]
+    queue: NotRequired[Annotated[t.Name, _d("default: `[controller] default_queue`")]]
+    resreq: NotRequired[Annotated[t.ResReq, _d('default `""`')]]
+    name: NotRequired[Annotated[t.Label, _d('the job\'s name; default `""`')]]
+    project: NotRequired[Annotated[t.Name, _d('default `"default"`')]]
+    cwd: NotRequired[Annotated[t.WorkDir, _d('working directory; default `""` (the worker\'s)')]]
+    env: NotRequired[Annotated[t.Env, _d("environment variables; default `{}`")]]
+    ntasks: NotRequired[Annotated[t.Count, _d("tasks (slots); default 1")]]
+
+
+JobAction = Literal["kill", "stop", "resume", "checkpoint", "requeue"]
+QueueAction = Literal["open", "close", "activate", "inactivate"]
+HostAction = Literal["open", "close"]
+
+
+@with_config(_STRICT)
+class JobCtrlArgs(TypedDict):
+    """Act on a job; ``user`` must own it unless an administrator. Result: the job record
+    after the action.
+
+    | action | from state | effect |
+    |---|---|---|
+    | `kill` | PEND, PSUSP | -> EXIT (`reason` "killed") |
+    | `kill` | RUN, USUSP, SSUSP | `signal` "kill" to its hosts; the state changes at the worker's finish report |
+    | `stop` | PEND | -> PSUSP |
+    | `stop` | RUN, SSUSP | -> USUSP, `signal` "stop" |
+    | `resume` | PSUSP | -> PEND |
+    | `resume` | USUSP, SSUSP | -> RUN, `signal` "resume" |
+    | `checkpoint` | RUN | `signal` "checkpoint" (no state change) |
+    | `requeue` | RUN, USUSP, SSUSP | `signal` "kill" to the old hosts, -> PEND, alloc cleared, `attempt` + 1 |
+    | `requeue` | DONE, EXIT | -> PEND, `attempt` + 1 |
+
+    Any other combination is CONFLICT (e.g. killing a finished job, stopping a stopped one).
+    """
+
+    jobid: Annotated[t.JobId, _d("the job")]
+    action: Annotated[JobAction, _d("what to do")]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class QueueCtrlArgs(TypedDict):
+    """Admin. Result: the queue record. Closed queues refuse ``jobsubmit`` (CONFLICT);
+    inactive queues accept jobs but nothing is dispatched from them (``jobdispatch``
+    CONFLICT, even forced)."""
+
+    queue: Annotated[t.Name, _d("the queue")]
+    action: Annotated[QueueAction, _d("what to do")]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class HostCtrlArgs(TypedDict):
+    """Admin. Result: the host record. A closed host gets no new jobs (``jobdispatch``
+    CONFLICT unless forced); running jobs go on."""
+
+    host: Annotated[t.Name, _d("the host")]
+    action: Annotated[HostAction, _d("what to do")]
+    comment: NotRequired[Annotated[t.Label, _d('default `""`')]]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class AllocEntry(TypedDict):
+    """Tasks on one host."""
+
+    host: Annotated[t.Name, _d("the host")]
+    ntasks: Annotated[t.Count, _d("tasks on it")]
+
+
+def check_distinct(hosts: list[str]) -> None:
+    """An allocation names each host once (the wire's ``alloc`` and the REST force-run's)."""
+    seen: set[str] = set()
+    for host in hosts:
+        if host in seen:
+            raise ValueError(f"host {host} is listed twice")
+        seen.add(host)
+
+
+def _distinct_hosts(alloc: list[AllocEntry]) -> list[AllocEntry]:
+    check_distinct([entry["host"] for entry in alloc])
+    return alloc
+
+
+Alloc = Annotated[list[AllocEntry], Field(min_length=1, max_length=t.lim.ALLOC_MAX),
+                  AfterValidator(_distinct_hosts),
+                  t.Shape("alloc", f'a list, each {{"host": name, "ntasks": int >= 1}}; 1 to '
+                                          f"{t.lim.ALLOC_MAX:,} distinct hosts")]
+
+
+@with_config(_STRICT)
+class JobDispatchArgs(TypedDict):
+    """Run a pending job on ``alloc`` (the scheduler's allocation, or an administrator's
+    force-run like LSF ``brun``). Result: ``{"jobid", "state": "RUN", "alloc"}``.
+
+    Errors: NOT_FOUND (job); INVALID when the tasks do not sum to the job's ``ntasks``;
+    CONFLICT when the job is not PEND, its queue is inactive, a host is unknown,
+    unavailable, closed (unless forced) or has too few free slots (unless forced). A forced
+    dispatch never goes to an unavailable host. The job becomes RUN with ``alloc`` set, the
+    hosts' ``used_slots`` grow, and the job is pushed to the workers of those hosts, which
+    start it and report ``notify_job start``.
+    """
+
+    jobid: Annotated[t.JobId, _d("the job")]
+    alloc: Annotated[Alloc, _d("tasks per host, summing to the job's `ntasks`")]
+    force: NotRequired[Annotated[bool, _d("default false; only an administrator may force")]]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class SetPendReasonArgs(TypedDict):
+    """Set the pend reasons of pending jobs (ids of jobs that are not pending are skipped).
+    Result: ``{"updated": <int>}``. Pushes ``pend_reasons``."""
+
+    reasons: Annotated[t.PendReasons, _d("job id -> reason")]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class ClearReasonArgs(TypedDict):
+    """Clear pend reasons. Result: ``{"cleared": <int>}``. Pushes ``pend_reasons``."""
+
+    jobids: NotRequired[Annotated[t.JobIds, _d("default: every job with a reason")]]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class UpdateResvalsArgs(TypedDict):
+    """Replace a host's monitor values (``r15s``, ``r1m``, ``mem``, ``ut``, ...). Result:
+    ``{"host": "<name>"}``. Pushes ``resvals``. NOT_FOUND for an unknown host."""
+
+    values: Annotated[t.ResVals, _d("resource name -> value")]
+    host: NotRequired[Annotated[t.Name, _d("a worker may omit it or name only its own host; "
+                                           "front ends must give it")]]
+    user: NotRequired[User]
+
+
+NotifyEvent = Literal["start", "finish", "fail", "stop", "resume"]
+_NEEDS = {"start": "pid", "finish": "exit_status"}
+
+
+@with_config(_STRICT)
+class NotifyJobFields(TypedDict):
+    """Worker only; the job must be allocated to the caller's host (else DENIED).
+
+    | event | args | effect |
+    |---|---|---|
+    | `start` | `pid` (required) | sets `pid`, `start_time`; state stays RUN (or USUSP if stopped before it started) |
+    | `finish` | `exit_status` (required) | 0 -> DONE, else EXIT; slots released; `signal` cleared |
+    | `fail` | `reason` (default "failed"), `exit_status` (optional) | -> EXIT with `reason` |
+    | `stop` | — | RUN -> SSUSP (USUSP stays) |
+    | `resume` | — | USUSP, SSUSP -> RUN |
+
+    If ``attempt`` is given and is not the job's current ``attempt``: CONFLICT (a report
+    about a run that was requeued). ``finish``/``fail`` of a job already DONE or EXIT returns
+    the record unchanged (a completion re-delivered after a failover). Any other state
+    mismatch is CONFLICT. Result: the job record.
+    """
+
+    jobid: Annotated[t.JobId, _d("the job")]
+    event: Annotated[NotifyEvent, _d("what happened")]
+    pid: NotRequired[Annotated[t.Pid, _d("required for `start`")]]
+    exit_status: NotRequired[Annotated[t.ExitStatus, _d("required for `finish`")]]
+    reason: NotRequired[Annotated[t.Label, _d("for `fail`")]]
+    attempt: NotRequired[Annotated[t.Attempt, _d("the run this report is about")]]
+    user: NotRequired[User]
+
+
+def _event_needs(args: NotifyJobFields) -> NotifyJobFields:
+    needed = _NEEDS.get(args["event"])
+    if needed is not None and needed not in args:
+        raise ValueError(f"argument {needed!r} is required for {args['event']}")
+    return args
+
+
+NotifyJobArgs = Annotated[NotifyJobFields, AfterValidator(_event_needs)]
+
+
+@with_config(_STRICT)
+class UpdateJusageArgs(TypedDict):
+    """Worker only, job on its host. Result: ``{"jobid"}``. Pushes ``jusage``."""
+
+    jobid: Annotated[t.JobId, _d("the job")]
+    usage: Annotated[t.JsonObject, _d("e.g. `mem`, `swap`, `utime`, `stime`, `nthreads`, `pids`")]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class ResvalArgs(TypedDict):
+    """Result: ``{"hosts": {"<host>": {"<resource>": value}}}`` with the hosts' current
+    monitor values."""
+
+    host: NotRequired[Annotated[t.Name, _d("only this host")]]
+    names: NotRequired[Annotated[t.Names, _d("only these resources")]]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class ClusterConfArgs(TypedDict):
+    """Result: the cluster configuration object (same as ``state.cluster``): ``{"name",
+    "resources" (site resource definitions from [cluster] resources), "admins",
+    "default_queue", "host_timeout", "host_groups", "user_groups", "queues" (names in
+    priority order)}``."""
+
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class JobInfoArgs(TypedDict):
+    """Jobs, filtered (all filters optional, combined with AND). Result: ``{"jobs": [job,
+    ...]}`` in job id order. ``user`` from front ends is the caller and does not filter; use
+    ``owner`` to filter by owner (other callers' ``user`` filters by owner)."""
+
+    jobids: NotRequired[Annotated[t.JobIds, _d("only these jobs")]]
+    state: NotRequired[Annotated[t.JobState, _d("only jobs in this state")]]
+    states: NotRequired[Annotated[t.JobStates, _d("only jobs in these states")]]
+    owner: NotRequired[Annotated[t.Name, _d("only this user's jobs")]]
+    queue: NotRequired[Annotated[t.Name, _d("only this queue's jobs")]]
+    host: NotRequired[Annotated[t.Name, _d("only jobs allocated to this host")]]
+    limit: NotRequired[Annotated[t.NonNegative, _d("at most this many jobs")]]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class HostInfoArgs(TypedDict):
+    """Result ``{"hosts": [host, ...]}`` by name. An unknown name is NOT_FOUND."""
+
+    hosts: NotRequired[Annotated[t.Names, _d("only these hosts")]]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class QueueInfoArgs(TypedDict):
+    """Result ``{"queues": [queue, ...]}`` by priority, highest first. An unknown name is
+    NOT_FOUND."""
+
+    queues: NotRequired[Annotated[t.Names, _d("only these queues")]]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class StatusArgs(TypedDict):
+    """Result: ``{"server": "<this candidate>", "state": "primary", "primary": "<host:port>",
+    "since": <float epoch of promotion>, "candidates": [{"address", "state", "pid",
+    "since"}], "jobs": <int>, "hosts": <int>, "members": <int>, "member_list": [member,
+    ...]}`` (members by identity, each with its ``joined_at``). ``candidates`` lists every
+    candidate registered in the state directory whose process is alive."""
+
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class ShutdownArgs(TypedDict):
+    """Admin. Result ``{"server": "<host:port>"}``; then the controller pushes ``shutdown``
+    to every member, commits what is pending, gives up the primary lock and exits. Standbys
+    then promote (a shutdown stops one candidate, not the cluster)."""
+
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class OutcomeArgs(TypedDict):
+    """What became of the keyed write ``rid``, answered from the idempotency table. Result,
+    one of:
+
+    - ``{"rid": K, "outcome": "applied", "result": <the write's stored result>}``
+    - ``{"rid": K, "outcome": "pending"}``: applied on this primary and being committed; ask again
+    - ``{"rid": K, "outcome": "not_applied"}``: final. When K was unknown, a tombstone is
+      committed under it before this reply (durable like a write, kept for ``idem_ttl``); any
+      later request with ``rid`` K is answered ``CONFLICT`` (``error.outcome`` "not_applied")
+      and not applied. Send the write again under a new key if it is still wanted.
+
+    A read, or a write when it records a tombstone. The request's own ``rid`` is not recorded
+    (asking twice is fine). ``xce outcome K`` asks it from the command line; clients have
+    ``client.outcome(K)``.
+    """
+
+    rid: Annotated[t.Rid, _d("the idempotency key of a write whose outcome the caller does not know")]
+    user: NotRequired[User]
+
+
+OP_ARGS: dict[str, Any] = {
+    "join": JoinArgs,
+    "hello": HelloArgs,
+    "heartbeat": HeartbeatArgs,
+    "jobsubmit": JobSubmitArgs,
+    "jobctrl": JobCtrlArgs,
+    "queuectrl": QueueCtrlArgs,
+    "hostctrl": HostCtrlArgs,
+    "jobdispatch": JobDispatchArgs,
+    "set_pend_reason": SetPendReasonArgs,
+    "clear_reason": ClearReasonArgs,
+    "update_resvals": UpdateResvalsArgs,
+    "notify_job": NotifyJobArgs,
+    "update_jusage": UpdateJusageArgs,
+    "resval": ResvalArgs,
+    "clusterconf": ClusterConfArgs,
+    "jobinfo": JobInfoArgs,
+    "hostinfo": HostInfoArgs,
+    "queueinfo": QueueInfoArgs,
+    "status": StatusArgs,
+    "shutdown": ShutdownArgs,
+    "outcome": OutcomeArgs,
+}
+"""Op name (:data:`xcecore.protocol.OP_NAMES`) -> its argument model (a TypedDict, or an
+``Annotated`` one with a validator)."""
+
+
+class ArgsSchema:
+    """One op's compiled validator: ``check(args)`` returns the validated arguments or raises
+    :class:`~xcecore.wire.RemoteError` (INVALID naming the argument and the limit)."""
+
+    __slots__ = ("adapter", "empty_ok", "fields", "model", "names", "op", "required")
+
+    def __init__(self, op: str, model: Any) -> None:
+        self.op = op
+        self.model = model
+        self.fields: type = typed_dict_of(model)
+        self.names: tuple[str, ...] = tuple(self.fields.__annotations__)
+        """Every argument the op accepts, in the model's order."""
+        self.adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(model)
+        # (not __required_keys__: under postponed annotations typing cannot see NotRequired)
+        self.required: frozenset[str] = frozenset(self.adapter.json_schema().get("required", ()))
+        # No required argument: {} is valid as it is, so the hot ops without arguments
+        # (heartbeat, hello) skip validation entirely.
+        self.empty_ok = not self.required
+
+    def check(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``args`` (a decoded JSON object)."""
+        if not args and self.empty_ok:
+            return args
+        try:
+            return self.adapter.validate_python(args)
+        except ValidationError as exc:
+            raise invalid(self.op, exc.errors(include_url=False), "argument") from None
+
+
+def typed_dict_of(model: Any) -> type:
+    """The TypedDict class of an argument model (unwrapping ``Annotated[..., validator]``)."""
+    return model.__origin__ if hasattr(model, "__metadata__") else model  # type: ignore[no-any-return]
+
+
+def compile_all() -> dict[str, ArgsSchema]:
+    """Every op's :class:`ArgsSchema` (building them costs a few milliseconds: once)."""
+    return {op: ArgsSchema(op, model) for op, model in OP_ARGS.items()}
+
+
+HOST_ATTRS: TypeAdapter[HostAttrs] = TypeAdapter(HostAttrs)
+
+
+def check_host_attrs(op: str, attrs: dict[str, Any]) -> HostAttrs:
+    """Validate a joining host's ``attrs`` (a worker's join); returns the known fields."""
+    try:
+        return HOST_ATTRS.validate_python(attrs)
+    except ValidationError as exc:
+        raise invalid(op, exc.errors(include_url=False), "argument", prefix=("attrs",)) from None
+
+
