@@ -120,13 +120,20 @@ class LocalCluster:
     procs: list[Proc] = field(default_factory=list)
     candidates: dict[int, Proc] = field(default_factory=dict)
     server_role: str = ""
+    # Where the candidates run: their address, the network namespace their processes start in
+    # (None: this one) and their state directory (default ``root/state``). The fault test bed
+    # (xcecore.testing.faultbed) sets these to run a cluster on its simulated hosts.
+    host: str = "127.0.0.1"
+    netns: str | None = None
+    state: Path | None = None
 
     def __post_init__(self) -> None:
         self.server_role = self.server_role or find_server_role()
         if not 1 <= self.ncandidates <= 3:
             raise ValueError("a cluster has 1 to 3 controller candidates")
-        self.ports = self.ports or [free_port() for _ in range(self.ncandidates)]
-        self.state_dir = self.root / "state"
+        self.ports = self.ports or [free_port(self.host) for _ in range(self.ncandidates)]
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.state_dir = self.state or self.root / "state"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.root / "xce.toml"
         self.config_path.write_text(self.config_text())
@@ -134,7 +141,11 @@ class LocalCluster:
     @property
     def peers(self) -> str:
         """The candidate list as a peers string."""
-        return ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return ",".join(f"{self.host}:{p}" for p in self.ports)
+
+    def address(self, index: int) -> str:
+        """Candidate ``index``'s address (``host:port``)."""
+        return f"{self.host}:{self.ports[index]}"
 
     def config_text(self) -> str:
         """The config file every process of this cluster reads."""
@@ -146,10 +157,19 @@ class LocalCluster:
             f"{self.extra_config}"
         )
 
-    def spawn(self, name: str, role: str, *overrides: str, env: dict[str, str] | None = None) -> Proc:
-        """Start ``xce run ROLE`` as a child process with this cluster's config."""
+    def spawn(self, name: str, role: str, *overrides: str, env: dict[str, str] | None = None,
+              netns: str | None = None) -> Proc:
+        """Start ``xce run ROLE`` as a child process with this cluster's config.
+
+        ``netns``: the network namespace (``/run/netns/NAME``) it runs in; ``nsenter`` execs
+        the role there, so the pid is the role's own.
+        """
         log = self.root / f"{name}.log"
         cmd = [sys.executable, "-m", "xcecore", "--config", str(self.config_path), "run", role]
+        if netns is not None:
+            from xcecore.testing.netns import path_of
+
+            cmd = ["nsenter", f"--net={path_of(netns)}", "--", *cmd]
         for o in overrides:
             cmd += ["--set", o]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -165,8 +185,8 @@ class LocalCluster:
         role = self.server_role
         # The state directory goes on the command line: extra_config may hold a [controller]
         # table of its own, and TOML allows a table once.
-        proc = self.spawn(f"{role}{index}", role, f'{role}.listen="127.0.0.1:{self.ports[index]}"',
-                          f'{role}.state_dir="{self.state_dir}"')
+        proc = self.spawn(f"{role}{index}", role, f'{role}.listen="{self.address(index)}"',
+                          f'{role}.state_dir="{self.state_dir}"', netns=self.netns)
         self.candidates[index] = proc
         return proc
 
@@ -184,7 +204,13 @@ class LocalCluster:
     def state_of(self, index: int) -> str | None:
         """``primary``, ``standby`` or None (down) for candidate ``index``."""
         key = self.key.encode() if self.key else None
-        answer = probe("127.0.0.1", self.ports[index], key)
+        if self.netns is None:
+            answer = probe(self.host, self.ports[index], key)
+        else:
+            from xcecore.testing.netns import entered
+
+            with entered(self.netns):  # the probe's socket is made on the candidates' host
+                answer = probe(self.host, self.ports[index], key)
         return answer.get("state") if answer and answer.get("ok") else None
 
     def wait_state(self, index: int, state: str, timeout: float = 30.0) -> None:
@@ -223,9 +249,9 @@ class LocalCluster:
         return old, self.wait_primary(timeout, exclude=old)
 
     def start_role(self, role: str, *overrides: str, name: str | None = None,
-                   env: dict[str, str] | None = None) -> Proc:
+                   env: dict[str, str] | None = None, netns: str | None = None) -> Proc:
         """Start a client role process (``worker``, ``scheduler``, a third party's...)."""
-        return self.spawn(name or role, role, *overrides, env=env)
+        return self.spawn(name or role, role, *overrides, env=env, netns=netns)
 
     def close(self) -> None:
         """Kill every process this cluster started, by pid."""

@@ -15,6 +15,10 @@ Installing xce makes these fixtures available to any test session:
 - ``xce_role``: a factory for a role's object built in-process, as ``xce run`` builds it
   (``xce_role(pm, "auditor", {"auditor": {"log_file": ...}})``), not connected: call its
   ``join_attributes()``, ``push(...)``, ``connection_state(...)`` directly.
+- ``xce_faultbed``: a :class:`~xcecore.testing.faultbed.FaultBed` of simulated hosts (network
+  namespaces) with its faults; ``bed.cluster(host)`` runs a cluster on it. Needs root: without
+  it (or a tool) the test errors with a message naming what is missing, never skips. Every
+  namespace, mount and process is removed at teardown, also when the test fails.
 
 Which candidate is primary is read from the handshake each candidate answers with, so these
 helpers do not depend on the client library they are used to test.
@@ -117,6 +121,25 @@ def xce_role() -> Callable[..., Any]:
     from xcecore.testing.roles import make_role
 
     return make_role
+
+
+@pytest.fixture
+def xce_faultbed(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fault test bed in ``tmp_path``; closed (everything removed) at teardown."""
+    from xcecore.testing.faultbed import FaultBed
+
+    bed = FaultBed(tmp_path / "bed")
+    if bed.stale_removed:
+        sys.stderr.write("fault bed: removed leftovers of an earlier run: "
+                         + "; ".join(bed.stale_removed) + "\n")
+    try:
+        yield bed
+    finally:
+        failed = getattr(request.node, "rep_call", None)
+        if failed is not None and failed.failed:
+            for cluster in bed.clusters:
+                sys.stderr.write(cluster.logs())
+        bed.close()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -61,14 +61,17 @@ class Store(Protocol):
 
 
 @hookspec(firstresult=True)
-def xce_controller_election(state_dir: str, advertise: str) -> Election:
+def xce_controller_election(state_dir: str, advertise: str, hung_timeout: float) -> Election:
     """Return the election for this controller candidate (built-in: a lock on the state dir).
 
     firstresult; the built-in answers last (``trylast``). Called once at controller start, on
-    the event loop's thread, with the candidate's state directory and the address it
-    advertises. The object keeps the :class:`xce_controller.election.Election` protocol:
-    try/wait to become primary, publish ``advertise`` as the primary's address, read the
-    current primary's address, register the candidate for ``status``, release.
+    the event loop's thread, with the candidate's state directory, the address it advertises
+    and ``[controller] hung_timeout`` (seconds without a heartbeat after which a standby may
+    fence the primary; 0: never; an implementation may leave the argument out). The object
+    keeps the :class:`xce_controller.election.Election` protocol: try/wait to become primary,
+    publish ``advertise`` as the primary's address, read the current primary's address,
+    register the candidate for ``status``, beat while primary, say before each
+    acknowledgement whether it still may, release.
     """
 
 
@@ -83,9 +86,10 @@ def xce_controller_store(state_dir: str) -> Store:
     """
 
 
-def election(hook: pluggy.HookRelay, state_dir: str, advertise: str) -> Election:
+def election(hook: pluggy.HookRelay, state_dir: str, advertise: str, hung_timeout: float) -> Election:
     """The election a plugin provides (typed facade of ``xce_controller_election``)."""
-    found: Any = hook.xce_controller_election(state_dir=state_dir, advertise=advertise)
+    found: Any = hook.xce_controller_election(state_dir=state_dir, advertise=advertise,
+                                              hung_timeout=hung_timeout)
     if found is None:
         raise RuntimeError("no plugin provides a controller election (is the controller plugin "
                            "loaded?)")

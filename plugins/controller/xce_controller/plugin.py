@@ -54,7 +54,7 @@ class ControllerRole(Role):
         hook = ctx.pm.hook
 
         def election(state_dir: str, advertise: str) -> Election:
-            return hookspecs.election(hook, state_dir, advertise)
+            return hookspecs.election(hook, state_dir, advertise, settings.hung_timeout)
 
         def store(state_dir: str) -> Store:
             return hookspecs.store(hook, state_dir)
@@ -90,11 +90,12 @@ def xce_config_sections() -> Iterable[ConfigSection]:
 
 
 @hookimpl(trylast=True)
-def xce_controller_election(state_dir: str, advertise: str) -> Election:
-    """Built-in election: an exclusive flock on ``<state_dir>/primary.lock``."""
+def xce_controller_election(state_dir: str, advertise: str, hung_timeout: float) -> Election:
+    """Built-in election: an exclusive flock on ``<state_dir>/primary.lock``, with a
+    heartbeat record and fencing of a hung primary on the same host."""
     from xce_controller.election import FileLockElection
 
-    return FileLockElection(state_dir, advertise)
+    return FileLockElection(state_dir, advertise, hung_timeout=hung_timeout)
 
 
 @hookimpl(trylast=True)

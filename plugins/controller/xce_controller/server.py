@@ -136,6 +136,7 @@ class Controller:
         self.abandoned = 0  # handshakes the client gave up on, since the last report
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer_done = anyio.Event()
+        self._fenced: str | None = None  # why this primary may no longer acknowledge
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -169,6 +170,7 @@ class Controller:
                 # Import SQLite now, while standing by, so promotion does not pay for it.
                 await anyio.to_thread.run_sync(importlib.import_module, "sqlite3")
                 await self._wait_for_lock()
+                tg.start_soon(self._beat)
                 await self._promote()
                 await self.stopped.wait()
                 await self._stop_primary()
@@ -251,6 +253,19 @@ class Controller:
         threading.Thread(target=waiter, name="xce-election-wait", daemon=True).start()
         await won.wait()
 
+    async def _beat(self) -> None:
+        """Renew the primary's heartbeat from the event loop, from the moment it holds the lock.
+
+        On the loop on purpose: a loop that stalls (or a process that is stopped) stops
+        beating, and a standby fences it after ``hung_timeout``; a beat is one in-place write.
+        """
+        election = self.election
+        assert election is not None
+        interval = election.beat_interval
+        while True:
+            election.heartbeat()
+            await anyio.sleep(interval)
+
     async def _promote(self) -> None:
         assert self.election is not None and self._tg is not None
         t0 = time.perf_counter()
@@ -258,15 +273,18 @@ class Controller:
         self.election.publish()
         store = self._store_factory(self.settings.state_dir)
         ttl = self.settings.idem_ttl
-
-        def open_and_load() -> Any:
-            store.open()
-            return store.load(ttl)
-
-        loaded = await anyio.to_thread.run_sync(open_and_load)
-        state = ClusterState(self.settings.conf)
         t = now()
-        state.load(loaded, t)
+
+        def open_and_load() -> tuple[Any, ClusterState]:
+            # Off the loop, the indexes too: a large state takes seconds to load, and the loop
+            # must keep beating meanwhile or the standbys would take the new primary for hung.
+            store.open()
+            loaded = store.load(ttl)
+            state = ClusterState(self.settings.conf)
+            state.load(loaded, t)
+            return loaded, state
+
+        loaded, state = await anyio.to_thread.run_sync(open_and_load)
         gc.freeze()  # the loaded state lives as long as the primary: no collection re-scans it
         self.state, self.store = state, store
         self.idem = dict(loaded.idem)
@@ -325,6 +343,8 @@ class Controller:
 
     def _committed(self, batch: list[Write]) -> None:
         """Record results, open the gates (replies and pushes go)."""
+        if not self._may_acknowledge(len(batch)):
+            return
         t = time.time()
         for w in batch:
             if w.rid is not None:
@@ -344,6 +364,27 @@ class Controller:
         for conn in list(self.conns.values()):
             conn.close()
         self.stopped.set()
+
+    def _may_acknowledge(self, writes: int) -> bool:
+        """The check before acknowledging: is this candidate still the primary?
+
+        A fenced primary that still runs (the fence's SIGKILL could not be delivered), or one
+        whose lock file was replaced, gives the role up instead: its connections close, so
+        nothing it committed since is acknowledged by it.
+        """
+        if self._fenced is None:
+            assert self.election is not None
+            self._fenced = self.election.still_primary()
+            if self._fenced is None:
+                return True
+            logger.critical(
+                "controller {}: no longer primary: {}; not acknowledging the {} write(s) just "
+                "committed, closing every connection and giving up the role (clients retry on "
+                "the next primary, which answers those writes once, from the store)",
+                self.address, self._fenced, writes,
+            )
+            self.give_up()
+        return False
 
     async def _expire_hosts(self) -> None:
         """Mark hosts unavail past ``host_timeout``; prune old idempotency keys."""

@@ -17,6 +17,10 @@ from xcecore.config import CORE_SECTIONS, Config, validate
 from xcecore.protocol import parse_hostport
 from xcecore.records import ConfigSection, Field
 
+DEFAULT_HUNG_TIMEOUT = 2.0
+"""Seconds without a primary heartbeat before a standby fences it (the default)."""
+MIN_HUNG_TIMEOUT = 0.5
+"""Below this, the ordinary scheduling hiccups of a busy host would get primaries fenced."""
 DEFAULT_QUEUES: tuple[dict[str, Any], ...] = (
     {"name": "normal", "priority": 30, "description": "For normal low-priority jobs (default)"},
     {"name": "priority", "priority": 43, "description": "Jobs submitted here run first"},
@@ -65,6 +69,7 @@ class ControllerSettings:
     stall_timeout: float = 30.0  # a connection that takes no byte this long with frames waiting
     frame_timeout: float = 10.0  # a frame begun must be whole within this
     storage_retry: float = 1.0  # seconds between probes of a store that cannot commit
+    hung_timeout: float = DEFAULT_HUNG_TIMEOUT  # 0: standbys never fence a hung primary
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -116,6 +121,10 @@ def check_controller_section(section: dict[str, Any]) -> None:
     if not section["clean_period"] >= 0:  # also refuses NaN
         raise ValueError(
             f"controller.clean_period must be >= 0 (0 keeps finished jobs), got {section['clean_period']!r}")
+    hung = section["hung_timeout"]
+    if isinstance(hung, bool) or not isinstance(hung, int | float) or not (hung == 0 or hung >= MIN_HUNG_TIMEOUT):
+        raise ValueError(f"controller.hung_timeout must be 0 (off) or a number of seconds >= "
+                         f"{MIN_HUNG_TIMEOUT:g}, got {hung!r}")
 
 
 _NUM = (float, int)
@@ -152,6 +161,12 @@ SECTION = ConfigSection(
             _NUM, 3600.0,
             "seconds a finished (DONE/EXIT) job is kept after it ends before it is purged "
             "(like LSF CLEAN_PERIOD); 0 keeps finished jobs forever",
+        ),
+        "hung_timeout": Field(
+            _NUM, DEFAULT_HUNG_TIMEOUT,
+            "seconds without a heartbeat from the primary before a standby on the same host "
+            "fences it (SIGKILL of the verified lock holder) and takes over; 0 turns this "
+            "off, else at least 0.5",
         ),
     },
     "the controller role",
@@ -201,4 +216,5 @@ def settings_from_config(config: Config, key: bytes | None) -> ControllerSetting
         stall_timeout=float(c["stall_timeout"]),
         frame_timeout=float(c["frame_timeout"]),
         storage_retry=float(c["storage_retry"]),
+        hung_timeout=float(c["hung_timeout"]),
     )
