@@ -31,7 +31,8 @@ def test_hooks_return_the_builtins(tmp_path):
     assert role.name == "controller" and role.client is False
     (section,) = plugin.xce_config_sections()
     assert section.name == "controller" and "queues" in section.fields
-    assert isinstance(plugin.xce_controller_election(state_dir=str(tmp_path), advertise="h:1", hung_timeout=2.0), FileLockElection)
+    election = plugin.xce_controller_election(state_dir=str(tmp_path), advertise="h:1", hung_timeout=2.0)
+    assert isinstance(election, FileLockElection)
     assert isinstance(plugin.xce_controller_store(state_dir=str(tmp_path)), SQLiteStore)
 
 
