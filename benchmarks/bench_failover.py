@@ -3,6 +3,12 @@
 Run from the repository root::
 
     python benchmarks/bench_failover.py [--kills 50] [--quick]
+    python benchmarks/bench_failover.py --fault stop [--kills 30] [--hung-timeout 2] [--liveness 3]
+
+``--fault kill`` (the default) SIGKILLs the primary; ``--fault stop`` SIGSTOPs it instead (a
+hung primary: it keeps the state-directory lock until a standby sees its heartbeat stop for
+``[controller] hung_timeout`` and fences it, SIGKILL of the verified lock holder). ``--liveness``
+sets the writer's ``[client] liveness_timeout`` (the cluster's own is 1.5 s).
 
 Three controller candidates, two workers, the scheduler and the API server run as real
 ``xce run`` processes on loopback. One client (the real ``Client`` library) writes
@@ -19,13 +25,18 @@ SIGKILLed while the writer's request is outstanding (sent, reply not yet receive
   timestamps) are recorded too, as a cross-check (and used if ``member_list`` is missing);
 - ``all_rejoined``: the last of those.
 
-Then the killed candidate is restarted as a standby and the loop repeats. Writes
-``benchmarks/results/failover.json`` and ``benchmarks/results/failover.png``.
+Then the killed candidate is restarted as a standby and the loop repeats. Every write is
+recorded; at the end the checker (``xcecore.testing.checker``) verifies that no acknowledged
+write was lost or applied twice and that no candidate acknowledged a write issued after a later
+candidate's promotion. Writes ``benchmarks/results/failover.json`` and ``failover.png`` (with
+``--fault stop``: ``failover-stop.json`` and ``.png``; with ``--liveness S``, ``-livenessS`` is
+added to the name).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import shutil
@@ -51,6 +62,8 @@ from benchkit import (
     stats,
     write_result,
 )
+
+from xcecore.testing.checker import History, check, promotions_in_logs
 
 PART = "failover"
 ROLES = ("node1", "node2", "scheduler", "apiserver")
@@ -102,16 +115,23 @@ def _status_rejoins(status: dict[str, Any], t_kill: float) -> dict[str, float | 
     return out
 
 
+HISTORY = History()
+
+
 async def _write(client: Any, seq: int) -> tuple[float, float]:
-    """One durable submission: (issued, acknowledged) epoch times."""
-    t0 = time.time()
-    await client.call("jobsubmit", {"command": f"true # {seq}", "user": "bench",
-                                    "queue": PARKED_QUEUE, "name": f"fo-{seq}"})
-    return t0, time.time()
+    """One durable submission, recorded: (issued, acknowledged) epoch times."""
+    op = HISTORY.invoke("writer", "submit", f"fo-{seq}")
+    result = await client.call("jobsubmit", {"command": f"true # {seq}", "user": "bench",
+                                             "queue": PARKED_QUEUE, "name": f"fo-{seq}"})
+    HISTORY.ok(op, result, str(client.candidate))
+    assert op.completed is not None
+    return op.invoked, op.completed
 
 
-async def one_kill(bc: BenchCluster, client: Any, rng: random.Random, seq: list[int]) -> dict[str, Any]:
-    """Steady writes, SIGKILL the primary with a write in flight, measure, restart it."""
+async def one_kill(bc: BenchCluster, client: Any, rng: random.Random, seq: list[int],
+                   fault: str = "kill") -> dict[str, Any]:
+    """Steady writes, SIGKILL (or SIGSTOP) the primary with a write in flight, measure,
+    restart it."""
     st = await client.call("status")
     old = _index_of(bc, st["primary"])
     victim = bc.cluster.candidates[old]
@@ -134,9 +154,10 @@ async def one_kill(bc: BenchCluster, client: Any, rng: random.Random, seq: list[
             if conn is not None and conn.pending:
                 break
         t_kill = time.time()
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(victim.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     seq[0] += 1
     first_issued, first_acked = await _write(client, seq[0])
+    first_server = str(client.candidate)
     st = await client.call("status")
     new = _index_of(bc, st["primary"])
     rejoin: dict[str, float | None] = {}
@@ -151,7 +172,8 @@ async def one_kill(bc: BenchCluster, client: Any, rng: random.Random, seq: list[
             break
         await anyio.sleep(0.02)
     from_logs = _log_rejoins(bc, t_kill)
-    await anyio.to_thread.run_sync(victim.popen.wait, 10)
+    # A stopped primary is fenced (SIGKILLed) by the standby that took over.
+    code = await anyio.to_thread.run_sync(victim.popen.wait, 30)
     t_restart = time.monotonic()
     bc.cluster.start_candidate(old)
     await anyio.to_thread.run_sync(bc.cluster.wait_state, old, "standby", 60.0)
@@ -168,27 +190,36 @@ async def one_kill(bc: BenchCluster, client: Any, rng: random.Random, seq: list[
         "rejoin_from_logs": from_logs,
         "all_rejoined": max(done) if len(done) == len(ROLES) else None,
         "restart_to_standby": time.monotonic() - t_restart,
+        "fault": fault,
+        "victim_exit": code,
+        "first_write_server_is_old": first_server == bc.cluster.address(old),
     }
 
 
-async def run_kills(bc: BenchCluster, kills: int, seed: int) -> tuple[list[dict[str, Any]], int]:
-    """``kills`` kill cycles with one writer client; the records and the final job count."""
+async def run_kills(bc: BenchCluster, kills: int, seed: int, fault: str = "kill",
+                    liveness: float | None = None) -> tuple[list[dict[str, Any]], int, list[Any]]:
+    """``kills`` fault cycles with one writer client; the records, the final job count and
+    every job (for the checker)."""
     from xcecore.client import Client
 
     rng = random.Random(seed)
     seq = [0]
     records: list[dict[str, Any]] = []
-    async with Client(bc.client_config("cli@bench-writer"), role="cli") as client:
+    cfg = bc.client_config("cli@bench-writer")
+    if liveness is not None:
+        cfg = dataclasses.replace(cfg, liveness_timeout=liveness)
+    async with Client(cfg, role="cli") as client:
         await client.connect()
         for k in range(kills):
-            rec = await one_kill(bc, client, rng, seq)
+            rec = await one_kill(bc, client, rng, seq, fault)
             records.append(rec)
             log(PART, f"kill {k + 1}/{kills}: candidate {rec['old']} -> {rec['new']}; promotion "
                       f"{rec['promotion'] * 1e3:.1f} ms, in-flight ack {rec['inflight_ack'] * 1e3:.1f} ms, "
                       f"first write {rec['first_write'] * 1e3:.1f} ms, all roles re-joined "
                       f"{(rec['all_rejoined'] or float('nan')) * 1e3:.0f} ms")
         jobs = (await client.call("status"))["jobs"]
-    return records, jobs
+        everything = (await client.call("jobinfo", {"queue": PARKED_QUEUE}))["jobs"]
+    return records, jobs, everything
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -228,7 +259,7 @@ def _growth(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def plot(records: list[dict[str, Any]], path: Path) -> bool:
+def plot(records: list[dict[str, Any]], path: Path, fault: str = "kill", hung_ms: float = 2000.0) -> bool:
     """ECDF of the per-kill latencies; False when matplotlib is not installed."""
     try:
         import matplotlib
@@ -246,15 +277,21 @@ def plot(records: list[dict[str, Any]], path: Path) -> bool:
             ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=label)
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-    ax.axvline(300, color="grey", ls="--", lw=0.8)
-    ax.text(290, 0.5, "300 ms: re-join p50 target ", color="grey", fontsize=8, ha="right")
     ax.set_xscale("log")
-    ax.set_xticks([5, 10, 20, 50, 100, 200, 300, 500, 1000])
+    if fault == "kill":
+        ax.axvline(300, color="grey", ls="--", lw=0.8)
+        ax.text(290, 0.5, "300 ms: re-join p50 target ", color="grey", fontsize=8, ha="right")
+        ax.set_xticks([5, 10, 20, 50, 100, 200, 300, 500, 1000])
+    else:
+        hung = hung_ms
+        ax.axvline(hung + 300, color="grey", ls="--", lw=0.8)
+        ax.text(hung + 290, 0.5, "hung_timeout + 300 ms: p50 target ", color="grey", fontsize=8, ha="right")
+        ax.set_xticks([20, 50, 100, 200, 500, 1000, 2000, 3000, 5000])
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("milliseconds after SIGKILL of the primary (log scale)")
+    ax.set_xlabel(f"milliseconds after SIG{fault.upper()} of the primary (log scale)")
     ax.set_ylabel("fraction of kills")
-    ax.set_title(f"xce failover, {len(records)} SIGKILLs, 3 candidates + 2 workers + scheduler + API")
+    ax.set_title(f"xce failover, {len(records)} SIG{fault.upper()}s, 3 candidates + 2 workers + scheduler + API")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -266,16 +303,24 @@ def plot(records: list[dict[str, Any]], path: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run the failover benchmark."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kills", type=int, default=50, help="SIGKILLs of the primary (default 50)")
-    ap.add_argument("--quick", action="store_true", help="5 kills")
+    ap.add_argument("--kills", type=int, default=50, help="faults of the primary (default 50)")
+    ap.add_argument("--quick", action="store_true", help="5 faults")
+    ap.add_argument("--fault", choices=("kill", "stop"), default="kill",
+                    help="kill: SIGKILL the primary; stop: SIGSTOP it (hung; fenced by a standby)")
+    ap.add_argument("--hung-timeout", type=float, default=2.0, help="[controller] hung_timeout")
+    ap.add_argument("--liveness", type=float, default=None,
+                    help="the writer's [client] liveness_timeout (default: the cluster's 1.5 s)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs)")
     args = ap.parse_args(argv)
     kills = 5 if args.quick else args.kills
+    part = PART if args.fault == "kill" else f"{PART}-{args.fault}"
+    if args.liveness is not None:
+        part += f"-liveness{args.liveness:g}"
     quiet_logs()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     root = Path(tempfile.mkdtemp(prefix="xce-bench-failover-"))
-    bc = BenchCluster(root, api=True)
+    bc = BenchCluster(root, api=True, controller=f"hung_timeout = {args.hung_timeout}\n")
     try:
         bc.start()
         bc.start_workers(2)
@@ -283,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         bc.start_role("apiserver")
         for name in ROLES:
             bc.wait_logged(name, "joined as", 60)
-        log(PART, f"cluster up in {root}; {kills} kills")
-        records, jobs = anyio.run(run_kills, bc, kills, seed)
+        log(part, f"cluster up in {root}; {kills} x {args.fault}")
+        records, jobs, everything = anyio.run(run_kills, bc, kills, seed, args.fault, args.liveness)
+        verdict = check(HISTORY.snapshot(), everything, promotions=promotions_in_logs(
+            [root / f"{bc.cluster.server_role}{i}.log" for i in range(bc.cluster.ncandidates)]))
     except BaseException:
         print(bc.cluster.logs()[-8000:], file=sys.stderr)
         args.keep = True
@@ -293,17 +340,25 @@ def main(argv: list[str] | None = None) -> int:
         bc.close()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    result = {**meta(), "kills": kills, "seed": seed, "write_gap_ms": WRITE_GAP * 1e3,
+    summary = summarize(records)
+    summary["fenced"] = sum(1 for r in records if r["victim_exit"] == -signal.SIGKILL)
+    summary["first_write_from_old_primary"] = sum(1 for r in records if r["first_write_server_is_old"])
+    result = {**meta(), "fault": args.fault, "kills": kills, "seed": seed,
+              "hung_timeout": args.hung_timeout, "write_gap_ms": WRITE_GAP * 1e3,
               "jobs_in_state_at_end": jobs,
               "client_settings": {"heartbeat_interval": 0.2, "liveness_timeout": 1.5,
-                                  "connect_timeout": 0.5, "backoff_base": 0.02, "backoff_cap": 0.5},
-              "summary": summarize(records), "peers_first_write_s": PEERS, "records": records}
-    result["plot"] = "failover.png" if plot(records, RESULTS / "failover.png") else None
-    write_result(PART, result)
+                                  "connect_timeout": 0.5, "backoff_base": 0.02, "backoff_cap": 0.5,
+                                  "writer_liveness_timeout": args.liveness or 1.5},
+              "checker": verdict.as_dict(),
+              "summary": summary, "peers_first_write_s": PEERS, "records": records}
+    result["plot"] = f"{part}.png" if plot(records, RESULTS / f"{part}.png", args.fault,
+                                                      args.hung_timeout * 1e3) else None
+    write_result(part, result)
     s = result["summary"]
-    log(PART, f"first write p50 {s['first_write_ms'].get('p50')} ms p99 {s['first_write_ms'].get('p99')}; "
-              f"all roles re-joined p50 {s['all_rejoined_ms'].get('p50')} ms p99 {s['all_rejoined_ms'].get('p99')}")
-    return 0
+    log(part, f"first write p50 {s['first_write_ms'].get('p50')} ms p99 {s['first_write_ms'].get('p99')}; "
+              f"all roles re-joined p50 {s['all_rejoined_ms'].get('p50')} ms p99 {s['all_rejoined_ms'].get('p99')}; "
+              f"{verdict.summary()}")
+    return 0 if verdict.ok else 1
 
 
 if __name__ == "__main__":

@@ -98,10 +98,12 @@ def log(part: str, msg: str) -> None:
 
 
 def cluster_extra(root: Path, *, api: bool, failover_grace: float | None = None,
-                  host_timeout: float = 60.0, extra: str = "", hash_iterations: int | None = None) -> str:
-    """Config for the controller, scheduler and API server of a benchmark cluster."""
+                  host_timeout: float = 60.0, extra: str = "", hash_iterations: int | None = None,
+                  controller: str = "") -> str:
+    """Config for the controller, scheduler and API server of a benchmark cluster
+    (``controller``: more lines of the [controller] table)."""
     text = (
-        f'[controller]\nadmins = ["{BENCH_USER}", "admin"]\nhost_timeout = {host_timeout}\n'
+        f'[controller]\nadmins = ["{BENCH_USER}", "admin"]\nhost_timeout = {host_timeout}\n{controller}'
         'queues = [{ name = "normal", priority = 30 }, { name = "priority", priority = 43 },'
         f' {{ name = "{PARKED_QUEUE}", priority = 10, active = false }}]\n'
         f'[scheduler]\nstatus_file = "{root / "scheduler.status"}"\n'
@@ -123,7 +125,7 @@ class BenchCluster:
 
     def __init__(self, root: Path, *, candidates: int = 3, extra: str = "", api: bool = False,
                  failover_grace: float | None = None, host_timeout: float = 60.0, cluster: str = "",
-                 hash_iterations: int | None = None) -> None:
+                 hash_iterations: int | None = None, controller: str = "") -> None:
         from xcecore.testing.cluster import LocalCluster
 
         self.root = root
@@ -131,7 +133,7 @@ class BenchCluster:
         # ``cluster``: extra lines of the [cluster] table (e.g. event_loop = "asyncio")
         self.cluster = LocalCluster(root, candidates, cluster_extra=cluster, extra_config=cluster_extra(
             root, api=api, failover_grace=failover_grace, host_timeout=host_timeout, extra=extra,
-            hash_iterations=hash_iterations))
+            hash_iterations=hash_iterations, controller=controller))
         self.roles: dict[str, Any] = {}
 
     def start(self) -> None:

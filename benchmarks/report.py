@@ -72,7 +72,8 @@ OTHERS: dict[str, list[tuple[str, str, str]]] = {
         ("GET /jobs real HTTP (p50)", "real_http_loopback.get_jobs_*.p50_ms", "ms"),
     ],
 }
-MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "restfuzz")
+MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "restfuzz",
+        "failover-stop", "failover-stop-liveness3", "chaos")
 SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
@@ -413,6 +414,73 @@ def flood_section(d: dict[str, Any] | None) -> list[str]:
             "it is dropped.", ""]
 
 
+def hung_section(runs: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
+    """SIGSTOP of the primary on the file backend (``bench_failover.py --fault stop``)."""
+    lines = ["## 9. Failover of a hung primary (`bench_failover.py --fault stop`)", ""]
+    present = [(name, d) for name, d in runs if d is not None]
+    if not present:
+        return [*lines, "Not run yet (no `results/failover-stop*.json`).", ""]
+    lines += ["The same cluster and writer as section 1, but the primary is SIGSTOPped (it keeps the "
+              "state-directory lock): a standby fences it after `[controller] hung_timeout` without a "
+              "heartbeat (SIGKILL of the verified lock holder) and takes over. Milliseconds after the "
+              "SIGSTOP; aim: first write p50 ≤ hung_timeout + 300 ms, p99 ≤ hung_timeout + 1 s.", ""]
+    for name, d in present:
+        s = d["summary"]
+        hung = float(d.get("hung_timeout", 2.0)) * 1e3
+        live = d.get("client_settings", {}).get("writer_liveness_timeout")
+        chk = d.get("checker", {})
+        lines += [f"**{name}**: source {provenance(d)}; {d['kills']} SIGSTOPs, hung_timeout "
+                  f"{hung / 1e3:g} s, the writer's liveness_timeout {fmt(live)} s (the roles' 1.5 s).", "",
+                  DIST_HEAD,
+                  dist_row("standby promoted (`status.since`)", s["promotion_ms"]),
+                  dist_row("write in flight at the stop acknowledged", s["inflight_ack_ms"]),
+                  dist_row("first write issued after the stop acknowledged", s["first_write_ms"],
+                           f"p50 ≤ {hung + 300:,.0f}, p99 ≤ {hung + 1000:,.0f}"),
+                  dist_row("every role re-joined (last of 4)", s["all_rejoined_ms"]),
+                  "",
+                  f"Fenced (the stopped primary ended by SIGKILL): {s.get('fenced')} of {d['kills']}; first "
+                  f"write acknowledged by the stopped primary: {s.get('first_write_from_old_primary')}. "
+                  f"Checker over every write: {'OK' if chk.get('ok') else 'VIOLATIONS ' + str(chk.get('violations'))} "
+                  f"({chk.get('counts')}).", ""]
+        if d.get("plot"):
+            lines += [f"![{name}](results/{d['plot']})", ""]
+    lines += ["Peers for a hung leader (BENCHMARKS.md): Slurm's backup takes over after "
+              "`SlurmctldTimeout` (120 s default, 6.5 s measured at 5 s); Kubernetes' lease-based "
+              "election defaults to a 15 s lease. Before this change, a SIGSTOPped xce primary was an "
+              "outage for as long as it stayed stopped.", ""]
+    return lines
+
+
+def chaos_section(d: dict[str, Any] | None) -> list[str]:
+    """Seeded random faults on the fault test bed (``bench_chaos.py``)."""
+    lines = ["## 10. Chaos: seeded random faults on the fault test bed (`bench_chaos.py`)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/chaos.json`; needs root).", ""]
+    s = d["summary"]
+    lines += [f"Source: {provenance(d)}. {s['runs']} run(s) of {d['faults_per_run']} faults (seeds from "
+              f"{d['first_seed']}), each on a fresh bed: three candidates on host `ctl` (file backend, "
+              "hung_timeout " f"{d.get('hung_timeout')} s), workers on `n1`, `n2`, scheduler and API server "
+              f"on `svc`, {d['writers']} recorded sequential writers and an observer on `cli`. Outage: "
+              "injection -> first acknowledged write issued after it (ms); a fault is survived when "
+              "writes were acknowledged again after it was healed.", "",
+              f"**{s['faults_survived']} of {s['faults']} faults survived; checker: "
+              f"{'OK' if s['verdict_ok'] else 'VIOLATIONS'}** (violations: "
+              f"{ {k: v for k, v in s['violations'].items() if v} or 'none'}; operations: "
+              f"{s['operations']}); jobs left unfinished at the end: {s['unfinished_jobs']}.", "",
+              "| fault kind | applied | survived | outage p50 | p99 | max | held p50 (s) |",
+              "|---|---|---|---|---|---|---|"]
+    for kind, k in s["by_kind"].items():
+        o = k["outage_ms"]
+        lines.append(f"| {kind} | {k['applied']} | {k['recovered']} | {fmt(o.get('p50'))} | "
+                     f"{fmt(o.get('p99'))} | {fmt(o.get('max'))} | {fmt(k['held_s'].get('p50'), 2)} |")
+    lines += ["", "How to read the outages: faults that cut the clients or the controllers off last as "
+              "long as they are held (partition-clients, blackhole-primary, freeze-controllers: nothing "
+              "can fail over, the candidates share one host), plus a restart for power-off-controllers; "
+              "stop-primary is hung_timeout plus the fence and reconnect; faults away from the write "
+              "path (workers, the scheduler's host) cost the writers nothing.", ""]
+    return lines
+
+
 def others_section() -> list[str]:
     """Headline figures of the other benchmarks, with links to their reports."""
     lines = ["## 8. Other benchmarks' figures (gathered from `results/*.json`)", "",
@@ -463,6 +531,8 @@ def main() -> int:
     lines += flood_section(mine["flood"])
     lines += restfuzz_section(mine["restfuzz"])
     lines += others_section()
+    lines += hung_section([(n, mine[n]) for n in ("failover-stop", "failover-stop-liveness3")])
+    lines += chaos_section(mine["chaos"])
     OUT.write_text("\n".join(lines))
     print(f"[report] wrote {OUT.relative_to(ROOT)}", flush=True)
     return 0

@@ -7,8 +7,10 @@ Run from the repository root::
     python benchmarks/run_all.py --only failover  # one part (comma-separated for several)
     python benchmarks/run_all.py --only failover --kills 20
 
-Parts: hotpaths, flood, throughput, failfast, restfuzz, failover, storm (the headline figures), then connection,
-controller, resreq, scheduler, apiserver, cli (each component's own). Each runs as its own process (its own
+Parts: hotpaths, flood, throughput, failfast, restfuzz, failover, failover-stop and
+failover-stop-liveness3 (a SIGSTOPped primary), chaos (seeded faults on the fault test bed;
+needs root), storm (the headline figures), then connection, controller, resreq, scheduler,
+apiserver, cli (each component's own). Each runs as its own process (its own
 command line is what its results file records); a failing part is reported and the others
 still run. The report is rewritten at the end from every results file present.
 Optional dependencies: ``pip install -r benchmarks/requirements.txt`` (matplotlib, psutil).
@@ -22,16 +24,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = {  # name: (script, timeout in s, its arguments under --quick)
+PARTS: dict[str, tuple[Any, ...]] = {  # name: (script, timeout in s, its arguments under
+    # --quick[, its arguments always])
     "hotpaths": ("bench_hotpaths.py", 300, ["--quick"]),
     "flood": ("bench_flood.py", 900, ["--quick"]),
     "throughput": ("bench_throughput.py", 600, ["--quick"]),
     "failfast": ("bench_failfast.py", 300, ["--quick"]),
     "restfuzz": ("bench_restfuzz.py", 5400, ["--quick"]),
     "failover": ("bench_failover.py", 900, ["--quick"]),
+    "failover-stop": ("bench_failover.py", 1200, ["--quick"], ["--fault", "stop", "--kills", "30"]),
+    "failover-stop-liveness3": ("bench_failover.py", 1200, ["--quick"],
+                                ["--fault", "stop", "--kills", "30", "--liveness", "3"]),
+    "chaos": ("bench_chaos.py", 3600, ["--quick"]),  # needs root (the fault test bed)
     "storm": ("bench_storm.py", 1500, ["--quick"]),
     "connection": ("bench_connection.py", 600, ["--quick"]),
     "controller": ("bench_controller.py", 600, ["--quick"]),
@@ -57,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     t_all = time.monotonic()
     for part in chosen:
-        script, timeout, quick = PARTS[part]
-        cmd = [sys.executable, str(Path("benchmarks") / script)]
+        script, timeout, quick, *always = PARTS[part]
+        cmd = [sys.executable, str(Path("benchmarks") / script), *(always[0] if always else [])]
         if args.quick:
             cmd += quick
         if part == "failover" and args.kills is not None:

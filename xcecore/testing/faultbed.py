@@ -17,7 +17,7 @@ Every namespace, mount, link, rule and process the bed makes is removed by :meth
 also on failure; a namespace or mount left by an earlier run that crashed is named after its
 dead process (``xfb<pid>-...``), reported and removed when the next bed starts.
 
-Needs root and ``ip``, ``nft``, ``nsenter``, ``ss``, ``mount``; without them :class:`BedError`
+Needs root and ``ip``, ``nft``, ``nsenter``, ``ss``, ``mount``, ``sysctl``; without them :class:`BedError`
 names what is missing. ``scripts/install-system-deps.sh`` installs the tools.
 """
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 PREFIX = "xfb"
 NET = "127.100"
 TOOLS = {"ip": "iproute2", "nft": "nftables", "nsenter": "util-linux", "ss": "iproute2",
-         "mount": "mount", "umount": "mount"}
+         "mount": "mount", "umount": "mount", "sysctl": "procps"}
 PROXY_PORT_BASE = 64000
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 _STALE = re.compile(rf"^{PREFIX}(\d+)x\d+-")

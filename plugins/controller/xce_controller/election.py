@@ -113,7 +113,9 @@ class FileLockElection:
         self._seq = 0
         self._lock_id = (0, 0)  # (device, inode) of the lock file this candidate holds
         self._beat_failed = False
-        self.fenced: list[str] = []  # what this standby fenced (for status and tests)
+        self._lock_str = str(self.lock_path)
+        self._fence_seen = b""  # the fence slot as last found harmless
+        self.fenced: list[str] = []  # what this standby fenced (for tests and diagnostics)
         try:
             self._beats: BeatFile | None = BeatFile(self.state_dir)
         except OSError as exc:
@@ -173,6 +175,9 @@ class FileLockElection:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
                 self._fd = None
+                if self._beats is not None:
+                    self._beats.close()
+                    self._beats = None
                 return False
             self._took_lock(fd)
             return True
@@ -214,15 +219,18 @@ class FileLockElection:
         if not self._held:
             return "it does not hold the state-dir lock"
         try:
-            st = os.stat(self.lock_path)
+            st = os.stat(self._lock_str)
         except OSError as exc:
             return f"the lock file {self.lock_path} is gone ({exc.strerror})"
         if (st.st_dev, st.st_ino) != self._lock_id:
             return f"the lock file {self.lock_path} was replaced: the lock it holds is no longer the lock"
         if self._beats is not None:
-            mark = self._beats.read_fence()
-            if mark is not None and mark.term >= self._term:
-                return f"it was fenced by pid {mark.fencer} (term {mark.term}: {mark.reason})"
+            raw = self._beats.fence_bytes()  # before every commit's acknowledgement: keep it cheap
+            if raw != self._fence_seen:
+                mark = self._beats.read_fence()
+                if mark is not None and mark.term >= self._term:
+                    return f"it was fenced by pid {mark.fencer} (term {mark.term}: {mark.reason})"
+                self._fence_seen = raw
         return None
 
     @property
@@ -240,7 +248,7 @@ class FileLockElection:
         reported: object = None  # the episode (record key) already reported, logged once
         fenced: object = None
         fenced_at = 0.0
-        while not done.wait(self.beat_interval):
+        while not done.wait(self.beat_interval) and not self._abandoned.is_set():
             try:
                 rec = beats.read_beat()
             except OSError:
@@ -294,11 +302,14 @@ class FileLockElection:
         else:
             raise FenceRefused("no process visible on this host holds the state-dir lock "
                                "(is it held from another host?)")
-        if beats.read_beat() != rec:
-            return False  # it beat meanwhile: not hung after all
-        reason = f"{what} (hung_timeout {self.hung_timeout:g} s), fenced by {self.advertise}"
-        beats.write_fence(FenceMark(term, os.getpid(), time.time(), reason))
-        fencing.kill_verified(target, start, dev, ino)
+        with fencing.verified_pidfd(target, start, dev, ino) as pidfd:
+            if beats.read_beat() != rec:
+                return False  # it beat meanwhile: not hung after all
+            # The mark first: should the kill not take, the primary still finds it fenced
+            # before its next acknowledgement.
+            reason = f"{what} (hung_timeout {self.hung_timeout:g} s), fenced by {self.advertise}"
+            beats.write_fence(FenceMark(term, os.getpid(), time.time(), reason))
+            fencing.kill(pidfd)
         self.fenced.append(f"pid {target} term {term}")
         logger.warning(
             "controller {}: fenced the primary {} (pid {}, term {}): {} (hung_timeout {:g} s); "

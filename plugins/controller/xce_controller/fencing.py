@@ -19,7 +19,9 @@ Why it is built this way:
   ``hung_timeout`` of its own observation *and* the record's last beat (the primary's
   ``CLOCK_MONOTONIC``, the same clock on one host) is older than ``hung_timeout +
   beat_interval``: the stall that caused that gap began at most one interval after the last
-  beat, so it has lasted longer than ``hung_timeout``.
+  beat, so it has lasted longer than ``hung_timeout``. A standby that was itself not running
+  for a while (its host frozen, the machine overloaded) starts counting again: the primary was
+  most likely stopped by the same cause and has not had its chance to beat yet.
 - **Only a process on this host is ever killed, and only the lock holder.** The record names
   its writer's boot id and pid and network namespaces; a standby whose differ (another host,
   another container, another simulated host of the fault test bed) refuses to fence and says
@@ -42,7 +44,7 @@ import struct
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -222,6 +224,11 @@ class BeatFile:
         """The fencer's slot (None: nobody ever fenced here)."""
         return _read(self.fd, FENCE_OFFSET, _FENCE.size, FenceMark.unpack)
 
+    def fence_bytes(self) -> bytes:
+        """The fencer's slot, raw: one read, for a cheap "has it changed?" before each
+        acknowledgement (parsed only when it has)."""
+        return os.pread(self.fd, _FENCE.size + _CRC.size, FENCE_OFFSET)
+
     def write_beat(self, rec: BeatRecord) -> None:
         """Overwrite the primary's slot in place."""
         os.pwrite(self.fd, rec.pack(), BEAT_OFFSET)
@@ -306,12 +313,11 @@ def beat_interval_for(hung_timeout: float) -> float:
     return min(0.1, max(0.01, hung_timeout / 40))
 
 
-def kill_verified(pid: int, start: int | None, lock_dev: int, lock_ino: int) -> None:
-    """SIGKILL ``pid`` if it is (still) the process holding the lock; else FenceRefused.
-
-    The pidfd is opened first, then the checks run: whatever they verified is the process the
-    signal reaches, even if the pid is recycled in between.
-    """
+@contextlib.contextmanager
+def verified_pidfd(pid: int, start: int | None, lock_dev: int, lock_ino: int) -> Iterator[int]:
+    """A pidfd of ``pid`` once verified as the lock holder (and ``start``'s process); else
+    FenceRefused. The pidfd is opened first, then the checks run: whatever they verified is
+    the process a signal through it reaches, even if the pid is recycled meanwhile."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -322,11 +328,21 @@ def kill_verified(pid: int, start: int | None, lock_dev: int, lock_ino: int) -> 
             raise FenceRefused(f"pid {pid} is no longer the process that wrote the record")
         if pid not in lock_holders(lock_dev, lock_ino):
             raise FenceRefused(f"pid {pid} does not hold the state-dir lock")
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except ProcessLookupError:
-        raise FenceRefused(f"pid {pid} has exited") from None
+        yield pidfd
     finally:
         os.close(pidfd)
+
+
+def kill(pidfd: int) -> None:
+    """SIGKILL the process of ``pidfd`` (gone already: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+
+def kill_verified(pid: int, start: int | None, lock_dev: int, lock_ino: int) -> None:
+    """SIGKILL ``pid`` if it is (still) the process holding the lock; else FenceRefused."""
+    with verified_pidfd(pid, start, lock_dev, lock_ino) as pidfd:
+        kill(pidfd)
 
 
 def mono() -> float:

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The system tools the fault test bed (xcecore/testing/faultbed.py) needs, on Debian/Ubuntu:
+# ip and ss (iproute2), nft (nftables), nsenter and mount (util-linux, mount), sysctl (procps).
+# Idempotent: installs only what is missing. Run as root (CI runs as root).
+set -euo pipefail
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-system-deps.sh: run as root (apt-get installs system packages)" >&2
+  exit 1
+fi
+need=()
+command -v ip >/dev/null || need+=(iproute2)
+command -v ss >/dev/null || need+=(iproute2)
+command -v nft >/dev/null || need+=(nftables)
+command -v nsenter >/dev/null || need+=(util-linux)
+command -v mount >/dev/null || need+=(mount)
+command -v sysctl >/dev/null || need+=(procps)
+if [ ${#need[@]} -eq 0 ]; then
+  echo "install-system-deps.sh: everything is installed"
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+apt-get install -y --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u)
