@@ -360,7 +360,10 @@ class FaultBed:
             if time.monotonic() > deadline:
                 raise BedError(f"host {h.name}: processes keep appearing while freezing it")
         for pid in h.frozen:  # stopped for real before this returns
-            while _proc_state(pid) not in (None, "T", "t", "Z", "X"):
+            # "D" counts: a process in uninterruptible sleep handles the pending SIGSTOP before
+            # it runs another instruction of its own (and a vfork parent whose child was
+            # stopped before its exec stays in "D" until the thaw).
+            while _proc_state(pid) not in (None, "T", "t", "D", "Z", "X"):
                 if time.monotonic() > deadline:
                     raise BedError(f"host {h.name}: pid {pid} did not stop")
                 time.sleep(0.001)
