@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import log, meta, quiet_logs, stats, write_result
 
-from xcecore.testing import chaos
+from xcecore.testing import nemesis
 from xcecore.testing.faultbed import FaultBed, requirements
 from xcecore.testing.nemesis import FAULTS
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         keep = args.keep
         try:
             with FaultBed(root) as bed:
-                report = chaos.run(bed, seed=seed, faults=faults_n, kinds=kinds, writers=args.writers,
+                report = nemesis.run(bed, seed=seed, faults=faults_n, kinds=kinds, writers=args.writers,
                                    hung_timeout=args.hung_timeout)
                 if not report.verdict.ok or report.unfinished:
                     keep = True

@@ -56,8 +56,8 @@ def test_the_plugin_adds_its_hooks_to_the_manager(tmp_path, xce_plugin_manager, 
     pm.register(SiteStore(), "site")
     assert hookspecs.store(pm.hook, str(tmp_path)) == "site store"  # firstresult: the site's wins
     spy = mocker.spy(pm.hook, "xce_controller_election")
-    assert isinstance(hookspecs.election(pm.hook, str(tmp_path), "h:1"), FileLockElection)
-    spy.assert_called_once_with(state_dir=str(tmp_path), advertise="h:1")
+    assert isinstance(hookspecs.election(pm.hook, str(tmp_path), "h:1", 2.0), FileLockElection)
+    spy.assert_called_once_with(state_dir=str(tmp_path), advertise="h:1", hung_timeout=2.0)
     bare = xce_plugin_manager(builtins=False)
     bare.add_hookspecs(hookspecs)
     with pytest.raises(RuntimeError, match="no plugin provides a controller store"):

@@ -27,7 +27,7 @@ from xce_controller.fencing import (
     HangWatch,
     Identity,
 )
-from xce_controller.settings import settings_from_config
+from xce_controller.settings import config_of, settings_from_config
 
 ME = Identity(100, 5000, b"b" * 16, 11, 22)
 
@@ -229,9 +229,12 @@ def test_a_standby_fences_a_stopped_primary_of_its_host(tmp_path: Path) -> None:
 
 
 def test_hung_timeout_is_validated() -> None:
-    cluster = {"state_dir": "/tmp/x"}
-    assert settings_from_config(cluster, {}, None).hung_timeout == 2.0
-    assert settings_from_config(cluster, {"hung_timeout": 0}, None).hung_timeout == 0
+    def settings(**controller: object) -> float:
+        return settings_from_config(config_of({}, {"state_dir": "/tmp/x", **controller}), None).hung_timeout
+
+    assert settings() == 2.0
+    assert settings(hung_timeout=0) == 0
+    assert settings(hung_timeout=0.5) == 0.5
     for bad in (0.2, -1, "2", True):
         with pytest.raises(ValueError, match="hung_timeout"):
-            settings_from_config(cluster, {"hung_timeout": bad}, None)
+            settings(hung_timeout=bad)

@@ -124,7 +124,7 @@ def test_a_full_disk_never_stops_the_beats(xce_faultbed: FaultBed) -> None:
     beats = BeatFile(ctl.state_dir)
     try:
         bed.fill_disk(ctl)
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="No space left"):
             (ctl.state_dir / "probe").write_bytes(b"x" * 65536)
         rec = beats.read_beat()
         assert rec is not None
@@ -190,7 +190,7 @@ def test_a_standby_on_another_host_refuses_to_fence(xce_faultbed: FaultBed) -> N
     cluster = bed.cluster(a, 1, extra_config="[controller]\nhung_timeout = 1.0\n")
     cluster.start()
     standby = cluster.spawn("controller-b", "controller", f'controller.listen="{b.addr}:7601"',
-                            netns=b.netns)
+                            f'controller.state_dir="{b.state_dir}"', netns=b.netns)
     wait_for(lambda: "candidate started" in standby.text(), 30, what="the standby on host b")
     primary = cluster.candidates[0]
     os.kill(primary.pid, signal.SIGSTOP)

@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from xcecore.testing import chaos
+from xcecore.testing import nemesis
 from xcecore.testing.faultbed import FaultBed
 
 FAULTS = int(os.environ.get("XCE_CHAOS_FAULTS", "6"))
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(240 + 30 * FAULTS)
 
 def test_seeded_nemesis_run_keeps_every_guarantee(xce_faultbed: FaultBed) -> None:
     kinds = [k for k in chaos_kinds() if k != "full-disk-worker"]
-    report = chaos.run(xce_faultbed, seed=SEED, faults=FAULTS, kinds=kinds)
+    report = nemesis.run(xce_faultbed, seed=SEED, faults=FAULTS, kinds=kinds)
     print(report.summary())
     assert len(report.faults) == FAULTS
     assert len({f.kind for f in report.faults}) == min(FAULTS, len(kinds))

@@ -7,6 +7,9 @@ the same order, with the same targets and times.
 
 Per fault, the client-visible outage is the time from its injection to the acknowledgement
 of the first write *invoked after* it (BENCHMARKS.md's failover method, for every kind).
+
+:func:`run` is a whole chaos run: the cluster, recorded writers, an observer, the nemesis, the
+checker's verdict (the CI test and ``benchmarks/bench_chaos.py`` both call it).
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from typing import Any
 
 from loguru import logger
 
-from xcecore.testing.chaos import ChaosCluster
-from xcecore.testing.checker import OK, History
+from xcecore.testing.chaos import PARKED, ChaosCluster
+from xcecore.testing.checker import OK, History, Verdict, check, promotions_in_logs, runs_in
+from xcecore.testing.faultbed import FaultBed
+from xcecore.testing.workload import Writers, observing
 
 Undo = Callable[[], None]
 Injected = tuple[str, float, Undo]  # target, time.time() once in effect, how to undo it
@@ -265,3 +270,93 @@ class Nemesis:
         for rec in self.records:
             after = [done for inv, done in acked if inv >= rec.start]
             rec.outage = (min(after) - rec.start) if after else None
+
+
+@dataclass
+class ChaosReport:
+    """What a chaos run did and what the checker found."""
+
+    seed: int
+    verdict: Verdict
+    faults: list[FaultRecord]
+    unfinished: list[dict[str, Any]]
+    members: list[str]
+    duration: float
+
+    def summary(self) -> str:
+        """Lines for a test failure or a benchmark log."""
+        lines = [f"chaos run, seed {self.seed}: {len(self.faults)} faults in {self.duration:.0f} s"]
+        for f in self.faults:
+            outage = "no write acknowledged" if f.outage is None else f"outage {f.outage:.2f} s"
+            lines.append(f"  {f.kind:<22} {f.target:<28} held {f.held:4.1f} s  {outage}"
+                         + ("" if f.recovered else "  NOT RECOVERED"))
+        lines.append(self.verdict.summary())
+        if self.unfinished:
+            lines.append(f"  {len(self.unfinished)} job(s) unfinished at the end: "
+                         + "; ".join(f"{j['jobid']} {j['state']} attempt {j.get('attempt')} on "
+                                     f"{[a['host'] for a in j.get('alloc', [])]}"
+                                     for j in self.unfinished[:10]))
+        return "\n".join(lines)
+
+
+def run(bed: FaultBed, *, seed: int, faults: int, kinds: list[str] | None = None,
+        writers: int = 3, hung_timeout: float = 2.0, settle: float = 60.0) -> ChaosReport:
+    """A whole chaos run on ``bed``: cluster, recorded writers, observer, nemesis, checker."""
+    t0 = time.monotonic()
+    cc = ChaosCluster(bed, hung_timeout=hung_timeout)
+    cc.start()
+    history = History()
+    with observing(cc.client) as (observer, _):
+        load = Writers(history, cc.client, writers, seed=seed, parked_queue=PARKED)
+        load.start()
+        _wait(lambda: history.counts().get("ok", 0) >= writers * 3, 30, "the writers' first writes")
+        nemesis = Nemesis(cc, history, seed=seed, kinds=kinds)
+        try:
+            nemesis.run(faults)
+        finally:
+            bed.heal_all()
+        cc.ensure_running()
+        members = cc.wait_members(cc.expected_members(), settle)
+        load.stop()
+        unfinished = _finish_jobs(cc, settle)
+        seen = observer.snapshot()  # before the final state: nothing it saw may be newer
+        with cc.client("final") as c:
+            jobs = c.call("jobinfo", deadline=30)["jobs"]
+    nemesis.outages()
+    verdict = check(history.snapshot(), jobs, runs=runs_in(cc.markers()), seen=seen,
+                    promotions=promotions_in_logs(cc.candidate_logs()),
+                    expected_members=cc.expected_members(), members=members)
+    if load.errors:
+        verdict.add("writer died", "; ".join(f"{type(e).__name__}: {e}" for e in load.errors))
+    return ChaosReport(seed, verdict, nemesis.records, unfinished, members, time.monotonic() - t0)
+
+
+def _finish_jobs(cc: ChaosCluster, timeout: float) -> list[dict[str, Any]]:
+    """Kill what still runs (long jobs whose kill was not acknowledged) and wait for every job
+    that can run to end; the jobs still unfinished after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    left: list[dict[str, Any]] = []
+    with cc.client("finisher") as c:
+        while time.monotonic() < deadline:
+            jobs = c.call("jobinfo", {"states": ["PEND", "PSUSP", "RUN", "USUSP", "SSUSP"]},
+                          deadline=30)["jobs"]
+            left = [j for j in jobs if j["queue"] != PARKED]
+            if not left:
+                return []
+            for j in left:
+                if "sleep 30" in j["command"] and j["state"] in ("PEND", "RUN"):
+                    try:
+                        c.call("jobctrl", {"jobid": j["jobid"], "action": "kill", "user": "chaos"},
+                               deadline=10)
+                    except Exception:  # it ended meanwhile: CONFLICT
+                        continue
+            time.sleep(0.5)
+    return left
+
+
+def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"chaos: timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
