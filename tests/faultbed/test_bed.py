@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from xcecore.testing import faultbed, netns
+from xcecore.testing import faultbed, faultbed_system, netns
 from xcecore.testing.cluster import wait_for
 from xcecore.testing.faultbed import BedError, FaultBed, Host
 
@@ -100,7 +100,7 @@ def test_freeze_and_thaw(two: tuple[FaultBed, Host, Host]) -> None:
     server = start(bed, b, ECHO, b.addr, "9000")
     frozen = bed.freeze(b)
     assert frozen == [server.pid]
-    assert faultbed._proc_state(server.pid) == "T"
+    assert faultbed_system.proc_state(server.pid) == "T"
     assert echo(bed, a, b, timeout=0.5) == "TimeoutError"  # the kernel accepts; nobody answers
     bed.thaw(b)
     assert echo(bed, a, b) == "ok"
@@ -219,15 +219,15 @@ def test_close_removes_everything_also_processes_it_did_not_start(tmp_path: Path
 def test_a_crashed_runs_leftovers_are_reported_and_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
-    name = f"{faultbed.PREFIX}{dead.pid}x1-host"
+    name = f"{faultbed_system.PREFIX}{dead.pid}x1-host"
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     subprocess.run(["ip", "netns", "add", name], check=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", f"{faultbed.PREFIX}{dead.pid}x1-host", str(mnt)],
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", f"{faultbed_system.PREFIX}{dead.pid}x1-host", str(mnt)],
                    check=True)
     stray = subprocess.Popen(["nsenter", f"--net={netns.path_of(name)}", "--", "sleep", "60"])
     try:
-        wait_for(lambda: stray.pid in faultbed.pids_in(netns.inode_of(name)), 10, what="the stray process")
+        wait_for(lambda: stray.pid in faultbed_system.pids_in(netns.inode_of(name)), 10, what="the stray process")
         bed = FaultBed(tmp_path / "bed")
         bed.close()
         assert f"network namespace {name}" in bed.stale_removed
@@ -250,8 +250,8 @@ def test_without_root_the_bed_says_what_it_needs(tmp_path: Path, monkeypatch: py
 
 
 def test_a_missing_tool_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = faultbed.shutil.which
-    monkeypatch.setattr(faultbed.shutil, "which", lambda t: None if t == "nft" else real(t))
+    real = faultbed_system.shutil.which
+    monkeypatch.setattr(faultbed_system.shutil, "which", lambda t: None if t == "nft" else real(t))
     with pytest.raises(BedError, match="'nft' command .*nftables"):
         FaultBed(tmp_path / "bed")
 
@@ -261,3 +261,18 @@ def test_bad_host_names_and_unknown_hosts(xce_faultbed: FaultBed) -> None:
         xce_faultbed.add_host("Bad-Name")
     with pytest.raises(BedError, match="no host 'zz'"):
         xce_faultbed.host("zz")
+
+
+def test_nft_rules_of_a_host() -> None:
+    """What each fault turns into, checked without root (the rules are a pure function)."""
+    addr = {"a": "127.100.0.1", "b": "127.100.0.2", "c": "127.100.0.3"}
+    drops = {("a", "b", None): 100, ("c", "b", 7600): 100, ("b", "c", -7600): 100, ("c", "b", None): 30,
+             ("b", "a", None): 100}
+    text = faultbed.nft_rules("b", addr, drops, {("a", "b"): 64001})
+    assert "ip saddr 127.100.0.1 drop" in text
+    assert "ip saddr 127.100.0.3 tcp dport 7600 drop" in text
+    assert "ip saddr 127.100.0.3 numgen random mod 100 < 30 drop" in text
+    assert "tcp sport" not in text and "127.100.0.2 drop" not in text  # not b's to drop
+    assert "ip saddr 127.100.0.1 ip daddr 127.100.0.2 tcp dport != 64001 redirect to :64001" in text
+    assert text.index("delete table inet xfb") < text.index("chain input")  # replaced whole
+    assert "redirect" not in faultbed.nft_rules("a", addr, drops, {("a", "b"): 64001})

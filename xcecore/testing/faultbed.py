@@ -26,136 +26,70 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loguru import logger
-
 from xcecore.testing import netns
 from xcecore.testing.delayproxy import DelayProxy
+from xcecore.testing.faultbed_system import (
+    PREFIX,
+    BedError,
+    clean_stale,
+    kill_all,
+    mounts,
+    pids_in,
+    proc_state,
+    requirements,
+    run,
+)
 
 if TYPE_CHECKING:
     from xcecore.syncclient import SyncClient
     from xcecore.testing.cluster import LocalCluster, Proc
 
-PREFIX = "xfb"
+__all__ = ["NET", "PREFIX", "BedError", "FaultBed", "Host", "clean_stale", "nft_rules", "pids_in",
+           "requirements"]
+
 NET = "127.100"
-TOOLS = {"ip": "iproute2", "nft": "nftables", "nsenter": "util-linux", "ss": "iproute2",
-         "mount": "mount", "umount": "mount", "sysctl": "procps"}
 PROXY_PORT_BASE = 64000
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
-_STALE = re.compile(rf"^{PREFIX}(\d+)x\d+-")
 _counter = iter(range(1, 1 << 30))
 
 
-class BedError(RuntimeError):
-    """The bed cannot be built here (not root, a tool missing) or a fault cannot be applied."""
+def nft_rules(host: str, addr: Mapping[str, str], drops: Mapping[tuple[str, str, int | None], int],
+              slow: Mapping[tuple[str, str], int]) -> str:
+    """The nftables ruleset of ``host`` (pure: for ``nft -f``, replacing the bed's tables).
 
-
-def requirements() -> str | None:
-    """None when this machine can run the bed; else what is missing, as a sentence."""
-    missing = []
-    if os.geteuid() != 0:
-        missing.append("root (network namespaces, nftables and mounts need CAP_SYS_ADMIN/CAP_NET_ADMIN)")
-    for tool, package in TOOLS.items():
-        if shutil.which(tool) is None:
-            missing.append(f"the {tool!r} command (Debian package {package})")
-    if not os.path.exists("/proc/self/ns/net"):
-        missing.append("Linux network namespaces")
-    if not missing:
-        return None
-    return ("the fault test bed needs " + "; ".join(missing)
-            + " (scripts/install-system-deps.sh installs the tools; CI runs as root)")
-
-
-def _run(cmd: Sequence[str], *, input: str | None = None, check: bool = True) -> str:
-    proc = subprocess.run(list(cmd), input=input, capture_output=True, text=True, timeout=30)
-    if check and proc.returncode != 0:
-        raise BedError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def pids_in(ns_inode: int) -> list[int]:
-    """Every process whose network namespace is ``ns_inode`` (never this process)."""
-    out = []
-    me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
+    ``drops``: (source host, destination host, port) -> loss percent, where port None is every
+    packet, a positive port TCP to that port, a negative one TCP from it (the answers); only
+    the pairs whose destination is ``host`` apply here (a host drops what it receives).
+    ``slow``: (source, destination) -> the relay's port: new TCP connections from the source
+    to ``host`` are redirected to it.
+    """
+    rules = []
+    for (src, dst, port), percent in sorted(drops.items(), key=str):
+        if dst != host:
             continue
-        try:
-            if os.stat(f"/proc/{entry.name}/ns/net").st_ino == ns_inode:
-                out.append(int(entry.name))
-        except OSError:  # gone, or a zombie (its namespaces are already released)
-            continue
-    return out
-
-
-def _proc_state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def clean_stale() -> list[str]:
-    """Remove namespaces and mounts of beds whose process is gone; what was removed."""
-    removed: list[str] = []
-    names = sorted(os.listdir(netns.NETNS_DIR)) if os.path.isdir(netns.NETNS_DIR) else []
-    for name in names:
-        m = _STALE.match(name)
-        if m is None or _pid_alive(int(m.group(1))):
-            continue
-        with contextlib.suppress(OSError):
-            _kill_all(netns.inode_of(name))
-        _run(["ip", "netns", "del", name], check=False)
-        removed.append(f"network namespace {name}")
-    for source, target in _mounts():
-        m = _STALE.match(source + "-")
-        if m is not None and not _pid_alive(int(m.group(1))):
-            _run(["umount", "-l", target], check=False)
-            removed.append(f"mount {source} on {target}")
-    if removed:
-        logger.warning("fault bed: removed what an earlier run left behind: {}", "; ".join(removed))
-    return removed
-
-
-def _mounts() -> list[tuple[str, str]]:
-    out = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0].startswith(PREFIX):
-            out.append((parts[0], parts[1].replace("\\040", " ")))
-    return out
-
-
-def _kill_all(ns_inode: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        pids = pids_in(ns_inode)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if time.monotonic() > deadline:
-            raise BedError(f"processes {pids} survive SIGKILL (uninterruptible sleep?)")
-        time.sleep(0.01)  # the kernel finishes their exit; polled with a deadline
+        match = f"ip saddr {addr[src]}"
+        if port is not None:
+            match += f" tcp dport {port}" if port > 0 else f" tcp sport {-port}"
+        drop = "drop" if percent >= 100 else f"numgen random mod 100 < {percent} drop"
+        rules.append(f"    {match} {drop}")
+    nat = [f"    ip saddr {addr[src]} ip daddr {addr[host]} tcp dport != {port} redirect to :{port}"
+           for (src, dst), port in sorted(slow.items()) if dst == host]
+    return (
+        "table inet xfb {}\ndelete table inet xfb\n"
+        "table inet xfb {\n  chain input {\n    type filter hook input priority 0; policy accept;\n"
+        + "\n".join(rules) + "\n  }\n}\n"
+        "table ip xfbnat {}\ndelete table ip xfbnat\n"
+        "table ip xfbnat {\n  chain pre {\n    type nat hook prerouting priority -100; policy accept;\n"
+        + "\n".join(nat) + "\n  }\n}\n"
+    )
 
 
 @dataclass
@@ -198,10 +132,10 @@ class FaultBed:
         self._slow: dict[tuple[str, str], DelayProxy] = {}
         self._mounted: list[Path] = []
         self._closed = False
-        _run(["ip", "netns", "add", self.bed_ns])
+        run(["ip", "netns", "add", self.bed_ns])
         try:
-            _run(["ip", "-n", self.bed_ns, "link", "add", "br0", "type", "bridge"])
-            _run(["ip", "-n", self.bed_ns, "link", "set", "br0", "up"])
+            run(["ip", "-n", self.bed_ns, "link", "add", "br0", "type", "bridge"])
+            run(["ip", "-n", self.bed_ns, "link", "set", "br0", "up"])
         except BaseException:
             self.close()
             raise
@@ -242,23 +176,23 @@ class FaultBed:
         for d in (host.state_dir, host.spool_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.hosts[name] = host
-        _run(["ip", "netns", "add", host.netns])
+        run(["ip", "netns", "add", host.netns])
         if disk is not None:
-            _run(["mount", "-t", "tmpfs", "-o", f"size={disk},mode=0755",
+            run(["mount", "-t", "tmpfs", "-o", f"size={disk},mode=0755",
                   f"{self.tag}-{name}", str(host.state_dir)])
             self._mounted.append(host.state_dir)
         ns, bed = host.netns, self.bed_ns
-        _run(["ip", "-n", bed, "link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
+        run(["ip", "-n", bed, "link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
               "netns", ns])
-        _run(["ip", "-n", bed, "link", "set", host.veth, "master", "br0", "up"])
-        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        run(["ip", "-n", bed, "link", "set", host.veth, "master", "br0", "up"])
+        run(["ip", "-n", ns, "link", "set", "lo", "up"])
         # Only 127.0.0.1 stays local: the rest of 127/8 must route out to the other hosts.
-        _run(["ip", "-n", ns, "addr", "del", "127.0.0.1/8", "dev", "lo"], check=False)
-        _run(["ip", "-n", ns, "addr", "add", "127.0.0.1/32", "dev", "lo"], check=False)
-        _run(["nsenter", f"--net={netns.path_of(ns)}", "--", "sysctl", "-q", "-w",
+        run(["ip", "-n", ns, "addr", "del", "127.0.0.1/8", "dev", "lo"], check=False)
+        run(["ip", "-n", ns, "addr", "add", "127.0.0.1/32", "dev", "lo"], check=False)
+        run(["nsenter", f"--net={netns.path_of(ns)}", "--", "sysctl", "-q", "-w",
               "net.ipv4.conf.all.route_localnet=1", "net.ipv4.conf.eth0.route_localnet=1"])
-        _run(["ip", "-n", ns, "addr", "add", f"{host.addr}/16", "dev", "eth0"])
-        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        run(["ip", "-n", ns, "addr", "add", f"{host.addr}/16", "dev", "eth0"])
+        run(["ip", "-n", ns, "link", "set", "eth0", "up"])
         self._render(host)
         return host
 
@@ -363,7 +297,7 @@ class FaultBed:
             # "D" counts: a process in uninterruptible sleep handles the pending SIGSTOP before
             # it runs another instruction of its own (and a vfork parent whose child was
             # stopped before its exec stays in "D" until the thaw).
-            while _proc_state(pid) not in (None, "T", "t", "D", "Z", "X"):
+            while proc_state(pid) not in (None, "T", "t", "D", "Z", "X"):
                 if time.monotonic() > deadline:
                     raise BedError(f"host {h.name}: pid {pid} did not stop")
                 time.sleep(0.001)
@@ -380,8 +314,8 @@ class FaultBed:
     def power_off(self, host: Host | str) -> None:
         """SIGKILL every process of ``host`` and take its link down."""
         h = self._h(host)
-        _run(["ip", "-n", self.bed_ns, "link", "set", h.veth, "down"])
-        _kill_all(h.ns_inode)
+        run(["ip", "-n", self.bed_ns, "link", "set", h.veth, "down"])
+        kill_all(h.ns_inode)
         h.frozen.clear()
         h.powered = False
 
@@ -389,10 +323,10 @@ class FaultBed:
         """Bring ``host``'s link back up (returns once it has carrier); nothing runs on it
         until started again, and it has forgotten its neighbours, as after a reboot."""
         h = self._h(host)
-        _run(["ip", "-n", self.bed_ns, "link", "set", h.veth, "up"])
-        _run(["ip", "-n", h.netns, "neigh", "flush", "all"], check=False)
+        run(["ip", "-n", self.bed_ns, "link", "set", h.veth, "up"])
+        run(["ip", "-n", h.netns, "neigh", "flush", "all"], check=False)
         deadline = time.monotonic() + timeout
-        while "LOWER_UP" not in _run(["ip", "-n", h.netns, "link", "show", "eth0"]):
+        while "LOWER_UP" not in run(["ip", "-n", h.netns, "link", "show", "eth0"]):
             if time.monotonic() > deadline:
                 raise BedError(f"host {h.name}: link has no carrier {timeout} s after power-on")
             time.sleep(0.01)
@@ -496,28 +430,9 @@ class FaultBed:
 
     def _render(self, host: Host) -> None:
         """Replace ``host``'s nftables rules with what the faults on it say, atomically."""
-        rules = []
-        for (src, dst, port), percent in sorted(self._drops.items(), key=str):
-            if dst != host.name:
-                continue
-            match = f"ip saddr {self.hosts[src].addr}"
-            if port is not None:
-                match += f" tcp dport {port}" if port > 0 else f" tcp sport {-port}"
-            drop = "drop" if percent >= 100 else f"numgen random mod 100 < {percent} drop"
-            rules.append(f"    {match} {drop}")
-        nat = []
-        for (src, dst), proxy in sorted(self._slow.items()):
-            if dst == host.name:
-                nat.append(f"    ip saddr {self.hosts[src].addr} ip daddr {host.addr} "
-                           f"tcp dport != {proxy.port} redirect to :{proxy.port}")
-        text = (
-            "table inet xfb {}\ndelete table inet xfb\n"
-            "table inet xfb {\n  chain input {\n    type filter hook input priority 0; policy accept;\n"
-            + "\n".join(rules) + "\n  }\n}\n"
-            "table ip xfbnat {}\ndelete table ip xfbnat\n"
-            "table ip xfbnat {\n  chain pre {\n    type nat hook prerouting priority -100; policy accept;\n"
-            + "\n".join(nat) + "\n  }\n}\n"
-        )
+        addr = {name: h.addr for name, h in self.hosts.items()}
+        slow = {pair: proxy.port for pair, proxy in self._slow.items()}
+        text = nft_rules(host.name, addr, self._drops, slow)
         proc = subprocess.run(self.command(host, ["nft", "-f", "-"]), input=text,
                               capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
@@ -574,7 +489,7 @@ class FaultBed:
         out = []
         names = os.listdir(netns.NETNS_DIR) if os.path.isdir(netns.NETNS_DIR) else []
         out += [f"network namespace {n}" for n in names if n.startswith(self.tag + "-")]
-        out += [f"mount {s} on {t}" for s, t in _mounts() if s.startswith(self.tag)]
+        out += [f"mount {s} on {t}" for s, t in mounts() if s.startswith(self.tag)]
         return out
 
     def close(self) -> None:
@@ -595,14 +510,14 @@ class FaultBed:
             self._slow.pop((s, d)).close()
         for h in self.hosts.values():
             try:
-                _kill_all(h.ns_inode)
+                kill_all(h.ns_inode)
             except (OSError, BedError) as exc:
                 errors.append(f"host {h.name}: {exc}")
         for path in reversed(self._mounted):
             if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
                 subprocess.run(["umount", "-l", str(path)], capture_output=True)
         for name in [h.netns for h in self.hosts.values()] + [self.bed_ns]:
-            _run(["ip", "netns", "del", name], check=False)
+            run(["ip", "netns", "del", name], check=False)
         errors += self.leftovers()
         if errors:
             raise BedError("the fault bed could not remove: " + "; ".join(errors))
