@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from xcecore import wire
-from xcecore.connection import BackendUnavailable
+from xcecore.client import BackendUnavailable, OutcomeUnknown
 from xcecore.testing.checker import (
     FAILED,
     OK,
@@ -109,9 +109,18 @@ def test_outcomes_of_failed_calls() -> None:
     assert classify(wire.RemoteError("CONFLICT", "queue closed")) == (FAILED, None)
     assert classify(wire.RemoteError("INTERNAL", "boom")) == (UNKNOWN, None)
     assert classify(RuntimeError("link lost")) == (UNKNOWN, None)
-    # Until the client tells unsent writes from sent ones, a deadline may run out after
-    # sending: unknown, never "failed".
-    assert classify(BackendUnavailable("deadline")) == (UNKNOWN, None)
+    assert classify(BackendUnavailable("no primary: never sent")) == (FAILED, None)
+    assert classify(OutcomeUnknown("sent, no reply", rid="r-7", op="jobsubmit")) == (UNKNOWN, "r-7")
+
+
+def test_an_unknown_write_once_resolved_must_match_the_state() -> None:
+    applied = submit("w0-9", UNKNOWN, None, 15.0)
+    applied.resolved = "applied"
+    gone = submit("w0-8", UNKNOWN, None, 16.0)
+    gone.resolved = "not_applied"
+    assert check([applied, gone], [job(9, "w0-9")], promotions=[(1.0, A)]).ok
+    v = check([applied, gone], [job(8, "w0-8")], promotions=[(1.0, A)])
+    assert v.violations["acknowledged write lost"] and v.violations["refused write applied"], v.summary()
 
 
 def test_evidence_from_logs_and_markers(tmp_path: Path) -> None:

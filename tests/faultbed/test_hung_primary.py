@@ -21,7 +21,7 @@ from xcecore.testing import netns
 from xcecore.testing.checker import OK, History, check, promotions_in_logs
 from xcecore.testing.cluster import LocalCluster, probe, wait_for
 from xcecore.testing.faultbed import FaultBed, Host
-from xcecore.testing.workload import Writers
+from xcecore.testing.workload import Writers, resolve_unknown
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -87,6 +87,7 @@ def test_a_stopped_primary_is_fenced_and_never_acknowledges_again(xce_faultbed: 
     assert not load.errors
     assert primaries_seen and max(primaries_seen) <= 1, "two candidates answered primary at once"
     with bed.client(cluster, cli, "cli", name="final") as c:
+        resolve_unknown(history, c)
         jobs = c.call("jobinfo", deadline=30)["jobs"]
     verdict = check(history.snapshot(), jobs, promotions=promotions_in_logs(
         [cluster.root / f"controller{i}.log" for i in range(3)]))

@@ -8,7 +8,8 @@ verifies, from the final state and the evidence the cluster left:
 - **no acknowledged write lost**: every acknowledged submission is a job, with the jobid it
   was acknowledged with; every acknowledged kill left its job not DONE;
 - **none applied twice**: no two jobs carry one submission's name (an unknown write may be
-  there once or not at all, never twice);
+  there once or not at all, never twice; once the controller said what became of it, through
+  ``outcome(rid)``, it must be there if "applied" and absent if "not applied");
 - **refused writes absent**: a write the controller refused (INVALID, CONFLICT, ...) is not
   applied;
 - **no job run twice**: the run markers the jobs wrote (one line per run, on whichever host
@@ -59,6 +60,7 @@ class Op:
     result: Any = None
     error: str | None = None
     jobid: int | None = None
+    resolved: str | None = None  # an unknown write's fate, asked afterwards: applied, not_applied
 
 
 class History:
@@ -151,6 +153,7 @@ def check(ops: Iterable[Op], jobs: Iterable[Mapping[str, Any]], *,
     ops = list(ops)
     jobs = list(jobs)
     v.counts = dict(Counter(op.outcome for op in ops))
+    v.counts.update(Counter(f"unknown, then {op.resolved}" for op in ops if op.resolved))
     v.counts["jobs"] = len(jobs)
     by_name: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     by_id = {int(j["jobid"]): j for j in jobs}
@@ -183,6 +186,11 @@ def _check_submissions(v: Verdict, ops: list[Op], by_name: Mapping[str, list[Map
                       f"found as {[j['jobid'] for j in found]}")
         elif op.outcome == FAILED and found:
             v.add("refused write applied", f"{op.key} ({op.error}) is job {found[0]['jobid']}")
+        elif op.outcome == UNKNOWN and op.resolved == "applied" and not found:
+            v.add("acknowledged write lost", f"{op.key}: outcome({op.rid}) said applied, yet it is gone")
+        elif op.outcome == UNKNOWN and op.resolved == "not_applied" and found:
+            v.add("refused write applied", f"{op.key}: outcome({op.rid}) said not applied, yet it is "
+                  f"job {found[0]['jobid']}")
 
 
 def _check_kills(v: Verdict, ops: list[Op], by_id: Mapping[int, Mapping[str, Any]]) -> None:

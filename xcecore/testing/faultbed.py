@@ -49,7 +49,7 @@ from xcecore.testing.faultbed_system import (
 )
 
 if TYPE_CHECKING:
-    from xcecore.syncclient import SyncClient
+    from xcecore.client import SyncClient
     from xcecore.testing.cluster import LocalCluster, Proc
 
 __all__ = ["NET", "PREFIX", "BedError", "FaultBed", "Host", "clean_stale", "nft_rules", "pids_in",
@@ -256,8 +256,8 @@ class FaultBed:
         live on ``host``, as ``role@NAME`` (default: the host's name); ``hooks`` are its client
         hooks, ``attrs`` its join attributes; ``join=True`` joins first. ``connect=False``
         leaves connecting to the first call (which may then carry a deadline)."""
+        from xcecore.client import SyncClient
         from xcecore.runtime import client_config, load
-        from xcecore.syncclient import SyncClient
 
         h = self._h(host)
         _, config = load(cluster.config_path)

@@ -27,7 +27,7 @@ from loguru import logger
 from xcecore.testing.chaos import PARKED, ChaosCluster
 from xcecore.testing.checker import OK, History, Verdict, check, promotions_in_logs, runs_in
 from xcecore.testing.faultbed import FaultBed
-from xcecore.testing.workload import Writers, observing
+from xcecore.testing.workload import Writers, observing, resolve_unknown
 
 Undo = Callable[[], None]
 Injected = tuple[str, float, Undo]  # target, time.time() once in effect, how to undo it
@@ -321,6 +321,7 @@ def run(bed: FaultBed, *, seed: int, faults: int, kinds: list[str] | None = None
         unfinished = _finish_jobs(cc, settle)
         seen = observer.snapshot()  # before the final state: nothing it saw may be newer
         with cc.client("final") as c:
+            resolve_unknown(history, c)  # "not applied" is final, so the state below holds
             jobs = c.call("jobinfo", deadline=30)["jobs"]
     nemesis.outages()
     verdict = check(history.snapshot(), jobs, runs=runs_in(cc.markers()), seen=seen,

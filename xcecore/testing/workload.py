@@ -4,8 +4,10 @@ Writers are threads, each with its own blocking client, writing one operation at
 (BENCHMARKS.md's method): submissions of short jobs (half of them to an inactive queue, so the
 writes stay many while the workers keep up), some long jobs killed at once (the kill is an
 acknowledged state change), some reads. Every operation goes through
-:class:`~xcecore.testing.checker.History`. Calls carry no deadline, so a call ends only when a
-primary answered it (or the workload stops: then it is recorded as unknown).
+:class:`~xcecore.testing.checker.History`, with the idempotency key (``rid``) the writer gives
+it. A write not answered within the writer's deadline is unknown (``OutcomeUnknown``); the
+writer goes on with new writes, and :func:`resolve_unknown` asks the controller what became
+of each unknown one at the end (``outcome(rid)``).
 
 The observer is a client joined as a third-party role, which receives every push: it records
 each job's (attempt, state) as it changes, for the checker's state-history check.
@@ -34,38 +36,22 @@ DEFINITE = frozenset({"INVALID", "NOT_FOUND", "DENIED", "CONFLICT"})
 """Error codes the controller answers before applying anything: the write was not applied."""
 
 
-def _outcome_unknown_class() -> type[BaseException] | None:
-    """The client's ``OutcomeUnknown`` once it has one (another change adds it)."""
-    for module in ("xcecore.client", "xcecore.connection"):
-        try:
-            mod = __import__(module, fromlist=["OutcomeUnknown"])
-        except ImportError:
-            continue
-        cls = getattr(mod, "OutcomeUnknown", None)
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            return cls
-    return None
-
-
 def classify(exc: BaseException) -> tuple[str, str | None]:
     """(outcome, rid) of a failed call: FAILED (surely not applied) or UNKNOWN.
 
     - an error reply with a code in :data:`DEFINITE`: refused before applying -> FAILED;
-    - ``OutcomeUnknown`` (it carries the ``rid``): UNKNOWN;
-    - ``BackendUnavailable``: documented as "never sent", so FAILED once the client has
-      ``OutcomeUnknown`` for the writes it did send; before that it also meant a deadline
-      that ran out after sending, so UNKNOWN (weaker, never wrong);
-    - anything else after sending: UNKNOWN.
+    - ``BackendUnavailable``: the client never sent it (or no primary took it) -> FAILED;
+    - ``OutcomeUnknown``: sent, never answered -> UNKNOWN, with its ``rid``;
+    - anything else (another error reply, the client closed under the call) -> UNKNOWN.
     """
-    from xcecore.connection import BackendUnavailable
+    from xcecore.client import BackendUnavailable, OutcomeUnknown
 
-    unknown = _outcome_unknown_class()
-    if unknown is not None and isinstance(exc, unknown):
-        return UNKNOWN, getattr(exc, "rid", None)
+    if isinstance(exc, OutcomeUnknown):
+        return UNKNOWN, exc.rid
     if isinstance(exc, wire.RemoteError):
         return (FAILED if exc.code in DEFINITE else UNKNOWN), None
     if isinstance(exc, BackendUnavailable):
-        return (FAILED if unknown is not None else UNKNOWN), None
+        return FAILED, None
     return UNKNOWN, None
 
 
@@ -79,10 +65,11 @@ class Writers:
     def __init__(self, history: History, open_client: ClientFactory, n: int, *, seed: int,
                  user: str = "chaos", gap: float = 0.02, long_every: int = 5,
                  read_every: int = 7, job_seconds: float = 0.1,
-                 parked_queue: str | None = None) -> None:
+                 parked_queue: str | None = None, deadline: float | None = 3.0) -> None:
         self.history, self.open_client, self.n = history, open_client, n
         self.seed, self.user, self.gap = seed, user, gap
         self.parked_queue = parked_queue
+        self.deadline = deadline  # a write not answered by then is unknown; the writer goes on
         self.long_every, self.read_every, self.job_seconds = long_every, read_every, job_seconds
         self.stopping = threading.Event()
         self.errors: list[BaseException] = []
@@ -135,8 +122,9 @@ class Writers:
     def _call(self, client: Any, who: str, kind: str, key: str, op: str, args: dict[str, Any],
               jobid: int | None = None) -> Any:
         rec: Op = self.history.invoke(who, kind, key, jobid)
+        rec.rid = f"bed-{self.seed}-{key}" if kind != "read" else None  # keys are unique per run
         try:
-            result = client.call(op, args)
+            result = client.call(op, args, deadline=self.deadline, rid=rec.rid)
         except BaseException as exc:
             outcome, rid = classify(exc)
             self.history.fail(rec, outcome, f"{type(exc).__name__}: {exc}", rid)
@@ -158,6 +146,20 @@ class Writers:
                     client.close()
         for t in self._threads:
             t.join(10)
+
+
+def resolve_unknown(history: History, client: Any, deadline: float = 10.0) -> int:
+    """Ask the controller (``outcome(rid)``) what became of every unknown write; how many
+    were resolved. "not applied" is final (the key can no longer be applied)."""
+    n = 0
+    for op in history.snapshot():
+        if op.outcome != UNKNOWN or op.rid is None or op.kind == "read":
+            continue
+        answer = client.outcome(op.rid, deadline=deadline)
+        if answer.get("outcome") in ("applied", "not_applied"):
+            op.resolved = answer["outcome"]
+            n += 1
+    return n
 
 
 class Observer:
