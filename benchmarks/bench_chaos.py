@@ -52,6 +52,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "applied": len(fs),
             "recovered": sum(1 for f in fs if f["recovered"]),
             "no_write_after": sum(1 for f in fs if f["outage"] is None),
+            "refused_writes": sum(f.get("refused", 0) for f in fs),
             "outage_ms": stats([f["outage"] * 1e3 for f in fs if f["outage"] is not None], 1),
             "held_s": stats([f["held"] for f in fs], 2),
         }

@@ -36,7 +36,6 @@ added to the name).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import random
 import shutil
@@ -207,7 +206,10 @@ async def run_kills(bc: BenchCluster, kills: int, seed: int, fault: str = "kill"
     records: list[dict[str, Any]] = []
     cfg = bc.client_config("cli@bench-writer")
     if liveness is not None:
-        cfg = dataclasses.replace(cfg, liveness_timeout=liveness)
+        from xcecore.client import ClientConfig
+
+        cfg = ClientConfig(**{**{k: getattr(cfg, k) for k in ClientConfig.__slots__},
+                              "liveness_timeout": liveness})
     async with Client(cfg, role="cli") as client:
         await client.connect()
         for k in range(kills):

@@ -467,17 +467,24 @@ def chaos_section(d: dict[str, Any] | None) -> list[str]:
               f"{'OK' if s['verdict_ok'] else 'VIOLATIONS'}** (violations: "
               f"{ {k: v for k, v in s['violations'].items() if v} or 'none'}; operations: "
               f"{s['operations']}); jobs left unfinished at the end: {s['unfinished_jobs']}.", "",
-              "| fault kind | applied | survived | outage p50 | p99 | max | held p50 (s) |",
-              "|---|---|---|---|---|---|---|"]
+              "| fault kind | applied | survived | outage p50 | p99 | max | held p50 (s) | writes refused |",
+              "|---|---|---|---|---|---|---|---|"]
     for kind, k in s["by_kind"].items():
         o = k["outage_ms"]
         lines.append(f"| {kind} | {k['applied']} | {k['recovered']} | {fmt(o.get('p50'))} | "
-                     f"{fmt(o.get('p99'))} | {fmt(o.get('max'))} | {fmt(k['held_s'].get('p50'), 2)} |")
+                     f"{fmt(o.get('p99'))} | {fmt(o.get('max'))} | {fmt(k['held_s'].get('p50'), 2)} | "
+                     f"{k.get('refused_writes', 0)} |")
     lines += ["", "How to read the outages: faults that cut the clients or the controllers off last as "
               "long as they are held (partition-clients, blackhole-primary, freeze-controllers: nothing "
               "can fail over, the candidates share one host), plus a restart for power-off-controllers; "
               "stop-primary is hung_timeout plus the fence and reconnect; faults away from the write "
-              "path (workers, the scheduler's host) cost the writers nothing.", ""]
+              "path (workers, the scheduler's host) cost the writers nothing. A full controller disk "
+              "is not an outage but refusals: the primary stays up and answers writes `STORAGE` "
+              "(counted as refused: not applied) until space returns; a write may still commit "
+              "into WAL space SQLite already holds, hence the short first-acknowledgement times. "
+              "Jobs left unfinished come from `full-disk-worker`: a job that finishes while its "
+              "worker's journal disk is full loses its finish report and stays RUN (a worker "
+              "defect, reported, not fixed here).", ""]
     return lines
 
 

@@ -107,6 +107,7 @@ def test_state_histories() -> None:
 
 def test_outcomes_of_failed_calls() -> None:
     assert classify(wire.RemoteError("CONFLICT", "queue closed")) == (FAILED, None)
+    assert classify(wire.RemoteError("STORAGE", "disk full: rolled back")) == (FAILED, None)
     assert classify(wire.RemoteError("INTERNAL", "boom")) == (UNKNOWN, None)
     assert classify(RuntimeError("link lost")) == (UNKNOWN, None)
     assert classify(BackendUnavailable("no primary: never sent")) == (FAILED, None)

@@ -17,11 +17,13 @@ import pytest
 from xce_controller import fencing
 from xce_controller.fencing import BeatFile, FenceMark
 
+from xcecore.protocol import ErrorCode
 from xcecore.testing import netns
 from xcecore.testing.checker import OK, History, check, promotions_in_logs
 from xcecore.testing.cluster import LocalCluster, probe, wait_for
 from xcecore.testing.faultbed import FaultBed, Host
 from xcecore.testing.workload import Writers, resolve_unknown
+from xcecore.wire import RemoteError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -120,27 +122,48 @@ def test_a_pause_shorter_than_hung_timeout_and_a_frozen_host_are_not_hangs(xce_f
 
 
 def test_a_full_disk_never_stops_the_beats(xce_faultbed: FaultBed) -> None:
+    """A full state directory is a storage fault (writes refused with STORAGE, the primary
+    stays up), not a hang: the beats need no new block, so no standby fences the primary."""
     bed = xce_faultbed
-    ctl, _, cluster = cluster_on(bed, hung=1.0, disk="16m")
+    ctl, cli, cluster = cluster_on(bed, hung=1.0, disk="16m")
     beats = BeatFile(ctl.state_dir)
     try:
-        bed.fill_disk(ctl)
-        with pytest.raises(OSError, match="No space left"):
-            (ctl.state_dir / "probe").write_bytes(b"x" * 65536)
-        rec = beats.read_beat()
-        assert rec is not None
-        deadline = time.monotonic() + 3.5  # three and a half hung_timeouts on a full disk
-        while time.monotonic() < deadline:
-            now = beats.read_beat()
-            assert now is not None and now.who == rec.who
-            assert "fenced" not in logs(cluster) and cluster.candidates[0].alive()
-            time.sleep(0.1)
-        assert now.seq > rec.seq + 20  # it kept beating: in place, no new block needed
-        assert os.stat(ctl.state_dir / fencing.BEAT_NAME).st_size == fencing.RECORD_SIZE
+        with bed.client(cluster, cli, "cli", name="w") as c:
+            c.call("jobsubmit", {"command": "true", "user": "chaos", "name": "before"}, deadline=30)
+            bed.fill_disk(ctl)
+            with pytest.raises(OSError, match="No space left"):
+                (ctl.state_dir / "probe").write_bytes(b"x" * 65536)
+            rec = beats.read_beat()
+            assert rec is not None
+            refused: list[str] = []
+            deadline = time.monotonic() + 3.5  # three and a half hung_timeouts on a full disk
+            while time.monotonic() < deadline:
+                try:
+                    c.call("jobsubmit", {"command": "true", "user": "chaos", "name": f"full-{len(refused)}"},
+                           deadline=10)
+                except RemoteError as exc:
+                    refused.append(exc.code)
+                now = beats.read_beat()
+                assert now is not None and now.who == rec.who
+                assert "fenced" not in logs(cluster) and cluster.candidates[0].alive()
+                time.sleep(0.1)
+            assert refused and set(refused) == {ErrorCode.STORAGE}  # really full, for the store too
+            assert now.seq > rec.seq + 20  # it kept beating: in place, no new block needed
+            assert os.stat(ctl.state_dir / fencing.BEAT_NAME).st_size == fencing.RECORD_SIZE
+            bed.free_disk(ctl)
+            wait_for(lambda: _submitted(c), 30, what="writes taken again after the disk is freed")
         assert cluster.primary() == 0
     finally:
         beats.close()
         bed.free_disk(ctl)
+
+
+def _submitted(c: Any) -> bool:
+    try:
+        c.call("jobsubmit", {"command": "true", "user": "chaos", "name": "after"}, deadline=10)
+    except RemoteError:
+        return False
+    return True
 
 
 def test_a_primary_woken_after_a_fence_does_not_acknowledge(xce_faultbed: FaultBed) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 from loguru import logger
 
 from xcecore.testing.chaos import PARKED, ChaosCluster
-from xcecore.testing.checker import OK, History, Verdict, check, promotions_in_logs, runs_in
+from xcecore.testing.checker import FAILED, OK, History, Verdict, check, promotions_in_logs, runs_in
 from xcecore.testing.faultbed import FaultBed
 from xcecore.testing.workload import Writers, observing, resolve_unknown
 
@@ -43,6 +43,7 @@ class FaultRecord:
     healed: float | None = None
     held: float = 0.0
     outage: float | None = None  # injection -> first acknowledged write invoked after it
+    refused: int = 0  # writes invoked while it was held that the cluster refused (not applied)
     recovered: bool = False
     detail: str = ""
 
@@ -267,9 +268,12 @@ class Nemesis:
         """Fill each record's outage from the history (call after the run)."""
         acked = sorted((op.invoked, op.completed) for op in self.history.snapshot()
                        if op.outcome == OK and op.kind != "read" and op.completed is not None)
+        failed = [op.invoked for op in self.history.snapshot() if op.outcome == FAILED and op.kind != "read"]
         for rec in self.records:
             after = [done for inv, done in acked if inv >= rec.start]
             rec.outage = (min(after) - rec.start) if after else None
+            end = rec.healed if rec.healed is not None else rec.start
+            rec.refused = sum(1 for t in failed if rec.start <= t <= end)
 
 
 @dataclass
@@ -289,6 +293,7 @@ class ChaosReport:
         for f in self.faults:
             outage = "no write acknowledged" if f.outage is None else f"outage {f.outage:.2f} s"
             lines.append(f"  {f.kind:<22} {f.target:<28} held {f.held:4.1f} s  {outage}"
+                         + (f", {f.refused} refused" if f.refused else "")
                          + ("" if f.recovered else "  NOT RECOVERED"))
         lines.append(self.verdict.summary())
         if self.unfinished:

@@ -32,8 +32,9 @@ from xcecore.testing.checker import FAILED, UNKNOWN, History, Op
 
 RUNS_ENV = "XCE_BED_RUNS"
 MARK = f'echo "$XCE_JOBID $XCE_ATTEMPT" >> "${RUNS_ENV}"'
-DEFINITE = frozenset({"INVALID", "NOT_FOUND", "DENIED", "CONFLICT"})
-"""Error codes the controller answers before applying anything: the write was not applied."""
+DEFINITE = frozenset({"INVALID", "NOT_FOUND", "DENIED", "CONFLICT", "STORAGE"})
+"""Error codes that say the write was not applied: refused before applying anything, or
+(STORAGE) rolled back because the store could not commit it."""
 
 
 def classify(exc: BaseException) -> tuple[str, str | None]:
