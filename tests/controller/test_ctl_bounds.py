@@ -102,7 +102,9 @@ def test_non_reading_floods_leave_memory_bounded_and_others_served(ctl: Proc) ->
     deaf.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     base = rss(ctl.pid)
 
-    jobinfos = b"".join(wire.encode(wire.request(i, "jobinfo", {})) for i in range(1, 3001))
+    # limit: every reply stays ~1.6 MB while the loop below keeps submitting (an unlimited
+    # jobinfo would grow with them, and so would the one frame being encoded).
+    jobinfos = b"".join(wire.encode(wire.request(i, "jobinfo", {"limit": 200})) for i in range(1, 3001))
     joins = b"".join(wire.encode(wire.request(i, "join", {"role": "apiserver"})) for i in range(1, 1001))
     stop = threading.Event()
     # Held open until the end: a flood that has sent everything must not close its socket

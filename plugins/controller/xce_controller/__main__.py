@@ -14,7 +14,7 @@ import sys
 import anyio
 from loguru import logger
 
-from xce_controller.plugin import tune_gc
+from xce_controller.plugin import tune_memory
 from xce_controller.server import serve
 from xce_controller.settings import SECTION, config_of, settings_from_config
 from xcecore import auth
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     # diagnose=False: a traceback must not print the values of a request's variables (they may
     # be huge or nested too deep to print).
     logger.add(sys.stderr, level=args.log_level.upper(), diagnose=False)
-    tune_gc()
+    tune_memory()
     anyio.run(_run, args, backend_options=loop_options(args.event_loop))
 
 
