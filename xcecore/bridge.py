@@ -17,7 +17,6 @@ anyio loads when a bridge, wake-up or stop event is made.
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 from collections.abc import Callable
@@ -49,6 +48,8 @@ class LoopBridge:
 
     def bind(self) -> None:
         """Attach to the running loop (call it on the loop)."""
+        import asyncio  # here, not at the top: one-shot commands import this module, not asyncio
+
         from anyio import from_thread, lowlevel
 
         self._thread = threading.get_ident()
