@@ -17,7 +17,9 @@ import anyio
 from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 from xce_controller.server import Controller, serve
-from xce_controller.settings import ControllerSettings, config_of, settings_from_config
+from xce_controller.settings import ClusterConf, ControllerSettings, config_of, settings_from_config
+from xce_controller.state import ClusterState
+from xce_controller.store import SQLiteStore
 
 from xcecore import auth, wire
 from xcecore.testing import Proc as HarnessProc
@@ -80,6 +82,18 @@ class RawClient:
         assert msg["ok"], msg
         return msg["result"]
 
+    async def jobs(self, args: dict[str, Any] | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """Every job ``jobinfo`` with ``args`` lists, following its pages."""
+        out: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            page = await self.ok("jobinfo", {**(args or {}), "limit": limit,
+                                             **({"cursor": cursor} if cursor else {})})
+            out += page["jobs"]
+            cursor = page["next"]
+            if cursor is None:
+                return out
+
     async def push(self, event: str | None = None, timeout: float = 5) -> dict[str, Any]:
         """The next push (of ``event`` if given), skipping others."""
         with anyio.fail_after(timeout):
@@ -92,6 +106,21 @@ class RawClient:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def reload(state_dir: Path, conf: ClusterConf | None = None) -> ClusterState:
+    """What a newly promoted primary would hold once it has loaded ``state_dir``'s store."""
+    store = SQLiteStore(str(state_dir))
+    store.open()
+    try:
+        head = store.head()
+        table = store.load_jobs(head.max_jobid, 60.0)
+    finally:
+        store.close()
+    st = ClusterState(conf or ClusterConf(queues=({"name": "normal", "priority": 30},)))
+    st.take_head(head.hosts, head.queues, head.next_jobid, time.time())
+    st.take_jobs(table)
+    return st
 
 
 def settings(state_dir: Path, **controller: Any) -> ControllerSettings:

@@ -10,12 +10,14 @@ from typing import Any
 import anyio
 import orjson
 import pytest
-from ctl_testlib import RawClient, running, start_controller, wait_listening
+from ctl_testlib import RawClient, reload, running, start_controller, wait_listening
 from xce_controller import plugin
+from xce_controller.members import legacy_view
 from xce_controller.pushes import encode_rows
-from xce_controller.settings import IDEM_TTL, config_of, settings_from_config
+from xce_controller.settings import config_of, settings_from_config
 from xce_controller.state import ClusterConf, ClusterState
 from xce_controller.store import SQLiteStore, Write
+from xce_controller.subscribe import default_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -37,13 +39,7 @@ def _commit(state_dir: Path, rows: list[Any]) -> None:
 
 def _reload(state_dir: Path) -> ClusterState:
     """What a newly promoted primary would hold."""
-    store = SQLiteStore(str(state_dir))
-    store.open()
-    loaded = store.load(IDEM_TTL)
-    store.close()
-    st = ClusterState(ClusterConf(queues=QUEUES))
-    st.load(loaded, time.time())
-    return st
+    return reload(state_dir, ClusterConf(queues=QUEUES))
 
 
 def _cluster(t0: float) -> tuple[ClusterState, dict[str, int], list[Any]]:
@@ -224,8 +220,9 @@ def test_meta_row_holds_the_counter(tmp_path: Path) -> None:
     _commit(tmp_path, rows + ch.rows)
     store = SQLiteStore(str(tmp_path))
     store.open()
-    assert store.load(IDEM_TTL).meta == {"next_jobid": st.next_jobid}
-    assert orjson.loads(store.db.execute("SELECT data FROM meta").fetchone()[0]) == st.next_jobid
+    assert store.head().meta["next_jobid"] == st.next_jobid
+    row = store.db.execute("SELECT data FROM meta WHERE key = 'next_jobid'").fetchone()
+    assert orjson.loads(row[0]) == st.next_jobid
     store.close()
 
 
@@ -242,7 +239,8 @@ def test_worker_view_lists_only_its_active_jobs_through_the_host_index(tmp_path:
     rows += st.control(susp.result["jobid"], "stop", t0).rows
 
     def view(state: ClusterState, host: str) -> list[str]:
-        return [j["command"] for j in state.full_state("s", worker_host=host)["jobs"]]
+        jobs = legacy_view(state, "s", default_for("worker", host))["jobs"]
+        return [j.spec()["command"] for j in jobs]
 
     assert view(st, "n1") == ["running", "stopped"]
     assert view(st, "n2") == ["elsewhere"]
@@ -253,4 +251,4 @@ def test_worker_view_lists_only_its_active_jobs_through_the_host_index(tmp_path:
     st.notify("n1", {"jobid": ids["running"], "event": "finish", "exit_status": 0}, t0)
     st.control(other.result["jobid"], "requeue", t0)
     assert view(st, "n1") == ["stopped"] and view(st, "n2") == []
-    assert st.active_on["n1"] == {susp.result["jobid"]} and st.active_on["n2"] == set()
+    assert st.jobs.active_on["n1"] == {susp.result["jobid"]} and "n2" not in st.jobs.active_on

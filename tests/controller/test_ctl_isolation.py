@@ -157,7 +157,7 @@ def stored_hosts(state_dir: Path) -> dict[str, Any]:
     store = SQLiteStore(str(state_dir))
     store.open()
     try:
-        return store.load(86400.0).hosts
+        return store.head().hosts
     finally:
         store.close()
 

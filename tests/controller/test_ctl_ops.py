@@ -84,7 +84,7 @@ async def test_pending_job_control_and_reasons(tmp_path):
         assert (await s.ok("set_pend_reason", {"reasons": {str(j): "no host fits"}})) == {"updated": 1}
         assert (await s.push("pend_reasons"))["data"] == {"reasons": {str(j): "no host fits"}}
         assert (await cli.ok("jobinfo", {"jobids": [j]}))["jobs"][0]["pend_reason"] == "no host fits"
-        assert (await s.ok("clear_reason", {})) == {"cleared": 1}
+        assert (await s.ok("clear_reason", {})) == {"cleared": 1, "more": False}
         assert (await cli.ok("jobctrl", {"jobid": j, "action": "stop", "user": "alice"}))["state"] == "PSUSP"
         assert err(await cli.call("jobctrl", {"jobid": j, "action": "stop", "user": "alice"}))["code"] == "CONFLICT"
         on_n1 = {"jobid": j, "alloc": [{"host": "n1", "ntasks": 1}]}

@@ -110,7 +110,9 @@ def test_defaults_are_written_once_and_state_dir_is_the_controllers():
 
 
 def test_store_load_has_no_ttl_default_of_its_own(tmp_path):
-    """The store prunes with the TTL it is given: the controller's idem_ttl, nothing else."""
+    """The store loads the keys from the time it is given (the controller's idem_ttl)."""
     import inspect
 
-    assert inspect.signature(SQLiteStore.load).parameters["idem_ttl"].default is inspect.Parameter.empty
+    for method in (SQLiteStore.load_idem, SQLiteStore.snapshot):
+        for p in inspect.signature(method).parameters.values():
+            assert p.default is inspect.Parameter.empty, (method, p)

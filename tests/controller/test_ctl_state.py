@@ -2,19 +2,23 @@
 
 No I/O: a :class:`ClusterState` in memory, transitions called directly, their ``Changes``
 (rows to commit, events to push, result) checked. A refused transition must leave the state
-as it was. ``benchmarks/bench_mutation_state.py`` measures how many mutants of ``state.py``
-these tests kill.
+as it was, and after every test the job table's indexes agree with its jobs.
+``benchmarks/bench_mutation_state.py`` measures how many mutants of ``state.py`` these tests
+kill.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
+import orjson
 import pytest
+from xce_controller.jobs import Job, JobTable, make_alloc
+from xce_controller.members import legacy_view
+from xce_controller.pushes import encode
 from xce_controller.settings import ClusterConf
 from xce_controller.state import Changes, ClusterState, queue_record
-from xce_controller.store import Loaded
+from xce_controller.subscribe import EVERYTHING, Subscription, default_for
 
 from xcecore.wire import RemoteError
 
@@ -25,22 +29,70 @@ QUEUES = ({"name": "normal", "priority": 30}, {"name": "night", "priority": 20, 
 T0 = 1000.0
 
 
+MADE: list[ClusterState] = []
+
+
 def new_state(**conf: Any) -> ClusterState:
-    return ClusterState(ClusterConf(queues=QUEUES, host_timeout=30.0, **conf))
+    st = ClusterState(ClusterConf(queues=QUEUES, host_timeout=30.0, **conf))
+    MADE.append(st)
+    return st
+
+
+@pytest.fixture(autouse=True)
+def indexes_agree() -> Any:
+    """After each test, every state it made has indexes that agree with its jobs."""
+    MADE.clear()
+    yield
+    for st in MADE:
+        consistent(st)
 
 
 def code(exc: pytest.ExceptionInfo[RemoteError]) -> str:
     return str(exc.value.code)
 
 
+def rec(job: Job) -> dict[str, Any]:
+    """A job's record as members see it."""
+    out: dict[str, Any] = orjson.loads(job.json())
+    return out
+
+
+def setj(st: ClusterState, jobid: int, **fields: Any) -> None:
+    """Change a job's fields as a transition would (its indexes follow)."""
+    job = st.jobs[jobid]
+    keys = st.jobs.keys(job)
+    for k, v in fields.items():
+        setattr(job, k, v)
+    st.jobs.reindex(job, keys)
+
+
+def snapshot(st: ClusterState) -> Any:
+    """Everything a transition may change, comparable."""
+    tbl = st.jobs
+    return (orjson.dumps([rec(j) for j in tbl.values()]), orjson.dumps(st.hosts),
+            orjson.dumps(st.queues), orjson.dumps(st.members), repr(sorted(tbl.active_on.items())),
+            {s: list(ids) for s, ids in tbl.by_state.items()}, list(tbl.reasons), st.next_jobid)
+
+
 def refused(st: ClusterState, fn: Any, *args: Any) -> RemoteError:
     """Call a transition that must refuse, and check that it changed nothing."""
-    before = copy.deepcopy((st.jobs, st.hosts, st.queues, st.members, st.active_on, st.next_jobid))
+    before = snapshot(st)
     with pytest.raises(RemoteError) as err:
         fn(*args)
-    after = (st.jobs, st.hosts, st.queues, st.members, st.active_on, st.next_jobid)
-    assert after == before, "a refused transition changed the state"
+    assert snapshot(st) == before, "a refused transition changed the state"
     return err.value
+
+
+def consistent(st: ClusterState) -> None:
+    """The table's indexes say what its jobs say (rebuilt from scratch, they are the same)."""
+    tbl = st.jobs
+    again = JobTable.build(sorted(tbl.values(), key=lambda j: j.jobid))
+    assert list(tbl.all) == list(again.all)
+    for name in ("by_state", "by_user", "by_queue", "by_name", "by_host"):
+        mine = {k: list(v) for k, v in getattr(tbl, name).items() if v}
+        assert mine == {k: list(v) for k, v in getattr(again, name).items() if v}, name
+    assert tbl.active_on == again.active_on and list(tbl.reasons) == list(again.reasons)
+    assert tbl.counts == again.counts
 
 
 def rows_of(ch: Changes, table: str) -> list[Any]:
@@ -76,7 +128,7 @@ def running(st: ClusterState, host: str = "n1", ntasks: int = 1) -> int:
 def test_queue_record_defaults_and_status() -> None:
     q = queue_record({"name": "q"})
     assert q == {"name": "q", "priority": 30, "description": "", "open": True, "active": True,
-                 "status": "Open:Active"}
+                 "rev": 0, "status": "Open:Active"}
     q = queue_record({"name": "q", "priority": "7", "open": False, "active": False, "description": 5})
     assert (q["priority"], q["description"], q["status"]) == (7, "5", "Closed:Inact")
     assert queue_record({"name": "q", "open": False})["status"] == "Closed:Active"
@@ -102,27 +154,26 @@ def test_views_queues_conf_and_lookups() -> None:
     assert not st.is_admin("cli", "alice") and not st.is_admin("cli", None)
 
 
-def test_full_state_for_members_and_for_a_worker() -> None:
+def test_legacy_state_for_members_and_for_a_worker() -> None:
     st = with_hosts(new_state(), "n1", "n2")
     on_n1, on_n2 = running(st, "n1"), running(st, "n2")
     pending = submit(st)
     st.add_member("scheduler@x", "scheduler", T0)
-    full = st.full_state("srv")
+    everything = Subscription(tuple(EVERYTHING.items()))
+    full = orjson.loads(encode(legacy_view(st, "srv", everything)))
     assert full["server"] == "srv" and full["cluster"] == st.clusterconf()
     assert [h["name"] for h in full["hosts"]] == ["n1", "n2"]
-    assert {j["jobid"] for j in full["jobs"]} == {on_n1, on_n2, pending}
+    assert [j["jobid"] for j in full["jobs"]] == [on_n1, on_n2, pending]
+    assert full["jobs"][0]["command"] == "true" and full["jobs"][0]["alloc"] == [
+        {"host": "n1", "ntasks": 1}]
     assert [m["identity"] for m in full["members"]] == ["scheduler@x"]
     assert full["queues"] == st.sorted_queues() and full["resources"] == st.conf.resources
-    mine = st.full_state("srv", "n1")
+    mine = legacy_view(st, "srv", default_for("worker", "n1"))
     assert [h["name"] for h in mine["hosts"]] == ["n1"]
-    assert [j["jobid"] for j in mine["jobs"]] == [on_n1] and mine["members"] == []
+    assert [j.jobid for j in mine["jobs"]] == [on_n1] and mine["members"] == []
     st.notify("n1", {"jobid": on_n1, "event": "finish", "exit_status": 0}, T0)
-    assert st.full_state("srv", "n1")["jobs"] == []
-    assert st.full_state("srv", "ghost")["hosts"] == []
-    # The worker's view trusts the index only as far as the jobs agree with it.
-    again = running(st, "n1")
-    st.active_on["n1"].update({on_n2, on_n1, 999})  # on n2 / finished / gone: none of them is n1's
-    assert [j["jobid"] for j in st.full_state("srv", "n1")["jobs"]] == [again]
+    assert legacy_view(st, "srv", default_for("worker", "n1"))["jobs"] == []
+    assert legacy_view(st, "srv", default_for("worker", "ghost"))["hosts"] == []
 
 
 # -- members and hosts ---------------------------------------------------------------------
@@ -130,14 +181,20 @@ def test_full_state_for_members_and_for_a_worker() -> None:
 
 def test_members_join_leave_and_are_seen() -> None:
     st = new_state()
-    ch = st.add_member("probe@h", "probe", T0, {"colour": "blue"}, "none")
+    ch = st.add_member("probe@h", "probe", T0, {"colour": "blue"}, {})
     assert st.members["probe@h"] == {"identity": "probe@h", "role": "probe", "joined_at": T0,
-                                     "last_seen": T0, "pushes": "none", "attrs": {"colour": "blue"}}
+                                     "last_seen": T0, "pushes": "none", "subscribe": {},
+                                     "attrs": {"colour": "blue"}}
+    assert st.roles == {"probe": 1} and st.members_from("", 10) == (["probe@h"], None)
     (ev,) = ch.events
     assert (ev.name, ev.data) == ("member", {"identity": "probe@h", "role": "probe", "joined": True})
     assert not ch.rows
-    st.add_member("worker@n1", "worker", T0)
+    st.add_member("worker@n1", "worker", T0, None, {"jobs": "host"})
     assert "attrs" not in st.members["worker@n1"] and st.members["worker@n1"]["pushes"] == "all"
+    assert st.members_from("", 1) == (["probe@h"], "worker@n1")
+    assert st.members_from("q", 5) == (["worker@n1"], None)
+    st.add_member("worker@n1", "worker", T0 + 1, None, {})  # a re-join: counted once
+    assert st.roles == {"probe": 1, "worker": 1} and len(st.member_ids) == 2
     st.member_seen("probe@h", T0 + 5)
     assert st.members["probe@h"]["last_seen"] == T0 + 5
     st.member_seen("nobody@h", T0 + 5)  # unknown: ignored
@@ -147,6 +204,7 @@ def test_members_join_leave_and_are_seen() -> None:
     assert ch.events[0].name == "member"
     assert ch.events[0].data == {"identity": "probe@h", "role": "probe", "joined": False}
     assert st.remove_member("probe@h").events == []
+    assert st.roles == {"worker": 1} and st.member_ids == ["worker@n1"]
 
 
 def test_join_worker_creates_then_refreshes_its_host() -> None:
@@ -155,7 +213,7 @@ def test_join_worker_creates_then_refreshes_its_host() -> None:
     host = st.hosts["n1"]
     assert host == {"name": "n1", "available": True, "closed": False, "comment": "", "max_slots": 4,
                     "used_slots": 0, "attrs": {"hname": "n1", "ncpus": 4}, "resvals": {},
-                    "joined_at": T0, "state": "ok"}
+                    "joined_at": T0, "rev": 0, "state": "ok"}
     assert rows_of(ch, "hosts") == [("hosts", "n1", host)] and st.last_seen["n1"] == T0
     (ev,) = ch.events
     assert ev.name == "host" and ev.hosts == frozenset({"n1"}) and ev.data is host
@@ -186,17 +244,34 @@ def test_heartbeat_brings_an_unavailable_host_back() -> None:
 
 def test_expire_hosts_after_the_timeout_only() -> None:
     st = with_hosts(new_state(), "n1", "n2")
-    st.last_seen["n2"] = T0 + 10
+    st.touch("n2", T0 + 10)
     assert st.expire_hosts(T0 + 30).rows == []  # exactly host_timeout: not yet
     ch = st.expire_hosts(T0 + 30.5)
     assert [r[1] for r in rows_of(ch, "hosts")] == ["n1"]
     assert st.hosts["n1"]["available"] is False and st.hosts["n1"]["state"] == "unavail"
     assert st.hosts["n2"]["available"]
     assert st.expire_hosts(T0 + 31).rows == []  # already unavail: no second row
-    st.hosts["n3"] = {**st.hosts["n2"], "name": "n3"}  # loaded, never seen since: not expired
-    st.last_seen.pop("n3", None)
-    assert "n3" not in [r[1] for r in st.expire_hosts(T0 + 100).rows]
-    assert [r[1] for r in st.expire_hosts(T0 + 100).rows] == []
+    st.hosts["n3"] = {**st.hosts["n2"], "name": "n3"}  # never seen (never filed): not expired
+    assert [r[1] for r in st.expire_hosts(T0 + 100).rows] == ["n2"]
+    assert st.expire_hosts(T0 + 100).rows == []
+    # Only the hosts filed in buckets up to the limit's are looked at, and a host that beat
+    # since is filed again, never expired from its old entry.
+    st.heartbeat("n1", T0 + 200)
+    st.heartbeat("n2", T0 + 200)
+    st.heartbeat("n2", T0 + 240)
+    assert [r[1] for r in st.expire_hosts(T0 + 231).rows] == ["n1"]
+    assert st.expire_hosts(T0 + 260).rows == []
+    assert [r[1] for r in st.expire_hosts(T0 + 271).rows] == ["n2"]
+    assert st.expire_hosts(T0 + 10_000).rows == []
+
+
+def test_expiry_looks_only_at_due_hosts() -> None:
+    st = with_hosts(new_state(), *(f"n{i}" for i in range(100)))
+    for i in range(99):
+        st.heartbeat(f"n{i}", T0 + 25)  # all but n99 beat again
+    assert len(st.seen) == 199  # stale entries of n0..n98, bounded by their bucket changes
+    assert [r[1] for r in st.expire_hosts(T0 + 31).rows] == ["n99"]
+    assert len(st.seen) == 99  # looked at (and dropped) what was due, kept the rest
 
 
 def test_closing_a_host_and_resource_values() -> None:
@@ -222,19 +297,21 @@ def test_submit_takes_the_default_queue_and_counts_ids() -> None:
     job = st.jobs[1]
     assert ch.result == {"jobid": 1, "queue": "normal", "state": "PEND"}
     assert rows_of(ch, "jobs") == [("jobs", 1, job)] and events(ch, "job")[0].data is job
-    assert job == {"jobid": 1, "name": "", "user": "bob", "project": "default", "queue": "normal",
-                   "command": "sleep 1", "cwd": "", "env": {}, "resreq": "", "ntasks": 1,
-                   "state": "PEND", "submit_time": T0, "start_time": None, "end_time": None,
-                   "alloc": [], "pid": None, "exit_status": None, "pend_reason": None, "reason": None,
-                   "signal": None, "attempt": 0, "forced": False, "usage": {}}
+    assert rec(job) == {"jobid": 1, "name": "", "user": "bob", "project": "default", "queue": "normal",
+                        "command": "sleep 1", "cwd": "", "env": {}, "resreq": "", "ntasks": 1,
+                        "state": "PEND", "submit_time": T0, "start_time": None, "end_time": None,
+                        "alloc": [], "pid": None, "exit_status": None, "pend_reason": None,
+                        "reason": None, "signal": None, "attempt": 0, "forced": False, "usage": {},
+                        "rev": 0}
     full = {"command": "x", "user": "eve", "name": "n", "project": "p", "cwd": "/w", "env": {"A": "1"},
-            "resreq": "select[mem>1]", "ntasks": 3}
-    rec = st.jobs[st.submit(full, T0).result["jobid"]]
-    assert {k: rec[k] for k in full} == full
-    del st.jobs[rec["jobid"]]
+            "resreq": "select[mem>1]", "ntasks": 3, "output": "/o"}  # a field the record does not know
+    new = st.jobs[st.submit(full, T0).result["jobid"]]
+    assert {k: rec(new)[k] for k in full} == full and new.spec()["output"] == "/o"
+    assert st.jobs.by_name["n"] and list(st.jobs.by_user["eve"]) == [new.jobid]
+    st.jobs.remove(new.jobid)
     st.next_jobid -= 1
     assert st.submit({"command": "x", "user": "bob", "queue": "night"}, T0).result["jobid"] == 2
-    assert st.jobs[2]["queue"] == "night" and st.next_jobid == 3
+    assert st.jobs[2].queue == "night" and st.next_jobid == 3
     assert refused(st, st.submit, {"command": "x", "user": "u", "queue": "nope"}, T0).code == "NOT_FOUND"
     st.queues["night"]["open"] = False
     err = refused(st, st.submit, {"command": "x", "user": "u", "queue": "night"}, T0)
@@ -245,24 +322,24 @@ def test_control_of_pending_jobs() -> None:
     st = new_state()
     jobid = submit(st)
     ch = st.control(jobid, "stop", T0)
-    assert st.jobs[jobid]["state"] == "PSUSP" and rows_of(ch, "jobs") == [("jobs", jobid, st.jobs[jobid])]
+    assert st.jobs[jobid].state == "PSUSP" and rows_of(ch, "jobs") == [("jobs", jobid, st.jobs[jobid])]
     assert ch.result is st.jobs[jobid] and events(ch, "job") and not events(ch, "signal")
     assert refused(st, st.control, jobid, "stop", T0).code == "CONFLICT"
     ch = st.control(jobid, "resume", T0)
-    assert st.jobs[jobid]["state"] == "PEND" and rows_of(ch, "jobs")
+    assert st.jobs[jobid].state == "PEND" and rows_of(ch, "jobs")
     assert refused(st, st.control, jobid, "resume", T0).code == "CONFLICT"
     for action in ("checkpoint", "requeue", "nonsense"):
         assert refused(st, st.control, jobid, action, T0).code == "CONFLICT"
     assert refused(st, st.control, jobid, "requeue", T0).message == f"job {jobid} is PEND: cannot requeue it"
-    st.jobs[jobid]["pend_reason"] = "no slots"
+    setj(st, jobid, pend_reason="no slots")
     ch = st.control(jobid, "kill", T0 + 1)
     job = st.jobs[jobid]
-    assert (job["state"], job["end_time"], job["reason"], job["pend_reason"]) == ("EXIT", T0 + 1, "killed", None)
+    assert (job.state, job.end_time, job.reason, job.pend_reason) == ("EXIT", T0 + 1, "killed", None)
     assert rows_of(ch, "jobs") and not events(ch, "signal")
     held = submit(st)
     st.control(held, "stop", T0)
     st.control(held, "kill", T0)
-    assert st.jobs[held]["state"] == "EXIT"
+    assert st.jobs[held].state == "EXIT"
     err = refused(st, st.control, 99, "kill", T0)
     assert (err.code, err.message) == ("NOT_FOUND", "no such job: 99")
 
@@ -273,40 +350,40 @@ def test_control_of_running_jobs_signals_their_hosts() -> None:
     ch = st.control(jobid, "stop", T0)
     (sig,) = events(ch, "signal")
     assert sig.data == {"jobid": jobid, "signal": "stop", "hosts": ["n1"], "attempt": 0}
-    assert sig.hosts == frozenset({"n1"}) and st.jobs[jobid]["state"] == "USUSP"
-    assert rows_of(ch, "jobs") and st.jobs[jobid]["signal"] == "stop"
+    assert sig.hosts == frozenset({"n1"}) and st.jobs[jobid].state == "USUSP"
+    assert rows_of(ch, "jobs") and st.jobs[jobid].signal == "stop"
     assert refused(st, st.control, jobid, "checkpoint", T0).code == "CONFLICT"  # only RUN
     ch = st.control(jobid, "resume", T0)
-    assert st.jobs[jobid]["state"] == "RUN" and events(ch, "signal")[0].data["signal"] == "resume"
+    assert st.jobs[jobid].state == "RUN" and events(ch, "signal")[0].data["signal"] == "resume"
     ch = st.control(jobid, "checkpoint", T0)
-    assert events(ch, "signal")[0].data["signal"] == "checkpoint" and st.jobs[jobid]["state"] == "RUN"
+    assert events(ch, "signal")[0].data["signal"] == "checkpoint" and st.jobs[jobid].state == "RUN"
     assert rows_of(ch, "jobs")
-    st.jobs[jobid]["state"] = "SSUSP"
+    setj(st, jobid, state="SSUSP")
     st.control(jobid, "stop", T0)
-    assert st.jobs[jobid]["state"] == "USUSP"
-    st.jobs[jobid]["state"] = "SSUSP"
+    assert st.jobs[jobid].state == "USUSP"
+    setj(st, jobid, state="SSUSP")
     st.control(jobid, "resume", T0)
-    assert st.jobs[jobid]["state"] == "RUN"
+    assert st.jobs[jobid].state == "RUN"
     assert refused(st, st.control, jobid, "resume", T0).code == "CONFLICT"  # RUN: nothing to resume
     ch = st.control(jobid, "kill", T0)
-    assert events(ch, "signal")[0].data["signal"] == "kill" and st.jobs[jobid]["state"] == "RUN"
+    assert events(ch, "signal")[0].data["signal"] == "kill" and st.jobs[jobid].state == "RUN"
     assert rows_of(ch, "jobs")
 
 
-RESET = {"state": "PEND", "alloc": [], "pid": None, "start_time": None, "end_time": None,
+RESET = {"state": "PEND", "alloc": (), "pid": None, "start_time": None, "end_time": None,
          "exit_status": None, "reason": None, "signal": None, "forced": False, "attempt": 0}
 
 
 def test_requeue_of_a_running_job_frees_its_slots_and_counts_the_attempt() -> None:
     st = with_hosts(new_state(), "n1")
     jobid = running(st, ntasks=2)
-    assert st.hosts["n1"]["used_slots"] == 2 and st.active_on["n1"] == {jobid}
-    st.jobs[jobid].update(pid=7, start_time=T0, signal="stop", forced=True, reason="r", exit_status=1,
-                          end_time=T0)
+    assert st.hosts["n1"]["used_slots"] == 2 and st.jobs.active_on["n1"] == {jobid}
+    setj(st, jobid, pid=7, start_time=T0, signal="stop", forced=True, reason="r", exit_status=1,
+         end_time=T0)
     ch = st.control(jobid, "requeue", T0)
     job = st.jobs[jobid]
-    assert {k: job[k] for k in RESET} == {**RESET, "attempt": 1}
-    assert st.hosts["n1"]["used_slots"] == 0 and st.active_on["n1"] == set()
+    assert {k: getattr(job, k) for k in RESET} == {**RESET, "attempt": 1}
+    assert st.hosts["n1"]["used_slots"] == 0 and "n1" not in st.jobs.active_on
     assert events(ch, "signal")[0].data == {"jobid": jobid, "signal": "kill", "hosts": ["n1"], "attempt": 0}
     assert rows_of(ch, "hosts") and rows_of(ch, "jobs")
     (host_ev,) = events(ch, "host")
@@ -315,9 +392,9 @@ def test_requeue_of_a_running_job_frees_its_slots_and_counts_the_attempt() -> No
     assert job_ev.hosts == frozenset({"n1"})  # the old host hears that the job left it
     done = running(st)
     st.notify("n1", {"jobid": done, "event": "finish", "exit_status": 3}, T0)
-    st.jobs[done].update(pid=7, start_time=T0, signal="stop", forced=True)
+    setj(st, done, pid=7, start_time=T0, signal="stop", forced=True)
     ch = st.control(done, "requeue", T0)
-    assert {k: st.jobs[done][k] for k in RESET} == {**RESET, "attempt": 1}
+    assert {k: getattr(st.jobs[done], k) for k in RESET} == {**RESET, "attempt": 1}
     assert not events(ch, "signal") and rows_of(ch, "jobs")
 
 
@@ -346,14 +423,15 @@ def test_dispatch_checks_everything_first() -> None:
     st.queues["normal"]["active"] = False
     assert "inactive" in refused(st, st.dispatch, jobid, alloc, False).message
     st.queues["normal"]["active"] = True
-    st.jobs[jobid]["pend_reason"] = "waiting"
-    st.jobs[jobid]["signal"] = "kill"  # left from before a requeue: a new run starts clean
+    setj(st, jobid, pend_reason="waiting")
+    setj(st, jobid, signal="kill")  # left from before a requeue: a new run starts clean
     ch = st.dispatch(jobid, [{"host": "n1", "ntasks": 1, "x": 1}, {"host": "n2", "ntasks": 1}], False)
     job = st.jobs[jobid]
-    assert ch.result == {"jobid": jobid, "state": "RUN", "alloc": alloc} and job["alloc"] == alloc
-    assert (job["state"], job["pend_reason"], job["forced"], job["signal"]) == ("RUN", None, False, None)
+    assert orjson.loads(orjson.dumps(ch.result)) == {"jobid": jobid, "state": "RUN", "alloc": alloc}
+    assert rec(job)["alloc"] == alloc
+    assert (job.state, job.pend_reason, job.forced, job.signal) == ("RUN", None, False, None)
     assert st.hosts["n1"]["used_slots"] == 1 and st.hosts["n2"]["used_slots"] == 2
-    assert st.active_on["n1"] == {jobid} == st.active_on["n2"]
+    assert st.jobs.active_on["n1"] == {jobid} == st.jobs.active_on["n2"]
     assert sorted(r[1] for r in rows_of(ch, "hosts")) == ["n1", "n2"] and rows_of(ch, "jobs")
     err = refused(st, st.dispatch, jobid, alloc, False)  # not PEND any more
     assert err.message == f"job {jobid} is RUN, not PEND: cannot dispatch it"
@@ -365,12 +443,11 @@ def test_force_dispatch_overrides_closed_hosts_and_full_slots() -> None:
     st.host_control("n1", "close", "")
     jobid = submit(st)
     st.dispatch(jobid, [{"host": "n1", "ntasks": 1}], True)
-    assert st.jobs[jobid]["forced"] and st.hosts["n1"]["used_slots"] == 2
-    del st.queues["normal"]  # a job whose queue is gone from config still dispatches
+    assert st.jobs[jobid].forced and st.hosts["n1"]["used_slots"] == 2
     other = submit(st, queue="night")
-    st.jobs[other]["queue"] = "normal"
+    del st.queues["night"]  # a job whose queue is gone from config still dispatches
     st.dispatch(other, [{"host": "n1", "ntasks": 1}], True)
-    assert st.jobs[other]["state"] == "RUN"
+    assert st.jobs[other].state == "RUN"
 
 
 def test_reports_of_the_worker_move_the_job() -> None:
@@ -379,52 +456,52 @@ def test_reports_of_the_worker_move_the_job() -> None:
     err = refused(st, st.notify, "n2", {"jobid": jobid, "event": "start", "pid": 1}, T0)
     assert (err.code, err.message) == ("DENIED", f"job {jobid} does not run on host n2")
     ch = st.notify("n1", {"jobid": jobid, "event": "start", "pid": 42}, T0 + 1)
-    assert (st.jobs[jobid]["pid"], st.jobs[jobid]["start_time"]) == (42, T0 + 1)
+    assert (st.jobs[jobid].pid, st.jobs[jobid].start_time) == (42, T0 + 1)
     assert rows_of(ch, "jobs") and ch.result is st.jobs[jobid]
     st.notify("n1", {"jobid": jobid, "event": "stop"}, T0)
-    assert st.jobs[jobid]["state"] == "SSUSP"
+    assert st.jobs[jobid].state == "SSUSP"
     st.notify("n1", {"jobid": jobid, "event": "stop"}, T0)  # already stopped: stays
-    assert st.jobs[jobid]["state"] == "SSUSP"
+    assert st.jobs[jobid].state == "SSUSP"
     st.notify("n1", {"jobid": jobid, "event": "resume"}, T0)
-    assert st.jobs[jobid]["state"] == "RUN"
+    assert st.jobs[jobid].state == "RUN"
     err = refused(st, st.notify, "n1", {"jobid": jobid, "event": "resume"}, T0)
     assert err.message == f"job {jobid} is RUN: cannot record 'resume'"
-    st.jobs[jobid]["state"] = "USUSP"
+    setj(st, jobid, state="USUSP")
     st.notify("n1", {"jobid": jobid, "event": "stop"}, T0)
-    assert st.jobs[jobid]["state"] == "USUSP"
+    assert st.jobs[jobid].state == "USUSP"
     st.notify("n1", {"jobid": jobid, "event": "resume"}, T0)
-    assert st.jobs[jobid]["state"] == "RUN"
-    st.jobs[jobid]["signal"] = "stop"
+    assert st.jobs[jobid].state == "RUN"
+    setj(st, jobid, signal="stop")
     ch = st.notify("n1", {"jobid": jobid, "event": "finish", "exit_status": 0}, T0 + 2)
     job = st.jobs[jobid]
-    assert job["signal"] is None
-    assert (job["state"], job["exit_status"], job["end_time"], job["reason"]) == ("DONE", 0, T0 + 2, None)
+    assert job.signal is None
+    assert (job.state, job.exit_status, job.end_time, job.reason) == ("DONE", 0, T0 + 2, None)
     assert st.hosts["n1"]["used_slots"] == 0 and rows_of(ch, "hosts") and rows_of(ch, "jobs")
     # A repeated finish (a report sent again after a crash) is answered, and changes nothing.
     again = st.notify("n1", {"jobid": jobid, "event": "finish", "exit_status": 0}, T0 + 3)
-    assert again.rows == [] and again.events == [] and again.result is job and job["end_time"] == T0 + 2
+    assert again.rows == [] and again.events == [] and again.result is job and job.end_time == T0 + 2
     assert refused(st, st.notify, "n1", {"jobid": jobid, "event": "start", "pid": 1}, T0).code == "CONFLICT"
     failing = running(st)
     st.notify("n1", {"jobid": failing, "event": "finish", "exit_status": 2}, T0)
-    assert st.jobs[failing]["state"] == "EXIT" and st.jobs[failing]["reason"] == "exit status 2"
+    assert st.jobs[failing].state == "EXIT" and st.jobs[failing].reason == "exit status 2"
 
 
 def test_a_fail_report_ends_the_job_and_frees_its_slots() -> None:
     st = with_hosts(new_state(), "n1")
     jobid = running(st, ntasks=2)
-    st.jobs[jobid]["signal"] = "kill"
+    setj(st, jobid, signal="kill")
     ch = st.notify("n1", {"jobid": jobid, "event": "fail", "reason": "cannot exec"}, T0 + 1)
     job = st.jobs[jobid]
-    assert (job["state"], job["reason"]) == ("EXIT", "failed: cannot exec")
-    assert (job["end_time"], job["signal"]) == (T0 + 1, None)
-    assert job["exit_status"] is None
-    assert st.hosts["n1"]["used_slots"] == 0 and st.active_on["n1"] == set()  # no leaked slot
+    assert (job.state, job.reason) == ("EXIT", "failed: cannot exec")
+    assert (job.end_time, job.signal) == (T0 + 1, None)
+    assert job.exit_status is None
+    assert st.hosts["n1"]["used_slots"] == 0 and "n1" not in st.jobs.active_on  # no leaked slot
     assert rows_of(ch, "hosts") == [("hosts", "n1", st.hosts["n1"])] and rows_of(ch, "jobs")
     other = running(st)
     st.notify("n1", {"jobid": other, "event": "fail", "exit_status": 127}, T0)
-    assert st.jobs[other]["reason"] == "failed: failed" and st.jobs[other]["exit_status"] == 127
+    assert st.jobs[other].reason == "failed: failed" and st.jobs[other].exit_status == 127
     again = st.notify("n1", {"jobid": other, "event": "fail"}, T0)
-    assert again.rows == [] and st.jobs[other]["state"] == "EXIT"
+    assert again.rows == [] and st.jobs[other].state == "EXIT"
 
 
 def test_a_report_of_a_stale_attempt_never_touches_the_requeued_job() -> None:
@@ -434,32 +511,32 @@ def test_a_report_of_a_stale_attempt_never_touches_the_requeued_job() -> None:
     jobid = running(st)
     st.control(jobid, "requeue", T0)
     st.dispatch(jobid, [{"host": "n1", "ntasks": 1}], False)
-    assert st.jobs[jobid]["attempt"] == 1
+    assert st.jobs[jobid].attempt == 1
     for event in ("finish", "fail", "start", "stop"):
         args = {"jobid": jobid, "event": event, "attempt": 0, "exit_status": 0, "pid": 1}
         err = refused(st, st.notify, "n1", args, T0)
         assert err.code == "CONFLICT" and "attempt 0" in err.message
-    assert st.jobs[jobid]["state"] == "RUN" and st.hosts["n1"]["used_slots"] == 1
+    assert st.jobs[jobid].state == "RUN" and st.hosts["n1"]["used_slots"] == 1
     st.notify("n1", {"jobid": jobid, "event": "finish", "exit_status": 0, "attempt": 1}, T0)
-    assert st.jobs[jobid]["state"] == "DONE"
+    assert st.jobs[jobid].state == "DONE"
 
 
 def test_a_finish_for_a_job_that_is_not_active_is_refused() -> None:
     st = with_hosts(new_state(), "n1")
     jobid = running(st)
     st.control(jobid, "requeue", T0)
-    st.jobs[jobid]["alloc"] = [{"host": "n1", "ntasks": 1}]  # as if the report named its host
+    setj(st, jobid, alloc=make_alloc([("n1", 1)]))  # as if the report named its host
     for event in ("finish", "fail", "start", "stop", "resume"):
         args = {"jobid": jobid, "event": event, "exit_status": 0, "pid": 1}
         assert refused(st, st.notify, "n1", args, T0).code == "CONFLICT"
-    assert st.jobs[jobid]["state"] == "PEND"
+    assert st.jobs[jobid].state == "PEND"
 
 
 def test_usage_reports() -> None:
     st = with_hosts(new_state(), "n1", "n2")
     jobid = running(st)
     ch = st.set_jusage("n1", jobid, {"mem": 5})
-    assert st.jobs[jobid]["usage"] == {"mem": 5} and ch.rows == [] and ch.result == {"jobid": jobid}
+    assert st.jobs[jobid].usage == {"mem": 5} and ch.rows == [] and ch.result == {"jobid": jobid}
     assert ch.events[0].data == {"jobid": jobid, "usage": {"mem": 5}} and ch.events[0].name == "jusage"
     err = refused(st, st.set_jusage, "n2", jobid, {"mem": 6})
     assert (err.code, err.message) == ("DENIED", f"job {jobid} does not run on host n2")
@@ -477,10 +554,10 @@ def test_pend_reasons_only_for_pending_jobs_and_only_when_changed() -> None:
     assert ch.result == 2 and ch.rows == []
     assert ch.events[0].data == {"reasons": {str(a): "no slots", str(b): "held"}}
     assert ch.events[0].name == "pend_reasons"
-    assert st.jobs[run]["pend_reason"] is None
+    assert st.jobs[run].pend_reason is None
     ch = st.set_reasons({a: "no slots"})
     assert ch.result == 0 and ch.events == []
-    assert st.set_reasons({a: None}).result == 1 and st.jobs[a]["pend_reason"] is None
+    assert st.set_reasons({a: None}).result == 1 and st.jobs[a].pend_reason is None
 
 
 def test_queue_control_every_action() -> None:
@@ -505,13 +582,20 @@ def test_clean_finished_removes_old_finished_jobs_durably() -> None:
     assert st.clean_finished(T0 + 60, 60, 10).result == []
     ch = st.clean_finished(T0 + 60.5, 60, 10)
     assert ch.result == [old] and old not in st.jobs and recent in st.jobs and pend in st.jobs
+    assert old not in st.jobs.by_state["DONE"] and old not in st.jobs.all
     assert ch.rows == [("jobs", old, None), ("meta", "next_jobid", st.next_jobid)]
     assert ch.events[0].name == "job_removed" and ch.events[0].data == {"jobids": [old]}
     st.notify("n1", {"jobid": running(st), "event": "finish", "exit_status": 0}, T0)
     ch = st.clean_finished(T0 + 1000, 60, 1)
     assert len(ch.result) == 1  # the limit holds
-    st.jobs[pend]["end_time"] = 0.0  # not finished: never cleaned, whatever its end time
+    setj(st, pend, end_time=0.0)  # not finished: never cleaned, whatever its end time
     assert pend not in st.clean_finished(T0 + 1e6, 60, 100).result
+
+
+def _stored(job: Job) -> Job:
+    from xce_controller.jobs import job_from_row
+
+    return job_from_row(job._spec, job.row())
 
 
 def test_load_takes_over_the_durable_state() -> None:
@@ -522,34 +606,64 @@ def test_load_takes_over_the_durable_state() -> None:
     st.notify("n2", {"jobid": done, "event": "finish", "exit_status": 0}, T0)
     stored_q = dict(st.queues["normal"], open=False, active=True)
     stored_night = dict(st.queues["night"], open=True, active=False)
-    loaded = Loaded(jobs=copy.deepcopy(st.jobs), hosts=copy.deepcopy(st.hosts),
-                    queues={"normal": stored_q, "night": stored_night,
-                            "gone": queue_record({"name": "gone", "priority": 1})},
-                    meta={"next_jobid": 40})
-    for h in loaded.hosts.values():
+    hosts = orjson.loads(orjson.dumps(st.hosts))
+    for h in hosts.values():
         h["used_slots"] = 99  # recomputed from the jobs, never trusted
     fresh = new_state()
-    fresh.load(loaded, T0 + 5)
-    assert fresh.jobs == st.jobs and fresh.next_jobid == 40
+    fresh.take_head(hosts, {"normal": stored_q, "night": stored_night,
+                            "gone": queue_record({"name": "gone", "priority": 1})}, 40, T0 + 5)
+    fresh.take_jobs(JobTable.build([_stored(j) for j in st.jobs.values()]))
+    assert [rec(j) for j in fresh.jobs.values()] == [rec(j) for j in st.jobs.values()]
+    assert fresh.next_jobid == 40
     assert fresh.hosts["n1"]["used_slots"] == 2 and fresh.hosts["n2"]["used_slots"] == 0
-    assert fresh.active_on == {"n1": {active, second}}
-    assert fresh.last_seen == {"n1": T0 + 5, "n2": T0 + 5}
+    assert fresh.jobs.active_on == {"n1": {active, second}}
+    assert fresh.last_seen == {"n1": T0 + 5, "n2": T0 + 5} and fresh.host_names == ["n1", "n2"]
     q = fresh.queues["normal"]
     assert (q["open"], q["active"], q["status"], q["priority"]) == (False, True, "Closed:Active", 30)
     night = fresh.queues["night"]
     assert (night["open"], night["active"], night["status"]) == (True, False, "Open:Inact")
     assert fresh.queues["gone"]["priority"] == 1 and fresh.queues["high"]["open"]
     again = new_state()
-    again.load(Loaded(jobs=copy.deepcopy(st.jobs), meta={"next_jobid": 1}), T0)
+    again.take_head({}, {}, 1, T0)
+    again.take_jobs(JobTable.build([_stored(j) for j in st.jobs.values()]))
     assert again.next_jobid == max(st.jobs) + 1
+    # Jobs submitted while the table loaded are kept, and win over the table's.
+    late = new_state()
+    late.take_head({}, {}, 1, T0)
+    own = late.submit({"command": "late", "user": "u"}, T0).result["jobid"]
+    late.take_jobs(JobTable.build([_stored(j) for j in st.jobs.values() if j.jobid != own]))
+    assert late.jobs[own].spec()["command"] == "late" and len(late.jobs) == len(st.jobs) + 1 - 1
     empty = new_state()
-    empty.load(Loaded(), T0)
-    assert empty.next_jobid == 1 and empty.jobs == {}
+    empty.take_head({}, {}, 1, T0)
+    empty.take_jobs(JobTable())
+    assert empty.next_jobid == 1 and len(empty.jobs) == 0
+
+
+def test_follow_applies_committed_changes_and_removals() -> None:
+    """A hot standby's catch-up: newer versions replace records, removals remove them, a
+    record removed and made again stays, slots are counted again."""
+    st = with_hosts(new_state(), "n1")
+    a, b = running(st, "n1"), submit(st)
+    copy = new_state()
+    copy.take_head(orjson.loads(orjson.dumps(st.hosts)), {}, st.next_jobid, T0)
+    copy.take_jobs(JobTable.build([_stored(j) for j in st.jobs.values()]))
+    st.notify("n1", {"jobid": a, "event": "finish", "exit_status": 0}, T0 + 1)
+    c = submit(st)
+    st.clean_finished(T0 + 10_000, 60, 10)
+    st.join_worker({"hname": "n2", "ncpus": 2}, T0)
+    st.queue_control("night", "close")
+    copy.follow([_stored(st.jobs[c])], orjson.loads(orjson.dumps(st.hosts)),
+                {"night": dict(st.queues["night"])},
+                [("jobs", a, 5), ("hosts", "n2", 3), ("queues", "gone", 4)], st.next_jobid, T0)
+    assert sorted(copy.jobs) == [b, c] and copy.next_jobid == st.next_jobid
+    assert copy.hosts["n1"]["used_slots"] == 0 and "n2" in copy.hosts  # removed, then made again
+    assert copy.queues["night"]["open"] is False and copy.host_names == ["n1", "n2"]
 
 
 def test_freeing_slots_of_a_host_missing_from_the_index() -> None:
     st = with_hosts(new_state(), "n1")
     jobid = running(st)
-    del st.active_on["n1"]  # e.g. loaded before the index existed: freeing must not fail
     st.notify("n1", {"jobid": jobid, "event": "finish", "exit_status": 0}, T0)
-    assert st.hosts["n1"]["used_slots"] == 0 and "n1" not in st.active_on
+    assert st.hosts["n1"]["used_slots"] == 0 and "n1" not in st.jobs.active_on
+    st.jobs.remove(jobid)
+    assert "n1" not in st.jobs.by_host  # an empty index entry does not linger

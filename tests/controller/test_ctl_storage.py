@@ -22,6 +22,7 @@ import pytest
 from ctl_testlib import Proc, RawClient, settings, start_controller, wait_listening
 from loguru import logger
 from test_ctl_fuzz import SyncClient
+from xce_controller.jobs import Job, job_from_row
 from xce_controller.server import Controller, serve
 from xce_controller.state import ClusterConf, ClusterState
 from xce_controller.store import SQLiteStore, Write
@@ -35,16 +36,22 @@ QUEUES = ({"name": "normal", "priority": 30}, {"name": "priority", "priority": 4
 # -- rolling records back (pure) ----------------------------------------------------------------
 
 
+def _copy(value: Any) -> Any:
+    """A record as a store that committed it would give it back (a job: from its blobs)."""
+    if isinstance(value, Job):
+        return job_from_row(value._spec, value.row())
+    return orjson.loads(orjson.dumps(value))
+
+
 def images(st: ClusterState, keys: list[tuple[str, Any]]) -> dict[tuple[str, Any], Any]:
     """What a store that committed ``st`` as it is now would hold for ``keys``."""
-    tables = {"jobs": st.jobs, "hosts": st.hosts, "queues": st.queues}
-    return {(t, k): (orjson.loads(orjson.dumps(tables[t][k])) if k in tables[t] else None)
-            for t, k in keys}
+    tables: dict[str, Any] = {"jobs": st.jobs, "hosts": st.hosts, "queues": st.queues}
+    return {(t, k): (_copy(tables[t][k]) if k in tables[t] else None) for t, k in keys}
 
 
 def fresh(imgs: dict[tuple[str, Any], Any]) -> dict[tuple[str, Any], Any]:
     """A decoded copy, as each rollback reads it from the store anew."""
-    return {k: orjson.loads(orjson.dumps(v)) for k, v in imgs.items()}
+    return {k: None if v is None else _copy(v) for k, v in imgs.items()}
 
 
 def test_restore_undoes_a_dispatch_a_submit_a_queue_and_a_new_host() -> None:
@@ -60,9 +67,9 @@ def test_restore_undoes_a_dispatch_a_submit_a_queue_and_a_new_host() -> None:
     st.join_worker({"hname": "n2", "ncpus": 1}, 0.0)
     st.set_resvals("n1", {"r1m": 0.5})  # volatile: kept
     st.restore(committed)
-    assert st.jobs[a]["state"] == "PEND" and st.jobs[a]["alloc"] == []
+    assert st.jobs[a].state == "PEND" and st.jobs[a].alloc == ()
     assert b not in st.jobs and st.next_jobid == b + 1  # ids given out stay given out
-    assert st.hosts["n1"]["used_slots"] == 0 and st.active_on.get("n1", set()) == set()
+    assert st.hosts["n1"]["used_slots"] == 0 and "n1" not in st.jobs.active_on
     assert st.hosts["n1"]["resvals"] == {"r1m": 0.5}
     assert "n2" not in st.hosts and "n2" not in st.last_seen
     assert st.queues["normal"]["open"] is True and st.queues["normal"]["status"] == "Open:Active"
@@ -79,10 +86,10 @@ def test_restore_of_a_finish_gives_the_slots_back_to_the_job() -> None:
     st.notify("n1", {"jobid": j, "event": "finish", "exit_status": 0}, 1.0)
     st.set_jusage("n1", j, {"mem": 2.0})
     st.restore(fresh(committed))
-    assert st.jobs[j]["state"] == "RUN" and st.hosts["n1"]["used_slots"] == 1
-    assert st.active_on["n1"] == {j} and st.jobs[j]["usage"] == {"mem": 2.0}
+    assert st.jobs[j].state == "RUN" and st.hosts["n1"]["used_slots"] == 1
+    assert st.jobs.active_on["n1"] == {j} and st.jobs[j].usage == {"mem": 2.0}
     st.restore(fresh(committed), keep_volatile=False)  # a record that cannot be encoded: all of it
-    assert st.jobs[j]["usage"] == {"mem": 1.0}
+    assert st.jobs[j].usage == {"mem": 1.0}
 
 
 # -- a store that fails on demand (through the store hook) ------------------------------------------
@@ -314,8 +321,14 @@ def test_a_full_disk_keeps_every_candidate_up_and_loses_nothing_acknowledged(tmp
             def names(address: str) -> dict[str, int]:
                 c = SyncClient(address, "cli@check")
                 try:
-                    jobs = c.call("jobinfo")["result"]["jobs"]
-                    return {j["name"]: j["jobid"] for j in jobs}
+                    out: dict[str, int] = {}
+                    args: dict[str, Any] = {"limit": 1000}
+                    while True:
+                        page = c.call("jobinfo", args)["result"]
+                        out.update((j["name"], j["jobid"]) for j in page["jobs"])
+                        if page["next"] is None:
+                            return out
+                        args["cursor"] = page["next"]
                 finally:
                     c.close()
 

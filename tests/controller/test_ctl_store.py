@@ -10,20 +10,25 @@ import orjson
 import pytest
 from ctl_testlib import RawClient, running
 from xce_controller.election import FileLockElection
-from xce_controller.settings import IDEM_TTL
+from xce_controller.jobs import Job, JobTable
 from xce_controller.state import ClusterConf, ClusterState
 from xce_controller.store import SQLiteStore, Write
 
 pytestmark = pytest.mark.anyio
 
 
-def test_group_commit_and_idempotency_keys(tmp_path):
+def _job_row(i: int) -> tuple[str, int, bytes, bytes]:
+    job = Job(b'{"command":"x"}', i, "u", "normal", "", 1, "PEND", 0.0)
+    return ("jobs", i, job.row(), job._spec)
+
+
+def test_group_commit_revs_and_idempotency_keys(tmp_path):
     store = SQLiteStore(str(tmp_path))
     store.open()
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     for i in range(1, 501):
-        store.submit(Write([("jobs", i, orjson.dumps({"jobid": i}))], f"r{i}", orjson.dumps({"jobid": i})))
+        store.submit(Write([_job_row(i)], f"r{i}", orjson.dumps({"jobid": i}), rev=i))
     store.stop()
     batches: list[int] = []
     store.run_writer(lambda b: batches.append(len(b)))
@@ -32,8 +37,14 @@ def test_group_commit_and_idempotency_keys(tmp_path):
     store.close()
     again = SQLiteStore(str(tmp_path))
     again.open()
-    loaded = again.load(IDEM_TTL)
-    assert len(loaded.jobs) == 500 and loaded.idem["r500"] == b'{"jobid":500}'
+    head = again.head()
+    assert (head.rev, head.max_jobid, head.next_jobid) == (500, 500, 501)
+    assert len(again.load_jobs(head.max_jobid, 60.0)) == 500
+    keys: dict[str, float] = {}
+    assert again.load_idem(0.0, keys.__setitem__) == 500 and "r500" in keys
+    assert again.db.execute("SELECT rev FROM jobs WHERE key = 7").fetchone() == (7,)
+    window, floor = again.load_window(100, 0)
+    assert [c.rev for c in window] == list(range(401, 501)) and floor == 400
     again.close()
 
 
@@ -44,18 +55,18 @@ def test_failed_commit_fails_its_epoch_and_the_writer_goes_on(tmp_path):
     writer = threading.Thread(target=store.run_writer, args=(reports.put,), daemon=True)
     writer.start()
     try:
-        store.submit(Write([("nosuchtable", 1, b"{}")], "r1"))
+        store.submit(Write([("nosuchtable", 1, b"{}", None)], "r1", rev=1))
         failed = reports.get(timeout=10)
         assert [w.rid for w in failed] == ["r1"]
         fault = failed[0].error
         assert fault is not None and "unknown table" in fault.cause and fault.path == str(store.path)
         # Built (by the caller) on the failed write: failed too, without an attempt.
-        store.submit(Write([("jobs", 1, b'{"jobid":1}')], "r2"))
+        store.submit(Write([_job_row(1)], "r2", rev=2))
         doomed = reports.get(timeout=10)
         assert [w.rid for w in doomed] == ["r2"] and doomed[0].error == fault
         assert store.commits == 0
         store.resume()  # the caller rolled back: a new epoch is attempted again
-        store.submit(Write([("jobs", 2, b'{"jobid":2}')], "r3"))
+        store.submit(Write([_job_row(2)], "r3", rev=1))
         ok = reports.get(timeout=10)
         assert [w.rid for w in ok] == ["r3"] and ok[0].error is None
     finally:
@@ -64,7 +75,9 @@ def test_failed_commit_fails_its_epoch_and_the_writer_goes_on(tmp_path):
     assert not writer.is_alive()
     assert store.lookup("r1") is None and store.lookup("r2") is None
     assert store.lookup("r3") == b"null" and store.commits == 1
-    assert store.committed([("jobs", 1), ("jobs", 2)]) == {("jobs", 1): None, ("jobs", 2): b'{"jobid":2}'}
+    images = store.committed([("jobs", 1), ("jobs", 2)])
+    assert images[("jobs", 1)] is None and images[("jobs", 2)] == (_job_row(2)[2], _job_row(2)[3])
+    assert store.head().rev == 1
     store.close()
 
 
@@ -88,10 +101,10 @@ def test_state_load_recomputes_slots(tmp_path):
     st.join_worker({"hname": "n1", "ncpus": 4}, 0.0)
     j = st.submit({"command": "x", "user": "u", "ntasks": 3}, 0.0).result["jobid"]
     st.dispatch(j, [{"host": "n1", "ntasks": 3}], False)
-    from xce_controller.store import Loaded
 
     st2 = ClusterState(st.conf)
-    st2.load(Loaded(jobs=st.jobs, hosts={"n1": {**st.hosts["n1"], "used_slots": 0}}), 1.0)
+    st2.take_head({"n1": {**st.hosts["n1"], "used_slots": 0}}, {}, 1, 1.0)
+    st2.take_jobs(JobTable.build(list(st.jobs.values())))
     assert st2.hosts["n1"]["used_slots"] == 3 and st2.next_jobid == j + 1
 
 

@@ -39,5 +39,13 @@ class Api:
 
 
 def jobs_named(emb: Embedded, prefix: str) -> list[dict[str, Any]]:
-    """Every job (any state) whose name starts with ``prefix``, from the controller."""
-    return [j for j in emb.call("jobinfo", timeout=30)["jobs"] if j["name"].startswith(prefix)]
+    """Every job (any state) whose name starts with ``prefix``, from the controller (every
+    page of ``jobinfo``)."""
+    found: list[dict[str, Any]] = []
+    args: dict[str, Any] = {"limit": 1000}
+    while True:
+        page = emb.call("jobinfo", args, timeout=30)
+        found += [j for j in page["jobs"] if j["name"].startswith(prefix)]
+        if page["next"] is None:
+            return found
+        args["cursor"] = page["next"]

@@ -34,6 +34,11 @@ RID_MAX: Final = 128
 """An idempotency key (``rid``)."""
 BATCH_MAX: Final = 1_000_000
 """Ids or names in one list (``jobids``, ``hosts``, ``reasons``, ...)."""
+PAGE_MAX: Final = 1000
+"""The most records one page of a listing holds (``limit``), and the most ids or names a
+listing takes (``jobinfo``'s ``jobids``, ``hostinfo``'s ``hosts``)."""
+CURSOR_MAX: Final = 600
+"""A page's cursor (``next``), as the controller made it."""
 ALLOC_MAX: Final = 10_000
 """Hosts in one allocation."""
 RESVALS_MAX: Final = 1024

@@ -38,10 +38,30 @@ class NoArgs(TypedDict):
 
 @with_config(_STRICT)
 class Subscribe(TypedDict):
-    """What a member receives."""
+    """What a member receives: kind -> scope; a kind left out is not sent (``{}``: nothing
+    but ``shutdown``). The older form ``{"pushes": "all" | "none"}`` (alone) means the role's
+    default or nothing."""
 
-    pushes: NotRequired[Annotated[Literal["all", "none"], _d('every push (`"all"`, the default) or '
-                                                             'none (`"none"`: a member that only calls)')]]
+    cluster: NotRequired[Annotated[Literal["all"], _d("the cluster configuration record")]]
+    queues: NotRequired[Annotated[Literal["all"], _d("queue records")]]
+    hosts: NotRequired[Annotated[Literal["all", "own"], _d("host records; `own`: the worker's host")]]
+    jobs: NotRequired[Annotated[Literal["all", "unfinished", "host"], _d(
+        "job records; `unfinished`: pending and active jobs (a job that finishes is sent once "
+        "more); `host`: the active jobs on the worker's host")]]
+    members: NotRequired[Annotated[Literal["all"], _d("member records (no revs)")]]
+    resvals: NotRequired[Annotated[Literal["all", "own"], _d("hosts' monitor values (volatile)")]]
+    pend_reasons: NotRequired[Annotated[Literal["all"], _d("pending jobs' reasons (volatile)")]]
+    jusage: NotRequired[Annotated[Literal["all"], _d("running jobs' usage (volatile)")]]
+    pushes: NotRequired[Annotated[Literal["all", "none"], _d(
+        'the older form, alone: `"all"` (the role\'s default) or `"none"` (nothing)')]]
+
+
+@with_config(_STRICT)
+class Since(TypedDict):
+    """Where a member's copy stands: the store it came from and the highest rev it holds."""
+
+    store: Annotated[t.StoreId, _d("the store id of the member's last completed sync")]
+    rev: Annotated[t.NonNegative, _d("the highest rev it holds from that store")]
 
 
 @with_config(_STRICT)
@@ -54,14 +74,25 @@ class JoinArgs(TypedDict):
     closed if an admin closed it). A newer worker join for the same host replaces (closes) an
     older connection of that host.
 
-    Result: ``{"member": "<identity>", "server": "<host:port>", "role": "<role>"}``. After the
-    reply the controller pushes ``state``, then deltas. Joining again on the same connection
-    re-sends ``state`` (seq keeps counting).
+    ``subscribe`` absent: the role's default -- a worker ``{"cluster", "queues": all,
+    "hosts": own, "jobs": host, "resvals": own}``, every other role every kind (``all``).
+
+    Result: ``{"member": "<identity>", "server": "<host:port>", "role": "<role>", "sync":
+    {"mode": "snapshot" | "delta", "store": "<store id>", "rev": S}}`` (``sync`` null when the
+    member subscribed to nothing). After the reply the controller streams the sync
+    (``sync_begin``, ``sync_records``/``sync_removed`` frames, ``sync_end``), then deltas;
+    ``delta`` when ``since`` names this store and a rev inside the retention window (not for
+    a worker's host-scoped view, whose snapshot is small). A join without ``since`` (the form
+    of members before streamed syncs) gets one ``state`` push instead, as before. Joining
+    again on the same connection starts a new sync (seq keeps counting).
     """
 
     role: Annotated[t.Name, _d("the role joining; must equal the handshake's")]
     attrs: NotRequired[Annotated[t.JsonObject, _d("the member's attributes (default `{}`)")]]
-    subscribe: NotRequired[Annotated[Subscribe, _d('`{"pushes": "all" | "none"}` (default all)')]]
+    subscribe: NotRequired[Annotated[Subscribe, _d("kind -> scope (default: the role's)")]]
+    since: NotRequired[Annotated[Since | None, _d(
+        "the member's resume point, null when it has completed no sync; absent: the older "
+        "form (one `state` push)")]]
     user: NotRequired[User]
 
 
@@ -232,7 +263,9 @@ class SetPendReasonArgs(TypedDict):
 
 @with_config(_STRICT)
 class ClearReasonArgs(TypedDict):
-    """Clear pend reasons. Result: ``{"cleared": <int>}``. Pushes ``pend_reasons``."""
+    """Clear pend reasons. Result: ``{"cleared": <int>, "more": <bool>}``. Pushes
+    ``pend_reasons``. Without ``jobids`` at most 10,000 reasons are cleared per call, in job
+    id order; ``more`` says some are left (call again)."""
 
     jobids: NotRequired[Annotated[t.JobIds, _d("default: every job with a reason")]]
     user: NotRequired[User]
@@ -301,11 +334,13 @@ class UpdateJusageArgs(TypedDict):
 
 @with_config(_STRICT)
 class ResvalArgs(TypedDict):
-    """Result: ``{"hosts": {"<host>": {"<resource>": value}}}`` with the hosts' current
-    monitor values."""
+    """Result: ``{"hosts": {"<host>": {"<resource>": value}}, "next": cursor | null}`` with
+    the hosts' current monitor values, a page of hosts by name when ``host`` is not given."""
 
     host: NotRequired[Annotated[t.Name, _d("only this host")]]
     names: NotRequired[Annotated[t.Names, _d("only these resources")]]
+    limit: NotRequired[Annotated[t.PageLimit, _d("hosts per page (default 1,000)")]]
+    cursor: NotRequired[Annotated[t.Cursor, _d("the `next` of the previous page")]]
     user: NotRequired[User]
 
 
@@ -321,25 +356,41 @@ class ClusterConfArgs(TypedDict):
 
 @with_config(_STRICT)
 class JobInfoArgs(TypedDict):
-    """Jobs, filtered (all filters optional, combined with AND). Result: ``{"jobs": [job,
-    ...]}`` in job id order. ``user`` from front ends is the caller and does not filter; use
-    ``owner`` to filter by owner (other callers' ``user`` filters by owner)."""
+    """Jobs, filtered (all filters optional, combined with AND), one page at a time.
 
-    jobids: NotRequired[Annotated[t.JobIds, _d("only these jobs")]]
+    Result: ``{"jobs": [job, ...], "next": cursor | null}`` in job id order. Pass ``next``
+    back as ``cursor`` (with the same filters) for the following page; ``null``: no more.
+    Paging is in job id order, so a job that matches throughout is returned exactly once
+    while the cluster changes. A page holds at most ``limit`` jobs (default 100, at most
+    1,000) and about 512 KiB; the controller looks at a bounded number of jobs per request,
+    so a page may come back short (even empty) with a ``next``: keep going until ``next`` is
+    null. Every filter is answered from an index (per state, owner, queue, host, name, id),
+    so a query that matches nothing costs nothing. ``user`` from front ends is the caller and
+    does not filter; use ``owner`` to filter by owner (other callers' ``user`` filters by
+    owner). A cursor from another query is INVALID."""
+
+    jobids: NotRequired[Annotated[t.PageJobIds, _d("only these jobs")]]
     state: NotRequired[Annotated[t.JobState, _d("only jobs in this state")]]
     states: NotRequired[Annotated[t.JobStates, _d("only jobs in these states")]]
     owner: NotRequired[Annotated[t.Name, _d("only this user's jobs")]]
     queue: NotRequired[Annotated[t.Name, _d("only this queue's jobs")]]
     host: NotRequired[Annotated[t.Name, _d("only jobs allocated to this host")]]
-    limit: NotRequired[Annotated[t.NonNegative, _d("at most this many jobs")]]
+    name: NotRequired[Annotated[t.Label, _d("only jobs of this name")]]
+    min_jobid: NotRequired[Annotated[t.JobId, _d("only jobs with this id or higher")]]
+    max_jobid: NotRequired[Annotated[t.JobId, _d("only jobs with this id or lower")]]
+    limit: NotRequired[Annotated[t.PageLimit, _d("jobs per page (default 100)")]]
+    cursor: NotRequired[Annotated[t.Cursor, _d("the `next` of the previous page")]]
     user: NotRequired[User]
 
 
 @with_config(_STRICT)
 class HostInfoArgs(TypedDict):
-    """Result ``{"hosts": [host, ...]}`` by name. An unknown name is NOT_FOUND."""
+    """Result ``{"hosts": [host, ...], "next": cursor | null}`` by name: the named hosts, or
+    a page of every host. An unknown name is NOT_FOUND."""
 
-    hosts: NotRequired[Annotated[t.Names, _d("only these hosts")]]
+    hosts: NotRequired[Annotated[t.PageNames, _d("only these hosts")]]
+    limit: NotRequired[Annotated[t.PageLimit, _d("hosts per page (default 1,000)")]]
+    cursor: NotRequired[Annotated[t.Cursor, _d("the `next` of the previous page")]]
     user: NotRequired[User]
 
 
@@ -356,10 +407,15 @@ class QueueInfoArgs(TypedDict):
 class StatusArgs(TypedDict):
     """Result: ``{"server": "<this candidate>", "state": "primary", "primary": "<host:port>",
     "since": <float epoch of promotion>, "candidates": [{"address", "state", "pid",
-    "since"}], "jobs": <int>, "hosts": <int>, "members": <int>, "member_list": [member,
-    ...]}`` (members by identity, each with its ``joined_at``). ``candidates`` lists every
-    candidate registered in the state directory whose process is alive."""
+    "since"}], "jobs": <int>, "hosts": <int>, "members": <int>, "roles": {"<role>": <int>},
+    "member_list": [member, ...], "next": cursor | null, "store": "<store id>", "rev": <int>,
+    "loading": <bool>, "promotion": {...}}``: a page of members by identity (default 1,000),
+    each with its ``joined_at``, ``last_seen`` and ``subscribe``. ``candidates`` lists every
+    candidate registered in the state directory whose process is alive; ``loading`` is true
+    while a new primary still loads its jobs."""
 
+    limit: NotRequired[Annotated[t.PageLimit, _d("members per page (default 1,000)")]]
+    cursor: NotRequired[Annotated[t.Cursor, _d("the `next` of the previous page")]]
     user: NotRequired[User]
 
 

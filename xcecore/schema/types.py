@@ -72,6 +72,10 @@ Env = Annotated[dict[EnvName, EnvValue], Field(max_length=lim.ENV_MAX_ITEMS),
 Rid = Annotated[str, _str(1, lim.RID_MAX, lim.NO_CONTROL),
                 Shape("rid", f"1 to {lim.RID_MAX} characters, no control character")]
 JobIdKey = Annotated[str, _str(1, 18, lim.JOBID_KEY_PATTERN)]
+StoreId = Annotated[str, _str(1, 64, lim.NAME_PATTERN), Shape("store id", "a store's id, 1 to 64 characters")]
+Cursor = Annotated[str, _str(1, lim.CURSOR_MAX, lim.NAME_PATTERN),
+                   Shape("cursor", f"a page's `next`, as given (1 to {lim.CURSOR_MAX} characters)")]
+PageLimit = Annotated[int, _int(1, lim.PAGE_MAX), Shape("int >= 1", f"1 to {lim.PAGE_MAX:,}")]
 
 JobState = Literal[JOB_STATES]  # type: ignore[valid-type]
 """One of the job states of :mod:`xcecore.protocol` (PEND, PSUSP, RUN, ...)."""
@@ -82,6 +86,10 @@ JobIds = Annotated[list[JobId], Field(max_length=lim.BATCH_MAX),
                    Shape("list[int >= 1]", f"at most {lim.BATCH_MAX:,} job ids")]
 Names = Annotated[list[Name], Field(max_length=lim.BATCH_MAX),
                   Shape("list[name]", f"at most {lim.BATCH_MAX:,} names")]
+PageJobIds = Annotated[list[JobId], Field(max_length=lim.PAGE_MAX),
+                       Shape("list[int >= 1]", f"at most {lim.PAGE_MAX:,} job ids")]
+PageNames = Annotated[list[Name], Field(max_length=lim.PAGE_MAX),
+                      Shape("list[name]", f"at most {lim.PAGE_MAX:,} names")]
 JobStates = Annotated[list[JobState], Field(max_length=len(JOB_STATES)),
                       Shape("list[state]", "job states")]
 PendReasons = Annotated[dict[JobIdKey, Label], Field(max_length=lim.BATCH_MAX),

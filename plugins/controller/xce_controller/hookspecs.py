@@ -9,7 +9,7 @@ implements these hooks like any other, marked with ``xcecore.hookspecs.hookimpl`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xcecore.hookspecs import hookspec
@@ -17,25 +17,65 @@ from xcecore.hookspecs import hookspec
 if TYPE_CHECKING:
     import pluggy
 
+    from xce_controller.changes import Change
     from xce_controller.election import Election
-    from xce_controller.store import Loaded, Write
+    from xce_controller.jobs import JobTable
+    from xce_controller.store import Write
+    from xce_controller.storeread import Delta, Head, Images
 
 
 class Store(Protocol):
     """What the controller needs from a durable store (the ``xce_controller_store`` contract).
 
-    The primary opens it at promotion, loads the state once, then hands every write to
-    :meth:`submit`; one writer thread (:meth:`run_writer`) commits them in groups and reports
-    each committed batch, in commit order. Every write's idempotency key is stored with its
-    result in the same transaction.
+    Every write carries a *rev* (``Write.rev``, given on the event loop in commit order; 0
+    for housekeeping that changes no record): the store keeps it with each row, keeps a
+    removal record with it for each deleted record, keeps the highest committed rev, and can
+    answer "what changed after rev R" (docs/protocol.md, "Words"). A standby uses
+    :meth:`snapshot`, :meth:`wait_changed` and :meth:`changes_since` to keep a copy of the
+    state current while it waits (a hot standby); a primary opens the store for writing at
+    promotion, hands every write to :meth:`submit`, and one writer thread
+    (:meth:`run_writer`) commits them in groups and reports each batch, in commit order.
+    Every write's idempotency key is stored with its result in the same transaction. A
+    multi-host backend does the same with a watch (``changes_since`` from its revision).
     """
 
     def open(self) -> None:
-        """Open (creating if needed); called on a thread at promotion."""
+        """Open for writing (creating if needed); called on a thread at promotion."""
         ...
 
-    def load(self, idem_ttl: float) -> Loaded:
-        """The whole durable state; idempotency keys older than ``idem_ttl`` s are pruned."""
+    def head(self) -> Head:
+        """Meta (store id, rev, next job id), hosts and queues -- not the jobs; after
+        :meth:`open`, on a thread. A primary without a loaded copy takes writes after this."""
+        ...
+
+    def load_jobs(self, upto: int, clean_width: float) -> JobTable:
+        """Every job with id <= ``upto``, indexed; on a thread (the long part of a load)."""
+        ...
+
+    def load_window(self, capacity: int, floor: int) -> tuple[list[Change], int]:
+        """The last ``capacity`` changes, oldest first, and the rev at or below which
+        changes may be missing (at least ``floor``)."""
+        ...
+
+    def load_idem(self, since: float, add: Callable[[str, float], None]) -> int:
+        """Call ``add(rid, ts)`` for each idempotency key stored at or after ``since``."""
+        ...
+
+    def snapshot(self, ring_capacity: int, clean_width: float, idem_since: float,
+                 add_idem: Callable[[str, float], None]) -> tuple[Head, JobTable] | None:
+        """A standby's load: head (with the window in ``changes``/``floor``), jobs and
+        idempotency keys at one rev; None while the store does not exist yet. Any thread
+        but the writer's; never needs :meth:`open`."""
+        ...
+
+    def wait_changed(self, timeout: float) -> bool:
+        """Block up to ``timeout`` s until something may have been committed (True)."""
+        ...
+
+    def changes_since(self, rev: int) -> Delta | None:
+        """What was committed after ``rev``: records (current versions), removals,
+        idempotency keys, the new rev; None when the store can no longer say (the caller
+        loads a snapshot again)."""
         ...
 
     def submit(self, write: Write) -> None:
@@ -44,15 +84,24 @@ class Store(Protocol):
 
     def run_writer(self, on_done: Callable[[list[Write]], None]) -> None:
         """Commit queued writes in groups until :meth:`stop`; ``on_done(batch)`` after each
-        commit. A failed commit sets every write's ``error``, reports it, and returns."""
+        commit. A failed commit sets every write's ``error`` and reports it; later writes of
+        the same epoch are failed without an attempt until :meth:`resume`."""
         ...
 
     def stop(self) -> None:
         """Make :meth:`run_writer` commit what is queued and return."""
         ...
 
+    def resume(self) -> None:
+        """The caller rolled its state back to :meth:`committed`: attempt writes again."""
+        ...
+
+    def committed(self, keys: Iterable[tuple[str, Any]]) -> Images:
+        """The committed ``(data, spec)`` of each ``(table, key)``, or None; any thread."""
+        ...
+
     def lookup(self, rid: str) -> bytes | None:
-        """The stored result (JSON) of idempotency key ``rid``, or None."""
+        """The stored result (JSON) of idempotency key ``rid``, or None; any thread."""
         ...
 
     def close(self) -> None:
@@ -79,10 +128,11 @@ def xce_controller_election(state_dir: str, advertise: str, hung_timeout: float)
 def xce_controller_store(state_dir: str) -> Store:
     """Return the durable state store for a primary (built-in: SQLite in WAL mode).
 
-    firstresult; the built-in answers last (``trylast``). Called once each time this
-    candidate becomes primary, on the event loop's thread. The object keeps the
-    :class:`Store` protocol: load the state, commit grouped writes with their idempotency
-    keys, look keys up.
+    firstresult; the built-in answers last (``trylast``). Called once when this candidate
+    starts, on the event loop's thread: as a standby it follows the store through the object,
+    and promoted it opens it for writing. The object keeps the :class:`Store` protocol:
+    load and follow the state, commit grouped writes with their revs and idempotency keys,
+    look keys up.
     """
 
 

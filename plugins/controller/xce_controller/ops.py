@@ -16,7 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from xce_controller import queries, subscribe
 from xce_controller.state import Changes, ClusterState
+from xce_controller.subscribe import NONE, Subscription
 from xcecore.schema.ops import ArgsSchema, check_host_attrs, compile_all
 from xcecore.wire import ErrorCode, RemoteError
 
@@ -34,7 +36,8 @@ class Caller:
     joined: bool = False
     worker_host: str | None = None  # a joined worker's host name
     cid: int = 0  # the server's connection id
-    pushes: str = "all"  # what its join subscribed to: "all" or "none"
+    sub: Subscription = NONE  # what its join subscribed to
+    plan: Any = None  # how its sync goes (a sync.Plan); None: a join of the older form
 
 
 class ServerView(Protocol):
@@ -43,7 +46,10 @@ class ServerView(Protocol):
     state: ClusterState
     address: str
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self, limit: int = ..., after: str = ...) -> dict[str, Any]: ...
+
+    def plan_sync(self, caller: Caller, sub: Subscription, since: dict[str, Any] | None,
+                  writes: bool) -> Any: ...
 
     def subscribe(self, caller: Caller) -> None: ...
 
@@ -70,6 +76,7 @@ class OpSpec:
     member_roles: frozenset[str] | None = frozenset()  # None: every role must have joined
     admin_roles: frozenset[str] = frozenset()  # these roles must be an administrator
     dedupe: bool = True  # store the result under the request's rid
+    needs_jobs: bool = True  # waits while a new primary loads its jobs
 
     def needs_join(self, role: str) -> bool:
         return self.member_roles is None or role in self.member_roles
@@ -105,17 +112,24 @@ def op_join(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -
     role, attrs = args["role"], args.get("attrs", {})
     if role != caller.role:
         raise RemoteError(ErrorCode.DENIED, f"join: handshake says role {caller.role!r}, not {role!r}")
-    pushes = args.get("subscribe", {}).get("pushes", "all")  # its shape: the join schema
+    hname = check_host_attrs("join", attrs)["hname"] if role == WORKER else None
+    sub = subscribe.parse(args.get("subscribe"), role, hname)
     ch = Changes()
-    if role == WORKER:
-        hname = check_host_attrs("join", attrs)["hname"]
+    if hname is not None:
         ch = srv.state.join_worker(attrs, now)
         srv.replace_worker(caller, hname)
-        caller.worker_host = hname
-    caller.joined, caller.pushes = True, pushes
-    member = srv.state.add_member(caller.identity, role, now, None if role == WORKER else attrs, pushes)
+    caller.worker_host = hname
+    caller.joined, caller.sub = True, sub
+    plan = None
+    if "since" in args and sub.scopes:  # a member that streams its sync
+        plan = srv.plan_sync(caller, sub, args["since"], bool(ch.rows))
+    caller.plan = plan
+    member = srv.state.add_member(caller.identity, role, now, None if role == WORKER else attrs,
+                                  sub.to_wire())
     ch.events.extend(member.events)
     ch.result = {"member": caller.identity, "server": srv.address, "role": role}
+    if "since" in args:
+        ch.result["sync"] = None if plan is None else plan.reply()
     ch.after = lambda: srv.subscribe(caller)
     return ch
 
@@ -139,8 +153,8 @@ def op_jobsubmit(srv: ServerView, caller: Caller, args: dict[str, Any], now: flo
 def op_jobctrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     job = srv.state.job(args["jobid"])
     user = args.get("user")
-    if not srv.state.is_admin(caller.role, user) and job["user"] != user:
-        raise RemoteError(ErrorCode.DENIED, f"jobctrl: job {job['jobid']} belongs to {job['user']}, not {user}")
+    if not srv.state.is_admin(caller.role, user) and job.user != user:
+        raise RemoteError(ErrorCode.DENIED, f"jobctrl: job {job.jobid} belongs to {job.user}, not {user}")
     return srv.state.control(args["jobid"], args["action"], now)
 
 
@@ -169,10 +183,16 @@ def op_set_pend_reason(srv: ServerView, caller: Caller, args: dict[str, Any], no
 
 def op_clear_reason(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     ids = args.get("jobids")
-    if ids is None:
-        ids = [j for j, job in srv.state.jobs.items() if job["pend_reason"] is not None]
+    more = False
+    if ids is None:  # from the index of jobs that have one, a bounded batch at a time
+        ids = []
+        for jid in srv.state.jobs.reasons:
+            if len(ids) >= queries.CLEAR_BATCH:
+                more = True
+                break
+            ids.append(jid)
     ch = srv.state.set_reasons(dict.fromkeys(ids))
-    ch.result = {"cleared": ch.result}
+    ch.result = {"cleared": ch.result, "more": more}
     return ch
 
 
@@ -199,13 +219,19 @@ def op_update_jusage(srv: ServerView, caller: Caller, args: dict[str, Any], now:
 
 def op_resval(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     st = srv.state
-    names = [args["host"]] if "host" in args else sorted(st.hosts)
+    nxt: str | None = None
+    if "host" in args:
+        names = [args["host"]]
+    else:
+        start = queries.name_start("resval", args.get("cursor"))
+        names, more = st.hosts_from(start, int(args.get("limit", queries.LIST_LIMIT)))
+        nxt = queries.name_cursor(more)
     wanted = args.get("names")
     out: dict[str, Any] = {}
     for name in names:
         vals = st.host(name)["resvals"]
         out[name] = {k: v for k, v in vals.items() if k in wanted} if wanted is not None else vals
-    return Changes(result={"hosts": out})
+    return Changes(result={"hosts": out, "next": nxt})
 
 
 def op_clusterconf(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
@@ -213,32 +239,16 @@ def op_clusterconf(srv: ServerView, caller: Caller, args: dict[str, Any], now: f
 
 
 def op_jobinfo(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
-    st = srv.state
-    states = set(args.get("states") or ([args["state"]] if "state" in args else []))
     owner = args.get("owner")
     if owner is None and caller.role not in FRONT_ENDS:
         owner = args.get("user")
-    queue, host, limit = args.get("queue"), args.get("host"), args.get("limit")
-    if "jobids" in args:
-        jobs = [st.jobs[j] for j in sorted(set(args["jobids"])) if j in st.jobs]
-    else:
-        jobs = list(st.jobs.values())
-    out = [
-        j for j in jobs
-        if (not states or j["state"] in states)
-        and (owner is None or j["user"] == owner)
-        and (queue is None or j["queue"] == queue)
-        and (host is None or any(a["host"] == host for a in j["alloc"]))
-    ]
-    if limit is not None:
-        out = out[:limit]
-    return Changes(result={"jobs": out})
+    return Changes(result=queries.jobs_page(srv.state, args, owner))
 
 
 def op_hostinfo(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     st = srv.state
-    names = args.get("hosts") or sorted(st.hosts)
-    return Changes(result={"hosts": [st.host(n) for n in names]})
+    names, nxt = queries.hosts_page(st, args)
+    return Changes(result={"hosts": [st.host(n) for n in names], "next": nxt})
 
 
 def op_queueinfo(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
@@ -252,7 +262,8 @@ def op_queueinfo(srv: ServerView, caller: Caller, args: dict[str, Any], now: flo
 
 
 def op_status(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
-    return Changes(result=srv.status())
+    start = queries.name_start("status", args.get("cursor"))
+    return Changes(result=srv.status(int(args.get("limit", queries.LIST_LIMIT)), start))
 
 
 def op_outcome(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
@@ -275,11 +286,13 @@ WORKER_ONLY = frozenset({WORKER})
 
 OPS: dict[str, OpSpec] = {
     "join": OpSpec(op_join, ANY, "write", dedupe=False),
-    "hello": OpSpec(op_hello, ANY, "read"),
-    "heartbeat": OpSpec(op_heartbeat, ANY, "volatile", member_roles=None, dedupe=False),
-    "jobsubmit": OpSpec(op_jobsubmit, FRONT_ENDS, "write"),
+    "hello": OpSpec(op_hello, ANY, "read", needs_jobs=False),
+    "heartbeat": OpSpec(op_heartbeat, ANY, "volatile", member_roles=None, dedupe=False,
+                        needs_jobs=False),
+    "jobsubmit": OpSpec(op_jobsubmit, FRONT_ENDS, "write", needs_jobs=False),
     "jobctrl": OpSpec(op_jobctrl, FRONT_ENDS, "write"),
-    "queuectrl": OpSpec(op_queuectrl, FRONT_ENDS, "write", admin_roles=FRONT_ENDS),
+    "queuectrl": OpSpec(op_queuectrl, FRONT_ENDS, "write", admin_roles=FRONT_ENDS,
+                        needs_jobs=False),
     "hostctrl": OpSpec(op_hostctrl, FRONT_ENDS, "write", admin_roles=FRONT_ENDS),
     "jobdispatch": OpSpec(op_jobdispatch, FRONT_SCHED, "write", member_roles=SCHED_ONLY,
                           admin_roles=FRONT_ENDS),
@@ -292,14 +305,15 @@ OPS: dict[str, OpSpec] = {
     "notify_job": OpSpec(op_notify_job, WORKER_ONLY, "write", member_roles=WORKER_ONLY),
     "update_jusage": OpSpec(op_update_jusage, WORKER_ONLY, "volatile", member_roles=WORKER_ONLY),
     "resval": OpSpec(op_resval, ANY, "read"),
-    "clusterconf": OpSpec(op_clusterconf, ANY, "read"),
+    "clusterconf": OpSpec(op_clusterconf, ANY, "read", needs_jobs=False),
     "jobinfo": OpSpec(op_jobinfo, ANY, "read"),
     "hostinfo": OpSpec(op_hostinfo, ANY, "read"),
-    "queueinfo": OpSpec(op_queueinfo, ANY, "read"),
-    "status": OpSpec(op_status, ANY, "read"),
-    "shutdown": OpSpec(op_shutdown, FRONT_ENDS, "read", admin_roles=FRONT_ENDS, dedupe=False),
+    "queueinfo": OpSpec(op_queueinfo, ANY, "read", needs_jobs=False),
+    "status": OpSpec(op_status, ANY, "read", needs_jobs=False),
+    "shutdown": OpSpec(op_shutdown, FRONT_ENDS, "read", admin_roles=FRONT_ENDS, dedupe=False,
+                       needs_jobs=False),
     # May record a tombstone (a durable write) under the rid it names, not under its own.
-    "outcome": OpSpec(op_outcome, ANY, "write", dedupe=False),
+    "outcome": OpSpec(op_outcome, ANY, "write", dedupe=False, needs_jobs=False),
 }
 
 

@@ -23,14 +23,17 @@ import math
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import orjson
 from anyio.abc import ByteSendStream, SocketAttribute
 from loguru import logger
 
+from xce_controller.jobs import Job, Slot
 from xce_controller.state import Event
+from xce_controller.store import Row
+from xce_controller.subscribe import HOSTED, Subscription, default_for
 from xcecore import wire
 
 _LEN = struct.Struct(">I")
@@ -133,6 +136,7 @@ class Outbox:
         self.unsent = 0  # bytes queued and not yet taken by the kernel
         self.overflow = ""  # why a push was refused (for the log line that drops the member)
         self._space: anyio.Event | None = None
+        self._drain: tuple[int, anyio.Event] | None = None  # a sync waiting for room
         # Set while the writer task holds frames it has not finished sending; with it clear and
         # nothing queued, the stream has no unsent bytes and a ready frame may go out at once.
         self._busy = False
@@ -238,6 +242,14 @@ class Outbox:
             self._space = anyio.Event()
             await self._space.wait()
 
+    async def wait_below(self, nbytes: int) -> None:
+        """Wait until fewer than ``nbytes`` bytes and half the push bound wait to be sent
+        (a sync makes its next chunk only then: a slow member slows only its own sync)."""
+        while self.unsent >= nbytes or self.queued_pushes >= self.limits.max_pushes // 2:
+            event = anyio.Event()
+            self._drain = (nbytes, event)
+            await event.wait()
+
     def _taken(self, item: _Item) -> None:
         self.unsent -= item.size
         if item.is_push:
@@ -247,6 +259,11 @@ class Outbox:
         if self._space is not None and not self.full():
             self._space.set()
             self._space = None
+        drain = self._drain
+        if drain is not None and self.unsent < drain[0] and \
+                self.queued_pushes < self.limits.max_pushes // 2:
+            drain[1].set()
+            self._drain = None
 
     async def _send_timed(self, stream: ByteSendStream, data: bytes) -> None:
         timeout = self.limits.stall_timeout
@@ -319,89 +336,165 @@ class Outbox:
 
 
 class Subscriber:
-    """A joined member that receives pushes."""
+    """A joined member that receives pushes, and what it subscribed to."""
 
-    __slots__ = ("drop", "identity", "outbox", "worker_host")
+    __slots__ = ("drop", "identity", "outbox", "sub", "worker_host")
 
     def __init__(
-        self, identity: str, outbox: Outbox, worker_host: str | None, drop: Callable[[], None]
+        self, identity: str, outbox: Outbox, worker_host: str | None, drop: Callable[[], None],
+        sub: Subscription | None = None,
     ) -> None:
         self.identity = identity
         self.outbox = outbox
         self.worker_host = worker_host
         self.drop = drop
+        self.sub = sub if sub is not None else default_for("worker" if worker_host else "", worker_host)
+
+
+# Who gets each push: (kind, scope) of the subscriptions that see it. A hosted scope ("own",
+# "host") is looked up by the event's hosts; "unfinished" only for events marked so.
+ROUTES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    "job": (("jobs", "all"), ("jobs", "unfinished"), ("jobs", "host")),
+    "signal": (("jobs", "all"), ("jobs", "unfinished"), ("jobs", "host")),
+    "job_removed": (("jobs", "all"), ("jobs", "unfinished")),
+    "host": (("hosts", "all"), ("hosts", "own")),
+    "queue": (("queues", "all"),),
+    "cluster": (("cluster", "all"),),
+    "member": (("members", "all"),),
+    "resvals": (("resvals", "all"), ("resvals", "own")),
+    "pend_reasons": (("pend_reasons", "all"),),
+    "jusage": (("jusage", "all"),),
+}
+EVERYONE: Final = frozenset({"shutdown"})
+"""Pushes every member gets, whatever it subscribed to."""
 
 
 class Fanout:
-    """Who gets which push: non-workers get every event; a worker only its host's."""
+    """Who gets which push: an index per (kind, scope), hosted scopes by host.
+
+    A push costs the members that get it: no member's subscription is looked at for an event
+    it does not receive.
+    """
 
     def __init__(self, server: str) -> None:
         self.server = server
-        self.members: dict[int, Subscriber] = {}  # connection id -> non-worker subscriber
-        self.workers: dict[str, tuple[int, Subscriber]] = {}  # host -> (cid, subscriber)
+        self.subs: dict[int, Subscriber] = {}  # connection id -> every subscriber
+        self.scoped: dict[tuple[str, str], dict[int, Subscriber]] = {}
+        self.hosted: dict[tuple[str, str], dict[str, tuple[int, Subscriber]]] = {}
+        self.workers: dict[str, tuple[int, Subscriber]] = {}  # host -> (cid, its worker)
         # connection id -> its worker's host: removal is O(1), not a scan of every worker
         # (a join storm of N workers removed-before-adding N times: O(N^2) with a scan).
         self._worker_of: dict[int, str] = {}
 
+    @property
+    def members(self) -> dict[int, Subscriber]:
+        """Subscribers that are not workers (by connection id)."""
+        return {cid: s for cid, s in self.subs.items() if s.worker_host is None}
+
     def add(self, cid: int, sub: Subscriber) -> None:
+        self.remove(cid)
         host = sub.worker_host
-        if host is None:
-            self.members[cid] = sub
-            return
-        old = self.workers.get(host)
-        if old is not None and old[0] != cid:
-            self._worker_of.pop(old[0], None)
-        self.workers[host] = (cid, sub)
-        self._worker_of[cid] = host
+        if host is not None:
+            old = self.workers.get(host)
+            if old is not None and old[0] != cid:
+                self.remove(old[0])
+            self.workers[host] = (cid, sub)
+            self._worker_of[cid] = host
+        self.subs[cid] = sub
+        for kind, scope in sub.sub.scopes:
+            if scope in HOSTED:
+                if host is not None:
+                    self.hosted.setdefault((kind, scope), {})[host] = (cid, sub)
+            else:
+                self.scoped.setdefault((kind, scope), {})[cid] = sub
 
     def remove(self, cid: int) -> None:
-        if self.members.pop(cid, None) is not None:
-            return
+        sub = self.subs.pop(cid, None)
         host = self._worker_of.pop(cid, None)
         if host is not None:
             entry = self.workers.get(host)
             if entry is not None and entry[0] == cid:
                 del self.workers[host]
+        if sub is None:
+            return
+        for kind, scope in sub.sub.scopes:
+            if scope in HOSTED:
+                by_host = self.hosted.get((kind, scope))
+                if by_host is not None and host is not None:
+                    entry = by_host.get(host)
+                    if entry is not None and entry[0] == cid:
+                        del by_host[host]
+            else:
+                self.scoped.get((kind, scope), {}).pop(cid, None)
 
-    def send(self, cid: int, sub: Subscriber, event: str, data_json: bytes, gate: Gate | None) -> None:
-        """Push to one subscriber, dropping it when it is over a bound."""
+    def send(self, cid: int, sub: Subscriber, event: str, data_json: bytes, gate: Gate | None) -> bool:
+        """Push to one subscriber, dropping it when it is over a bound (False)."""
         if not sub.outbox.push(event, data_json, gate):
             logger.warning(
                 "controller {}: member {} is over its bound: {}; dropping it "
-                "(it will re-join and get a full state)",
+                "(it will re-join and get what it missed)",
                 self.server, sub.identity, sub.outbox.overflow,
             )
             self.remove(cid)
             sub.drop()
+            return False
+        return True
 
     def publish(self, events: Iterable[tuple[Event, bytes]], gate: Gate | None) -> None:
         """Fan encoded events out, each as ``(event, its data's JSON)``."""
         for ev, data in events:
-            for cid, sub in list(self.members.items()):
-                self.send(cid, sub, ev.name, data, gate)
-            if not self.workers:
+            name = ev.name
+            if name in EVERYONE:
+                for cid, sub in list(self.subs.items()):
+                    self.send(cid, sub, name, data, gate)
                 continue
-            targets: Iterable[str] = self.workers.keys() if not ev.workers_only_hosts else ev.hosts
-            for host in list(targets):
-                entry = self.workers.get(host)
-                if entry is not None:
-                    self.send(entry[0], entry[1], ev.name, data, gate)
+            for kind, scope in ROUTES.get(name, ()):
+                if scope in HOSTED:
+                    by_host = self.hosted.get((kind, scope))
+                    if by_host:
+                        for host in ev.hosts:
+                            entry = by_host.get(host)
+                            if entry is not None:
+                                self.send(entry[0], entry[1], name, data, gate)
+                elif scope != "unfinished" or ev.unfinished:
+                    targets = self.scoped.get((kind, scope))
+                    if targets:
+                        for cid, sub in list(targets.items()):
+                            self.send(cid, sub, name, data, gate)
 
     def all(self) -> list[tuple[int, Subscriber]]:
-        return list(self.members.items()) + list(self.workers.values())
+        return list(self.subs.items())
 
 
-def encode_rows(rows: Iterable[tuple[str, Any, Any]], encoded: dict[int, bytes]) -> list[tuple[str, Any, bytes | None]]:
-    """Encode the rows of a change once, remembering each record's JSON for the pushes."""
-    out: list[tuple[str, Any, bytes | None]] = []
+def _default(obj: Any) -> Any:
+    if isinstance(obj, Job):
+        return orjson.Fragment(obj.json())
+    if isinstance(obj, Slot):
+        return {"host": obj.host, "ntasks": obj.ntasks}
+    raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
+
+
+def encode(value: Any) -> bytes:
+    """A value's JSON, jobs as their full records (the one encoder of replies and pushes)."""
+    if isinstance(value, Job):
+        return value.json()
+    return orjson.dumps(value, default=_default, option=orjson.OPT_PASSTHROUGH_DATACLASS)
+
+
+def encode_rows(rows: Iterable[tuple[str, Any, Any]], encoded: dict[int, bytes]) -> list[Row]:
+    """Encode the rows of a change once, remembering each record's JSON for the pushes (a
+    job's row is its stored form; its record JSON is made when a push needs it)."""
+    out: list[Row] = []
     for table, key, data in rows:
         if data is None:
-            out.append((table, key, None))
-            continue
-        blob = encoded.get(id(data))
-        if blob is None:
-            blob = encoded[id(data)] = orjson.dumps(data)
-        out.append((table, key, blob))
+            out.append((table, key, None, None))
+        elif isinstance(data, Job):
+            out.append((table, key, data.row(), data._spec))
+        else:
+            blob = encoded.get(id(data))
+            if blob is None:
+                blob = encoded[id(data)] = encode(data)
+            out.append((table, key, blob, None))
     return out
 
 
@@ -411,6 +504,6 @@ def encode_events(events: Iterable[Event], encoded: dict[int, bytes]) -> list[tu
     for ev in events:
         data = encoded.get(id(ev.data))
         if data is None:
-            data = encoded[id(ev.data)] = orjson.dumps(ev.data)
+            data = encoded[id(ev.data)] = encode(ev.data)
         out.append((ev, data))
     return out

@@ -35,10 +35,13 @@ import orjson
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 from loguru import logger
 
+from xce_controller import members, sync
+from xce_controller.changes import ChangeRing
 from xce_controller.election import Election, FileLockElection
 from xce_controller.framing import FrameReader
 from xce_controller.isolation import check_encodable, label, request_id
-from xce_controller.ops import WORKER, Caller, OpSpec, check_call, now
+from xce_controller.jobs import Job
+from xce_controller.ops import OPS, WORKER, Caller, OpSpec, check_call, now
 from xce_controller.pushes import (
     ErrorFrame,
     Fanout,
@@ -46,15 +49,18 @@ from xce_controller.pushes import (
     Limits,
     Outbox,
     Stalled,
-    Subscriber,
+    encode,
     encode_events,
     encode_rows,
     reply_frame,
 )
+from xce_controller.ridfilter import RidFilter
 from xce_controller.settings import ControllerSettings, parse_listen
+from xce_controller.standby import Follower, clean_width, load_rest
 from xce_controller.state import Changes, ClusterState, Event
 from xce_controller.storage import Inflight, StorageGuard
-from xce_controller.store import SQLiteStore, Write
+from xce_controller.store import KINDS, SQLiteStore, Write
+from xce_controller.subscribe import Subscription
 from xcecore import auth, wire
 from xcecore.protocol import format_hostport as format_address
 from xcecore.wire import ErrorCode, RemoteError
@@ -64,12 +70,17 @@ StoreFactory = Callable[[str], Any]
 HANDSHAKE_MAX_FRAME = 64 * 1024
 CLEAN_INTERVAL = 60.0  # longest pause between two passes of the finished-job cleaner
 CLEAN_BATCH = 5000  # most finished jobs one cleaner pass removes
+HOUSEKEEPING_INTERVAL = 5.0  # seconds between two store housekeeping writes
+RECENT_SECONDS = 30.0  # how long a result committed during a store lookup is kept for it
+SWEEP_PARTS = 16  # idempotency-filter partitions swept per host-expiry pass
 ACCEPT_BATCH = 512  # most connections accepted per wake-up of the accept loop
 ABANDONED_REPORT_INTERVAL = 5.0  # seconds between reports of handshakes clients gave up on
 
 
 TOMBSTONE = b'{"outcome":"not_applied","tombstone":true}'
 """The idempotency-table entry of a key that the ``outcome`` op declared not applied."""
+LOOKUP_FAILED = b""
+"""What a request's preparation found when the store could not be read (it is refused)."""
 
 
 class Connection:
@@ -84,6 +95,8 @@ class Connection:
         outbox.owner = self
         self.sock = sock
         self.scope: anyio.CancelScope | None = None
+        self.tg: anyio.abc.TaskGroup | None = None  # the connection's tasks (its sync runs there)
+        self.sync_scope: anyio.CancelScope | None = None  # the sync streaming to it, if any
         self.held_back = False  # its requests were left unread once (logged once)
 
     def close(self) -> None:
@@ -121,12 +134,26 @@ class Controller:
         self.store: Any = None
         self.fanout = Fanout("")
         self.conns: dict[int, Connection] = {}
-        self.idem: dict[str, bytes] = {}
-        self._idem_times: deque[tuple[float, str]] = deque()
+        # Revisions: the last one given to a write, the last one committed; the retention
+        # window; which idempotency keys have a committed result (their results: the store).
+        self.rev = 0
+        self.committed_rev = 0
+        self.store_id = ""
+        self.ring = ChangeRing(settings.change_retention)
+        self.rids = RidFilter()
         self.pending: dict[str, tuple[bytes, Gate]] = {}
+        # Results committed while a store lookup was in flight (a lookup that found nothing
+        # must still see a copy of its key that committed meanwhile), and the lookups' results.
+        self._lookups = 0
+        self._recent: dict[str, tuple[float, bytes]] = {}
+        self._recalled: dict[str, bytes | None] = {}
+        self.loading: anyio.Event | None = None  # set while a new primary loads its jobs
+        self.follower: Follower | None = None  # a standby's copy of the state
+        self.promotion: dict[str, Any] = {}  # how the last promotion went (status, tests)
         self.last_gate: Gate | None = None
         self.unstable: deque[Write] = deque()  # submitted, not yet reported by the writer
         self.storage = StorageGuard(self)
+        self._store: Any = None  # made at start: a standby follows through it
         self.limits = Limits(settings.max_subscriber_queue, settings.max_inflight,
                              settings.max_unsent_bytes, settings.stall_timeout)
         self.promoted = anyio.Event()
@@ -169,6 +196,7 @@ class Controller:
                 task_status.started(self)
                 # Import SQLite now, while standing by, so promotion does not pay for it.
                 await anyio.to_thread.run_sync(importlib.import_module, "sqlite3")
+                self._store = self._store_factory(self.settings.state_dir)
                 await self._wait_for_lock()
                 tg.start_soon(self._beat)
                 await self._promote()
@@ -229,7 +257,8 @@ class Controller:
             self.abandoned = 0
 
     async def _wait_for_lock(self) -> None:
-        """Block on the election in a daemon thread (a blocked flock cannot be cancelled)."""
+        """Block on the election in a daemon thread (a blocked flock cannot be cancelled);
+        meanwhile a follower keeps a copy of the state (a hot standby)."""
         election = self.election
         assert election is not None
         won = anyio.Event()
@@ -247,9 +276,12 @@ class Controller:
             return
         primary = election.current_primary()
         logger.info(
-            "controller {}: standby; primary is {}; waiting on the state-dir lock",
-            self.address, primary or "not known",
+            "controller {}: standby; primary is {}; following its commits, waiting on the "
+            "state-dir lock", self.address, primary or "not known",
         )
+        if hasattr(self._store, "snapshot"):
+            self.follower = Follower(self._store, self.settings, self.address)
+            self.follower.start()
         threading.Thread(target=waiter, name="xce-election-wait", daemon=True).start()
         await won.wait()
 
@@ -271,39 +303,107 @@ class Controller:
         t0 = time.perf_counter()
         self.role = "promoting"
         self.election.publish()
-        store = self._store_factory(self.settings.state_dir)
-        ttl = self.settings.idem_ttl
-        t = now()
-
-        def open_and_load() -> tuple[Any, ClusterState]:
-            # Off the loop, the indexes too: a large state takes seconds to load, and the loop
-            # must keep beating meanwhile or the standbys would take the new primary for hung.
-            store.open()
-            loaded = store.load(ttl)
-            state = ClusterState(self.settings.conf)
-            state.load(loaded, t)
-            return loaded, state
-
-        loaded, state = await anyio.to_thread.run_sync(open_and_load)
-        gc.freeze()  # the loaded state lives as long as the primary: no collection re-scans it
-        self.state, self.store = state, store
-        self.idem = dict(loaded.idem)
-        self._idem_times = deque((t, rid) for rid in self.idem)
+        store = self._store
+        follower, self.follower = self.follower, None
+        if follower is not None and follower.loaded.is_set():
+            await self._promote_hot(store, follower)
+        else:
+            if follower is not None:
+                follower.stop()  # not loaded yet: this candidate loads as a cold one
+            await self._promote_cold(store)
+        self.store = store
         self._tg.start_soon(self._run_writer, store)
         self._tg.start_soon(self._expire_hosts)
+        self._tg.start_soon(self._housekeep)
         self.role = "primary"
         if self.settings.clean_period > 0:
             self._tg.start_soon(self._clean_finished)
         self.since = time.time()
         self.promote_ms = (time.perf_counter() - t0) * 1000
+        self.promotion["ms"] = self.promote_ms
         self.election.register("primary")
         self.promoted.set()
+        p = self.promotion
+        if p["how"] == "hot":
+            logger.info(
+                "controller {}: acquired the state-dir lock; promoted to primary (hot standby: "
+                "caught up {} change(s) and {} idempotency key(s) since its last catch-up, at "
+                "rev {}; {} jobs, {} hosts in memory) in {:.1f} ms", self.address, p["changes"],
+                p["keys"], self.rev, len(self.state.jobs), len(self.state.hosts), self.promote_ms)
+        else:
+            logger.info(
+                "controller {}: acquired the state-dir lock; promoted to primary (rev {}, {} "
+                "hosts, {} queues; taking writes while {} jobs load) in {:.1f} ms",
+                self.address, self.rev, len(self.state.hosts), len(self.state.queues),
+                p["jobs"], self.promote_ms)
+
+    async def _promote_hot(self, store: Any, follower: Follower) -> None:
+        """Stop following, read what the old primary committed since, take the state."""
+
+        def finish() -> Any:
+            follower.stop()
+            with follower.lock:  # the follower's thread may be inside a catch-up
+                caught = follower.catch_up()
+            store.open()
+            return caught
+
+        caught = await anyio.to_thread.run_sync(finish)
+        state = follower.state
+        assert state is not None
+        state.seen_all(now())  # every worker gets a full timeout to re-join
+        self.state, self.ring, self.rids = state, follower.ring, follower.rids
+        self.rev = self.committed_rev = follower.rev
+        self.store_id = follower.store_id
+        gc.freeze()  # what the follower built since its load lives on too
+        self.promotion = {"how": "hot", "changes": caught.changes, "keys": caught.keys,
+                          "catch_up_ms": caught.ms, "followed": follower.followed,
+                          "snapshots": follower.snapshots, "jobs": len(state.jobs)}
+
+    async def _promote_cold(self, store: Any) -> None:
+        """Read meta, hosts and queues, and take writes; the jobs load on a thread."""
+
+        def open_head() -> Any:
+            store.open()
+            return store.head()
+
+        head = await anyio.to_thread.run_sync(open_head)
+        state = ClusterState(self.settings.conf, clean_width(self.settings))
+        state.take_head(head.hosts, head.queues, head.next_jobid, now())
+        self.state = state
+        self.rev = self.committed_rev = head.rev
+        self.store_id = head.store_id
+        self.ring = ChangeRing(self.settings.change_retention, head.rev)
+        self.rids = RidFilter()
+        self.rids.ready = False  # every key may be known until the keys are loaded
+        self.loading = anyio.Event()
+        self.promotion = {"how": "cold", "jobs": head.max_jobid, "changes": 0, "keys": 0}
+        assert self._tg is not None
+        self._tg.start_soon(self._load_rest, store, head)
+
+    async def _load_rest(self, store: Any, head: Any) -> None:
+        """The cold path's second half: jobs, window and keys, then requests that need them."""
+        try:
+            rest = await anyio.to_thread.run_sync(load_rest, store, head, self.settings)
+        except Exception:
+            logger.opt(exception=True).critical(
+                "controller {}: cannot load the jobs from the state store; giving up the "
+                "primary role", self.address)
+            self.give_up()
+            return
+        state = self.state
+        state.take_jobs(rest.table, rest.used)
+        rest.ring.extend(self.ring.after(head.rev, self.ring.capacity))
+        self.ring = rest.ring
+        rest.rids.merge(self.rids)
+        self.rids = rest.rids
+        loading, self.loading = self.loading, None
+        gc.freeze()
+        self.promotion.update(loaded_ms=rest.ms, keys=rest.keys)
+        if loading is not None:
+            loading.set()
         logger.info(
-            "controller {}: acquired the state-dir lock; promoted to primary "
-            "(loaded {} jobs, {} hosts, {} queues, {} idempotency keys in {:.1f} ms)",
-            self.address, len(state.jobs), len(state.hosts), len(state.queues), len(self.idem),
-            self.promote_ms,
-        )
+            "controller {}: loaded {} jobs and {} idempotency keys in {:.0f} ms; serving "
+            "every request", self.address, len(state.jobs), rest.keys, rest.ms)
 
     async def _run_writer(self, store: SQLiteStore) -> None:
         """Run the store's writer loop on a worker thread until the store is stopped."""
@@ -342,15 +442,19 @@ class Controller:
             self.give_up()
 
     def _committed(self, batch: list[Write]) -> None:
-        """Record results, open the gates (replies and pushes go)."""
+        """Record which keys have results, open the gates (replies and pushes go)."""
         if not self._may_acknowledge(len(batch)):
             return
         t = time.time()
+        recent = self._recent if self._lookups else None
         for w in batch:
+            if w.rev:
+                self.committed_rev = max(self.committed_rev, w.rev)
             if w.rid is not None:
                 self.pending.pop(w.rid, None)
-                self.idem[w.rid] = w.result
-                self._idem_times.append((t, w.rid))
+                self.rids.add(w.rid, t)
+                if recent is not None:
+                    recent[w.rid] = (t, w.result)
             w.extra.gate.open()
         self.storage.committed()
 
@@ -387,7 +491,7 @@ class Controller:
         return False
 
     async def _expire_hosts(self) -> None:
-        """Mark hosts unavail past ``host_timeout``; prune old idempotency keys."""
+        """Mark hosts unavail past ``host_timeout``; forget idempotency keys past their TTL."""
         period = max(0.05, min(1.0, self.settings.conf.host_timeout / 4))
         while True:
             await anyio.sleep(period)
@@ -400,20 +504,35 @@ class Controller:
                         self.address, row[1], self.settings.conf.host_timeout,
                     )
                 self.apply_internal(ch, "expire hosts")
-            limit = time.time() - self.settings.idem_ttl
-            while self._idem_times and self._idem_times[0][0] < limit:
-                self.idem.pop(self._idem_times.popleft()[1], None)
+            self.rids.sweep(time.time() - self.settings.idem_ttl, SWEEP_PARTS)
+
+    async def _housekeep(self) -> None:
+        """Every few seconds, one bounded housekeeping write: idempotency keys past their TTL
+        and old removal records leave the store (on the writer's thread)."""
+        keep = 10 * self.settings.change_retention  # removal records kept, in revs
+        while self.role in ("primary", "promoting"):
+            await anyio.sleep(HOUSEKEEPING_INTERVAL)
+            if self.role != "primary" or not self.storage.writable():
+                continue
+            w = Write([], expire_before=time.time() - self.settings.idem_ttl,
+                      prune_removed=self.committed_rev - keep if self.committed_rev > keep else None,
+                      extra=Inflight(Gate(), "housekeeping"))
+            self.store.submit(w)
+            self.unstable.append(w)
 
     async def _clean_finished(self) -> None:
         """Purge finished jobs older than ``clean_period`` (LSF ``CLEAN_PERIOD``).
 
-        A pass every ``min(60 s, clean_period / 4)`` (the first one right after promotion)
-        removes at most ``CLEAN_BATCH`` jobs, so one pass never holds the loop or the writer
-        long; a full batch means more are due, and the next pass follows shortly. The removal
-        is one durable write like any other, so a later primary never loads those jobs again.
+        A pass every ``min(60 s, clean_period / 4)`` (the first one right after promotion, or
+        once the jobs are loaded) takes at most ``CLEAN_BATCH`` due jobs from the end-time
+        buckets, so a pass costs what it removes; a full batch means more are due, and the
+        next pass follows shortly. The removal is one durable write like any other, so a
+        later primary never loads those jobs again.
         """
         period = self.settings.clean_period
         interval = max(0.05, min(CLEAN_INTERVAL, period / 4))
+        if self.loading is not None:
+            await self.loading.wait()
         while self.role == "primary":  # not while stopping: the writer takes no more writes
             removed = 0
             if self.storage.writable():
@@ -442,6 +561,8 @@ class Controller:
 
     async def _cleanup(self) -> None:
         self._log_abandoned()
+        if self.follower is not None:
+            self.follower.stop()
         if self.store is not None:
             self.store.stop()
             with anyio.move_on_after(10):
@@ -452,43 +573,60 @@ class Controller:
             self.election.release()
             if was in ("primary", "stopping", "promoting"):
                 logger.info("controller {}: gave up the primary role and the state-dir lock", self.address)
-        if self.store is not None:
-            await anyio.to_thread.run_sync(self.store.close)
+        store = self.store if self.store is not None else self._store
+        if store is not None:
+            if self.follower is not None:
+                await anyio.to_thread.run_sync(self.follower.join, 5.0)
+            await anyio.to_thread.run_sync(store.close)
         self.role = "stopped"
 
     def request_shutdown(self, by: str) -> None:
         """``shutdown`` op: tell every member, then stop after the reply is flushed."""
         logger.warning("controller {}: shutdown requested by {}; stopping", self.address, by)
-        self.apply_internal(Changes(events=[Event("shutdown", {"server": self.address},
-                                                  workers_only_hosts=False)]), "shutdown")
+        self.apply_internal(Changes(events=[Event("shutdown", {"server": self.address})]),
+                            "shutdown")
         self.stopped.set()
 
     # -- applying changes --------------------------------------------------------------------
 
     def apply(self, ch: Changes, rid: str | None, op: str, caller: Caller | None = None,
               ) -> tuple[Gate | None, bytes | None]:
-        """Queue ``ch``'s rows for commit and its events for the members.
+        """Give ``ch``'s rows a rev, queue them for commit and its events for the members.
 
         Returns the gate every reply and push must now wait behind (None when nothing is
         uncommitted) and, for a change with rows, the result's JSON (stored with them).
         Everything is encoded first: if that raises, nothing was queued, pushed or stored
-        (the caller deals with the change).
+        and the rev was not taken (the caller rolls the records back).
         """
         encoded: dict[int, bytes] = {}
-        result = orjson.dumps(ch.result) if ch.rows else None
-        rows = encode_rows(ch.rows, encoded) if ch.rows else []
+        result: bytes | None = None
+        rows: list[Any] = []
+        rev = self.rev + 1
+        if ch.rows:
+            for table, _key, rec in ch.rows:  # records carry the rev of their last write
+                if isinstance(rec, Job):
+                    rec.rev = rev
+                elif isinstance(rec, dict) and table in KINDS:
+                    rec["rev"] = rev
+            result = encode(ch.result)
+            rows = encode_rows(ch.rows, encoded)
         events = encode_events(ch.events, encoded) if ch.events else []
         gate: Gate | None
         if rows:
             assert result is not None
+            self.rev = rev
+            ring = self.ring
+            for table, key, data, _spec in rows:
+                if table in KINDS:
+                    ring.append(rev, table, key, data is None)
             gate = Gate()
-            w = Write(rows, rid, result, extra=Inflight(gate, op, caller))
+            w = Write(rows, rid, result, rev, extra=Inflight(gate, op, caller))
             self.store.submit(w)
             self.unstable.append(w)
             if rid is not None:
                 self.pending[rid] = (result, gate)
             self.last_gate = gate
-        gate = self._open_gate()
+        gate = self.open_gate()
         if events:
             self.fanout.publish(events, gate)
         return gate, result
@@ -503,37 +641,37 @@ class Controller:
                 self.address, what)
             self.storage.discard(ch, what)
 
+    def rolled_back(self) -> None:
+        """After a rollback: revs and the window go back to the last commit."""
+        gone = self.ring.truncate(self.committed_rev)
+        if self.rev != self.committed_rev or gone:
+            logger.info("controller {}: revs {}..{} were not committed; the next write is rev "
+                        "{} again", self.address, self.committed_rev + 1, self.rev,
+                        self.committed_rev + 1)
+        self.rev = self.committed_rev
+
     # -- ServerView (used by op handlers) -------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self, limit: int = 1000, after: str = "") -> dict[str, Any]:
+        """The ``status`` op: this candidate, counts, and a page of members by identity."""
         assert self.election is not None
-        return {
-            "server": self.address, "state": self.role, "primary": self.address,
-            "since": self.since, "candidates": self.election.candidates(),
-            "jobs": len(self.state.jobs), "hosts": len(self.state.hosts),
-            "members": len(self.state.members),
-            "member_list": sorted(self.state.members.values(), key=lambda m: m["identity"]),
-        }
+        return members.status(self, limit, after)
+
+    def plan_sync(self, caller: Caller, sub: Subscription, since: dict[str, Any] | None,
+                  writes: bool) -> sync.Plan:
+        """How the join being handled will sync (``writes``: the join itself writes a row,
+        which takes the next rev)."""
+        return sync.plan(self, sub, since, self.rev + (1 if writes else 0))
 
     def subscribe(self, caller: Caller) -> None:
-        """Make ``caller`` a member that gets pushes, starting with the full ``state``."""
-        conn = self.conns.get(caller.cid)
-        if conn is None:
-            return
-        self.fanout.remove(conn.cid)
-        if caller.pushes == "none":  # a member that asked for no pushes gets none, not even state
-            return
-        view = self.state.full_state(self.address, caller.worker_host)
-        data = orjson.dumps(view)  # raises before anything changed if it cannot be encoded
-        sub = Subscriber(caller.identity, conn.outbox, caller.worker_host, conn.abort)
-        self.fanout.add(conn.cid, sub)
-        if len(data) > self.settings.max_frame:
-            logger.error(
-                "controller {}: full state for {} is {} bytes, over the maximum frame {}; "
-                "raise cluster.max_frame", self.address, caller.identity, len(data),
-                self.settings.max_frame,
-            )
-        self.fanout.send(conn.cid, sub, "state", data, self._open_gate())
+        """Start ``caller``'s pushes: its sync (or, for a join of the older form, the one
+        ``state`` push), then deltas."""
+        members.subscribe(self, caller)
+
+    def resync(self, caller: Caller) -> None:
+        """Sync a member again whose pushes were withdrawn (a rollback): a delta since the
+        last commit when the window has it."""
+        members.resync(self, caller)
 
     def replace_worker(self, caller: Caller, host: str) -> None:
         entry = self.fanout.workers.get(host)
@@ -567,7 +705,7 @@ class Controller:
             self.conns[conn.cid] = conn
             try:
                 async with anyio.create_task_group() as tg:
-                    conn.scope = tg.cancel_scope
+                    conn.scope, conn.tg = tg.cancel_scope, tg
                     tg.start_soon(self._write_loop, conn, stream)
                     await self._read_loop(conn, reader)
                     outbox.close()  # the writer flushes what is queued, then the group ends
@@ -704,7 +842,61 @@ class Controller:
             paused = self.storage.paused
             if paused is not None:  # a rollback is under way: it must see no new change
                 await paused.wait()
+            if self.role == "primary":
+                await self._prepare(msg)
             self.handle_message(conn, msg)
+            self._recalled.clear()
+
+    async def _prepare(self, msg: dict[str, Any]) -> None:
+        """Before a request is handled (its connection's next one waits, others do not):
+        wait for the jobs if it needs them and they are still loading, and fetch from the
+        store, off the loop, the result of an idempotency key the filter may know."""
+        op = msg.get("op")
+        loading = self.loading
+        if loading is not None:
+            spec = OPS.get(op) if isinstance(op, str) else None
+            if spec is not None and spec.needs_jobs:
+                await loading.wait()
+        rid = msg.get("rid")
+        if op == "outcome":
+            args = msg.get("args")
+            rid = args.get("rid") if isinstance(args, dict) else None
+        if not isinstance(rid, str) or not rid or rid in self.pending or \
+                not self.rids.may_contain(rid):
+            return
+        self._lookups += 1
+        try:
+            found = await anyio.to_thread.run_sync(self.store.lookup, rid)
+        except Exception:  # the store cannot say: the request is refused, never applied
+            logger.opt(exception=True).error("controller {}: cannot look idempotency key {} up "
+                                             "in the state store", self.address, label(rid))
+            found = LOOKUP_FAILED
+        finally:
+            self._lookups -= 1
+        if found is None:
+            late = self._recent.get(rid)  # committed by another copy while we looked
+            found = None if late is None else late[1]
+        self._recalled[rid] = found
+        if not self._lookups:
+            self._recent.clear()
+        elif self._recent:
+            self._prune_recent()
+
+    def _prune_recent(self) -> None:
+        limit = time.time() - RECENT_SECONDS
+        recent = self._recent
+        while recent:
+            first = next(iter(recent))
+            if recent[first][0] >= limit:
+                break
+            del recent[first]
+
+    def _stored(self, rid: str) -> bytes | None:
+        """The committed result of ``rid`` if this request's preparation found one."""
+        found = self._recalled.get(rid)
+        if found is None and (late := self._recent.get(rid)) is not None:
+            found = late[1]
+        return found
 
     def handle_message(self, conn: Connection, msg: dict[str, Any]) -> None:
         """Answer one request (synchronously: applied in arrival order), whatever it holds."""
@@ -734,9 +926,14 @@ class Controller:
             conn.outbox.reply(wire.encode(err), None)
             return
         if req.rid is not None:
-            stored = self.idem.get(req.rid)
+            stored = self._stored(req.rid)
+            if stored == LOOKUP_FAILED:
+                self._reply_error(conn, req.id, RemoteError(
+                    ErrorCode.STORAGE, f"{req.op}: not applied: the controller cannot read the "
+                    f"record of idempotency key {req.rid} from its store; retry"))
+                return
             if stored is not None:
-                conn.outbox.reply(self._repeat(req, stored), self._open_gate())
+                conn.outbox.reply(self._repeat(req, stored), self.open_gate())
                 return
             pending = self.pending.get(req.rid)
             if pending is not None:
@@ -856,7 +1053,10 @@ class Controller:
         -- the reply waits for it like any write's -- so the request arriving late (still in a
         socket buffer, say) is refused instead of applied, and "not applied" stays true.
         """
-        stored = self.idem.get(rid)
+        stored = self._stored(rid)
+        if stored == LOOKUP_FAILED:
+            raise RemoteError(ErrorCode.STORAGE, f"outcome: the controller cannot read the "
+                              f"record of idempotency key {rid} from its store; ask again")
         if stored is None and (pending := self.pending.get(rid)) is not None:
             if pending[0] != TOMBSTONE:
                 return {"rid": rid, "outcome": "pending"}
@@ -865,7 +1065,8 @@ class Controller:
             if not self.storage.writable():  # the tombstone could not be made durable
                 raise self.storage.refusal("outcome")
             gate = Gate()
-            w = Write([], rid, TOMBSTONE, extra=Inflight(gate, "outcome"))
+            self.rev += 1
+            w = Write([], rid, TOMBSTONE, self.rev, extra=Inflight(gate, "outcome"))
             self.store.submit(w)
             self.unstable.append(w)
             self.pending[rid] = (TOMBSTONE, gate)
@@ -877,7 +1078,8 @@ class Controller:
             return {"rid": rid, "outcome": "not_applied"}
         return {"rid": rid, "outcome": "applied", "result": orjson.loads(stored)}
 
-    def _open_gate(self) -> Gate | None:
+    def open_gate(self) -> Gate | None:
+        """The gate of the last uncommitted write, or None when everything is committed."""
         gate = self.last_gate
         if gate is not None and gate.is_open():
             gate = self.last_gate = None

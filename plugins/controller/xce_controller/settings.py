@@ -33,6 +33,9 @@ HANDSHAKE_TIMEOUT = 10.0
 """Seconds a client may take to finish its handshake (not configurable)."""
 MAX_UNSENT_BYTES = 32 * 1024 * 1024
 """Bytes of replies and pushes a connection may have waiting to be sent (the default)."""
+CHANGE_RETENTION = 100_000
+"""Changes the retention window keeps (the default): a member that re-joins with a ``since``
+at most this many changes old gets only what it missed."""
 
 
 @dataclass(slots=True)
@@ -70,6 +73,7 @@ class ControllerSettings:
     frame_timeout: float = 10.0  # a frame begun must be whole within this
     storage_retry: float = 1.0  # seconds between probes of a store that cannot commit
     hung_timeout: float = DEFAULT_HUNG_TIMEOUT  # 0: standbys never fence a hung primary
+    change_retention: int = CHANGE_RETENTION  # changes the retention window holds
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -115,7 +119,7 @@ def check_controller_section(section: dict[str, Any]) -> None:
     for key in ("host_timeout", "idem_ttl", "stall_timeout", "frame_timeout", "storage_retry"):
         if not section[key] > 0:  # also refuses NaN
             raise ValueError(f"controller.{key} must be > 0, got {section[key]!r}")
-    for key in ("max_subscriber_queue", "max_inflight", "max_unsent_bytes"):
+    for key in ("max_subscriber_queue", "max_inflight", "max_unsent_bytes", "change_retention"):
         if section[key] < 1:
             raise ValueError(f"controller.{key} must be >= 1, got {section[key]!r}")
     if not section["clean_period"] >= 0:  # also refuses NaN
@@ -157,6 +161,10 @@ SECTION = ConfigSection(
             _NUM, 1.0, "seconds between probes of a state store that cannot commit (writes are "
             "refused with STORAGE meanwhile)"),
         "idem_ttl": Field(_NUM, IDEM_TTL, "seconds an idempotency key's result is kept"),
+        "change_retention": Field(
+            (int,), CHANGE_RETENTION,
+            "changes the retention window keeps in memory (~17 bytes each): a member that "
+            "re-joins within it gets only what it missed, else a snapshot"),
         "clean_period": Field(
             _NUM, 3600.0,
             "seconds a finished (DONE/EXIT) job is kept after it ends before it is purged "
@@ -217,4 +225,5 @@ def settings_from_config(config: Config, key: bytes | None) -> ControllerSetting
         frame_timeout=float(c["frame_timeout"]),
         storage_retry=float(c["storage_retry"]),
         hung_timeout=float(c["hung_timeout"]),
+        change_retention=int(c["change_retention"]),
     )

@@ -3,33 +3,47 @@
 Every transition checks everything first and raises :class:`~xcecore.wire.RemoteError` before
 touching anything, so a refused request never changes state. A successful one mutates the
 state and returns :class:`Changes`: the rows to commit, the events to push, and the result.
-No I/O happens here: the server commits the rows and fans the events out.
+No I/O happens here: the server commits the rows (giving them a rev) and fans the events out.
+
+Jobs live in a :class:`~xce_controller.jobs.JobTable`; every transition that changes a job
+takes its index keys first and reindexes it after, so queries, the cleaner and the fan-out
+always see a consistent table. Nothing here walks every job or every host: the cleaner takes
+what is due from the end-time buckets, host expiry from the last-seen buckets.
 """
 
 from __future__ import annotations
 
+import bisect
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from xce_controller.buckets import TimeBuckets
+from xce_controller.jobs import EMPTY, Job, JobTable, make_alloc, new_spec
 from xce_controller.settings import ClusterConf as ClusterConf  # the state's config; re-exported
-from xce_controller.store import Loaded
-from xcecore.protocol import ACTIVE, FINISHED
+from xcecore.protocol import ACTIVE, FINISHED, PENDING, UNFINISHED
 from xcecore.wire import ErrorCode, RemoteError
 
 Record = dict[str, Any]
 # (table, key, record or None to delete); a ``meta`` row's value is any JSON value.
-Row = tuple[str, Any, Record | int | float | str | None]
+Row = tuple[str, Any, Job | Record | int | float | str | None]
+EXPIRE_BATCH = 1000  # hosts one expiry pass may look at
 
 
 @dataclass(slots=True)
 class Event:
-    """A push to fan out: non-worker members get every event; workers only ``hosts``'s."""
+    """A push to fan out (who gets it: :class:`xce_controller.pushes.Fanout`).
+
+    ``hosts``: the hosts it concerns (a worker of one of them gets it if it subscribed to
+    its host's records or jobs). ``unfinished``: a job event that members subscribed to
+    unfinished jobs get (the job is unfinished, or has just finished).
+    """
 
     name: str
     data: Any
     hosts: frozenset[str] = frozenset()
-    workers_only_hosts: bool = True  # False: every worker gets it too (shutdown)
+    unfinished: bool = True
 
 
 @dataclass(slots=True)
@@ -53,11 +67,12 @@ def not_found(what: str, name: Any) -> RemoteError:
 def queue_record(cfg: dict[str, Any]) -> Record:
     """A queue record from its config table."""
     q: Record = {
-        "name": cfg["name"],
+        "name": sys.intern(str(cfg["name"])),
         "priority": int(cfg.get("priority", 30)),
         "description": str(cfg.get("description", "")),
         "open": bool(cfg.get("open", True)),
         "active": bool(cfg.get("active", True)),
+        "rev": 0,
     }
     return _queue_status(q)
 
@@ -73,47 +88,78 @@ def _host_state(h: Record) -> Record:
 
 
 class ClusterState:
-    """Jobs, hosts, queues and members of one primary."""
+    """Jobs, hosts, queues and members of one primary (or of a standby that follows)."""
 
-    def __init__(self, conf: ClusterConf) -> None:
+    def __init__(self, conf: ClusterConf, clean_width: float = 60.0) -> None:
         self.conf = conf
-        self.jobs: dict[int, Record] = {}
+        self.jobs = JobTable(clean_width)
         self.hosts: dict[str, Record] = {}
+        self.host_names: list[str] = []  # sorted: host listings page by name
         self.queues: dict[str, Record] = {}
         self.members: dict[str, Record] = {}
+        self.member_ids: list[str] = []  # sorted: status pages members by identity
+        self.roles: dict[str, int] = {}  # role -> members
         self.last_seen: dict[str, float] = {}  # host -> last worker heartbeat/join
-        # host -> ids of the jobs running there: a worker's (re-)join state is built from its
-        # own jobs, not a scan of every job (10,000 workers re-joining x 50,000 jobs otherwise)
-        self.active_on: dict[str, set[int]] = {}
+        self.seen = TimeBuckets[str](max(0.01, conf.host_timeout / 8))
         self.next_jobid = 1
         for qcfg in conf.queues:
-            self.queues[qcfg["name"]] = queue_record(qcfg)
+            q = queue_record(qcfg)
+            self.queues[q["name"]] = q
 
     # -- loading -----------------------------------------------------------------------------
 
-    def load(self, loaded: Loaded, now: float) -> None:
-        """Take over the durable state; queue runtime state (open/active) survives restarts,
-        priorities and descriptions come from the configuration."""
-        self.jobs = dict(loaded.jobs)
-        self.hosts = dict(loaded.hosts)
-        for name, stored in loaded.queues.items():
-            q = self.queues.get(name)
-            if q is None:
-                self.queues[name] = stored  # a queue removed from config keeps its jobs' home
-            else:
-                q["open"], q["active"] = bool(stored["open"]), bool(stored["active"])
-                _queue_status(q)
-        self.next_jobid = max(int(loaded.meta.get("next_jobid", 1)), max(self.jobs, default=0) + 1)
-        used: dict[str, int] = {}
-        self.active_on = {}
-        for job in self.jobs.values():
-            if job["state"] in ACTIVE:
-                for a in job["alloc"]:
-                    used[a["host"]] = used.get(a["host"], 0) + a["ntasks"]
-                    self.active_on.setdefault(a["host"], set()).add(job["jobid"])
+    def take_head(self, hosts: Mapping[str, Record], queues: Mapping[str, Record],
+                  next_jobid: int, now: float) -> None:
+        """Take over the durable hosts and queues (the jobs come with :meth:`take_jobs`).
+
+        Queue runtime state (open/active) survives restarts, priorities and descriptions
+        come from the configuration. Every host gets a full timeout to re-join.
+        """
+        self.hosts = {}
+        self.host_names = []
+        for name, host in hosts.items():
+            self._put_host(name, host)
+            host["used_slots"] = 0
+            self.touch(name, now, force=True)
+        for name, stored in queues.items():
+            self._take_queue(name, stored)
+        self.next_jobid = max(self.next_jobid, next_jobid)
+
+    def take_jobs(self, table: JobTable, used: Mapping[str, int] | None = None) -> None:
+        """Take over ``table`` (loaded from the store) and every job added meanwhile: the
+        jobs this state holds now are newer than the table's and win. ``used``: the slots
+        the table's active jobs take per host, if already counted (off the loop)."""
+        for job in list(self.jobs.values()):
+            table.remove(job.jobid)
+            table.add(job)
+        self.jobs = table
+        if used is None:
+            used = table.used_slots()
         for name, host in self.hosts.items():
             host["used_slots"] = used.get(name, 0)
-            self.last_seen[name] = now  # every worker gets a full timeout to re-join
+        self.next_jobid = max(self.next_jobid, table.highest() + 1)
+
+    def _take_queue(self, name: str, stored: Record) -> None:
+        q = self.queues.get(name)
+        if q is None:
+            self.queues[name] = stored  # a queue removed from config keeps its jobs' home
+        else:
+            q["open"], q["active"] = bool(stored["open"]), bool(stored["active"])
+            q["rev"] = int(stored.get("rev", 0))
+            _queue_status(q)
+
+    def _put_host(self, name: str, host: Record) -> None:
+        if name not in self.hosts:
+            bisect.insort(self.host_names, name)
+        host.setdefault("rev", 0)
+        self.hosts[name] = host
+
+    def _drop_host(self, name: str) -> None:
+        if self.hosts.pop(name, None) is not None:
+            i = bisect.bisect_left(self.host_names, name)
+            if i < len(self.host_names) and self.host_names[i] == name:
+                del self.host_names[i]
+        self.last_seen.pop(name, None)
 
     # -- views ------------------------------------------------------------------------------
 
@@ -133,31 +179,7 @@ class ClusterState:
     def sorted_queues(self) -> list[Record]:
         return sorted(self.queues.values(), key=lambda q: (-q["priority"], q["name"]))
 
-    def full_state(self, server: str, worker_host: str | None = None) -> Record:
-        """The ``state`` push; a worker's view holds only its host and its active jobs."""
-        if worker_host is None:
-            hosts = [self.hosts[n] for n in sorted(self.hosts)]
-            jobs = list(self.jobs.values())
-            members = list(self.members.values())
-        else:
-            hosts = [self.hosts[worker_host]] if worker_host in self.hosts else []
-            jobs = [
-                j for jobid in sorted(self.active_on.get(worker_host, ()))
-                if (j := self.jobs.get(jobid)) is not None and j["state"] in ACTIVE
-                and any(a["host"] == worker_host for a in j["alloc"])
-            ]
-            members = []
-        return {
-            "server": server,
-            "cluster": self.clusterconf(),
-            "resources": self.conf.resources,
-            "queues": self.sorted_queues(),
-            "hosts": hosts,
-            "jobs": jobs,
-            "members": members,
-        }
-
-    def job(self, jobid: int) -> Record:
+    def job(self, jobid: int) -> Job:
         job = self.jobs.get(jobid)
         if job is None:
             raise not_found("job", jobid)
@@ -178,44 +200,68 @@ class ClusterState:
     def is_admin(self, role: str, user: str | None) -> bool:
         return role == "admin" or (user is not None and user in self.conf.admins)
 
+    def hosts_from(self, start: str, limit: int) -> tuple[list[str], str | None]:
+        """Up to ``limit`` host names >= ``start``, by name, and the next one (or None)."""
+        names = self.host_names
+        i = bisect.bisect_left(names, start)
+        page = names[i:i + limit]
+        nxt = names[i + limit] if i + limit < len(names) else None
+        return page, nxt
+
     # -- helpers for transitions -------------------------------------------------------------
 
-    def _job_changed(self, ch: Changes, job: Record, extra_hosts: Iterable[str] = ()) -> None:
-        hosts = frozenset(a["host"] for a in job["alloc"]) | frozenset(extra_hosts)
-        ch.rows.append(("jobs", job["jobid"], job))
-        ch.events.append(Event("job", job, hosts))
+    def _job_changed(self, ch: Changes, job: Job, was: str, extra_hosts: Iterable[str] = ()) -> None:
+        """A changed job: its row, and its push to those who see it (``was``: its state
+        before the change)."""
+        hosts = job.hosts() | frozenset(extra_hosts)
+        ch.rows.append(("jobs", job.jobid, job))
+        ch.events.append(Event("job", job, hosts, job.state in UNFINISHED or was in UNFINISHED))
 
     def _host_changed(self, ch: Changes, host: Record) -> None:
         ch.rows.append(("hosts", host["name"], host))
         ch.events.append(Event("host", host, frozenset({host["name"]})))
 
-    def _signal(self, ch: Changes, job: Record, signal: str) -> None:
-        job["signal"] = signal
-        hosts = [a["host"] for a in job["alloc"]]
-        data = {"jobid": job["jobid"], "signal": signal, "hosts": hosts, "attempt": job["attempt"]}
+    def _signal(self, ch: Changes, job: Job, signal: str) -> None:
+        job.signal = signal
+        hosts = [s.host for s in job.alloc]
+        data = {"jobid": job.jobid, "signal": signal, "hosts": hosts, "attempt": job.attempt}
         ch.events.append(Event("signal", data, frozenset(hosts)))
 
-    def _release_slots(self, ch: Changes, job: Record) -> None:
-        for a in job["alloc"]:
-            self.active_on.get(a["host"], set()).discard(job["jobid"])
-            host = self.hosts.get(a["host"])
+    def _release_slots(self, ch: Changes, job: Job) -> None:
+        for s in job.alloc:
+            host = self.hosts.get(s.host)
             if host is not None:
-                host["used_slots"] = max(0, host["used_slots"] - a["ntasks"])
+                host["used_slots"] = max(0, host["used_slots"] - s.ntasks)
                 self._host_changed(ch, host)
 
     # -- members -----------------------------------------------------------------------------
 
     def add_member(self, identity: str, role: str, now: float, attrs: Record | None = None,
-                   pushes: str = "all") -> Changes:
+                   subscribe: Record | None = None) -> Changes:
         """A member joined (or re-joined). ``attrs`` (its join attributes) are kept for
-        ``status``; a worker's are its host's, so pass None for it."""
+        ``status``; a worker's are its host's, so pass None for it. ``subscribe``: what it
+        receives (its subscription's wire form; ``pushes``: "none" when it is empty, else "all")."""
+        scopes = subscribe if subscribe is not None else {}
         member: Record = {"identity": identity, "role": role, "joined_at": now, "last_seen": now,
-                          "pushes": pushes}
+                          "pushes": "none" if not scopes else "all", "subscribe": scopes}
         if attrs is not None:
             member["attrs"] = attrs
+        old = self.members.get(identity)
+        if old is None:
+            bisect.insort(self.member_ids, identity)
+        else:
+            self._count_role(old["role"], -1)
+        self._count_role(role, 1)
         self.members[identity] = member
         data = {"identity": identity, "role": role, "joined": True}
         return Changes(events=[Event("member", data)])
+
+    def _count_role(self, role: str, n: int) -> None:
+        left = self.roles.get(role, 0) + n
+        if left > 0:
+            self.roles[role] = left
+        else:
+            self.roles.pop(role, None)
 
     def member_seen(self, identity: str, now: float) -> None:
         """A joined member's heartbeat: its ``last_seen`` (shown by ``status``), any role."""
@@ -227,12 +273,22 @@ class ClusterState:
         member = self.members.pop(identity, None)
         if member is None:
             return Changes()
+        i = bisect.bisect_left(self.member_ids, identity)
+        if i < len(self.member_ids) and self.member_ids[i] == identity:
+            del self.member_ids[i]
+        self._count_role(member["role"], -1)
         data = {"identity": identity, "role": member["role"], "joined": False}
         return Changes(events=[Event("member", data)])
 
+    def members_from(self, start: str, limit: int) -> tuple[list[str], str | None]:
+        """Up to ``limit`` member identities >= ``start``, and the next one (or None)."""
+        ids = self.member_ids
+        i = bisect.bisect_left(ids, start)
+        return ids[i:i + limit], ids[i + limit] if i + limit < len(ids) else None
+
     def join_worker(self, attrs: dict[str, Any], now: float) -> Changes:
         """A worker joined: create or refresh its host and make it available."""
-        name = attrs["hname"]
+        name = sys.intern(attrs["hname"])
         ncpus = attrs.get("ncpus")
         max_slots = attrs.get("max_slots", ncpus if isinstance(ncpus, int) else 1)
         if not isinstance(max_slots, int) or isinstance(max_slots, bool) or max_slots < 1:
@@ -242,19 +298,32 @@ class ClusterState:
             host = {
                 "name": name, "available": True, "closed": False, "comment": "",
                 "max_slots": max_slots, "used_slots": 0, "attrs": attrs, "resvals": {},
-                "joined_at": now,
+                "joined_at": now, "rev": 0,
             }
-            self.hosts[name] = host
+            self._put_host(name, host)
         else:
             host.update(available=True, max_slots=max_slots, attrs=attrs, joined_at=now)
-        self.last_seen[name] = now
+        self.touch(name, now)
         ch = Changes()
         self._host_changed(ch, _host_state(host))
         return ch
 
+    def seen_all(self, now: float) -> None:
+        """Every host gets a full timeout to re-join (a new primary: O(hosts), once)."""
+        for name in self.hosts:
+            self.touch(name, now, force=True)
+
+    def touch(self, host: str, now: float, force: bool = False) -> None:
+        """A sign of life from ``host``'s worker: filed anew only when its bucket changes."""
+        old = self.last_seen.get(host)
+        self.last_seen[host] = now
+        seen = self.seen
+        if force or old is None or seen.bucket_of(old) != seen.bucket_of(now):
+            seen.file(host, now)
+
     def heartbeat(self, host: str, now: float) -> Changes:
         """A worker's heartbeat; an unavailable host it names becomes available again."""
-        self.last_seen[host] = now
+        self.touch(host, now)
         h = self.hosts.get(host)
         ch = Changes()
         if h is not None and not h["available"]:
@@ -262,12 +331,20 @@ class ClusterState:
             self._host_changed(ch, _host_state(h))
         return ch
 
-    def expire_hosts(self, now: float) -> Changes:
-        """Hosts whose worker was silent longer than ``host_timeout`` become unavail."""
+    def expire_hosts(self, now: float, most: int = EXPIRE_BATCH) -> Changes:
+        """Hosts whose worker was silent longer than ``host_timeout`` become unavail; only
+        hosts filed in buckets older than that are looked at."""
         ch = Changes()
         limit = now - self.conf.host_timeout
-        for name, host in self.hosts.items():
-            if host["available"] and self.last_seen.get(name, now) < limit:
+        for name in self.seen.due(limit, most):
+            host = self.hosts.get(name)
+            seen = self.last_seen.get(name)
+            if host is None or seen is None:
+                continue  # gone
+            if seen >= limit:  # it beat since (filed anew), or is not due yet
+                self.seen.refile(name, seen, limit)
+                continue
+            if host["available"]:
                 host["available"] = False
                 self._host_changed(ch, _host_state(host))
         return ch
@@ -282,71 +359,70 @@ class ClusterState:
             raise conflict(f"queue {qname} is closed: it accepts no new jobs")
         jobid = self.next_jobid
         self.next_jobid += 1
-        job: Record = {
-            "jobid": jobid, "name": args.get("name", ""), "user": args["user"],
-            "project": args.get("project", "default"), "queue": qname,
-            "command": args["command"], "cwd": args.get("cwd", ""), "env": args.get("env", {}),
-            "resreq": args.get("resreq", ""), "ntasks": args.get("ntasks", 1),
-            "state": "PEND", "submit_time": now, "start_time": None, "end_time": None,
-            "alloc": [], "pid": None, "exit_status": None, "pend_reason": None, "reason": None,
-            "signal": None, "attempt": 0, "forced": False, "usage": {},
-        }
-        self.jobs[jobid] = job
-        ch = Changes(result={"jobid": jobid, "queue": qname, "state": "PEND"})
-        self._job_changed(ch, job)
+        intern = sys.intern
+        job = Job(new_spec(args), jobid, intern(args["user"]), q["name"],
+                  intern(args.get("name", "")), args.get("ntasks", 1), "PEND", now, usage=EMPTY)
+        self.jobs.add(job)
+        ch = Changes(result={"jobid": jobid, "queue": q["name"], "state": "PEND"})
+        self._job_changed(ch, job, "PEND")
         return ch
 
     def control(self, jobid: int, action: str, now: float) -> Changes:
         """``jobctrl``: kill, stop, resume, checkpoint, requeue (permission checked by caller)."""
         job = self.job(jobid)
-        st = job["state"]
+        st = job.state
+        keys = self.jobs.keys(job)
         ch = Changes()
-        old_hosts = [a["host"] for a in job["alloc"]]
-        if action == "kill" and st in ("PEND", "PSUSP"):
-            job.update(state="EXIT", end_time=now, reason="killed", pend_reason=None)
+        old_hosts = [s.host for s in job.alloc]
+        if action == "kill" and st in PENDING:
+            job.state, job.end_time, job.reason, job.pend_reason = "EXIT", now, "killed", None
         elif action == "kill" and st in ACTIVE:
             self._signal(ch, job, "kill")
         elif action == "stop" and st == "PEND":
-            job["state"] = "PSUSP"
+            job.state = "PSUSP"
         elif action == "stop" and st in ("RUN", "SSUSP"):
-            job["state"] = "USUSP"
+            job.state = "USUSP"
             self._signal(ch, job, "stop")
         elif action == "resume" and st == "PSUSP":
-            job["state"] = "PEND"
+            job.state = "PEND"
         elif action == "resume" and st in ("USUSP", "SSUSP"):
-            job["state"] = "RUN"
+            job.state = "RUN"
             self._signal(ch, job, "resume")
         elif action == "checkpoint" and st == "RUN":
             self._signal(ch, job, "checkpoint")
         elif action == "requeue" and st in ACTIVE:
             self._signal(ch, job, "kill")
             self._release_slots(ch, job)
-            job.update(state="PEND", alloc=[], pid=None, start_time=None, end_time=None,
-                       exit_status=None, reason=None, signal=None, forced=False,
-                       attempt=job["attempt"] + 1)
+            self._requeue(job)
         elif action == "requeue" and st in FINISHED:
-            job.update(state="PEND", alloc=[], pid=None, start_time=None, end_time=None,
-                       exit_status=None, reason=None, signal=None, forced=False,
-                       attempt=job["attempt"] + 1)
+            self._requeue(job)
         else:
             raise conflict(f"job {jobid} is {st}: cannot {action} it")
-        self._job_changed(ch, job, old_hosts)
+        self.jobs.reindex(job, keys)
+        self._job_changed(ch, job, st, old_hosts)
         ch.result = job
         return ch
+
+    @staticmethod
+    def _requeue(job: Job) -> None:
+        job.state, job.alloc, job.pid, job.start_time, job.end_time = "PEND", (), None, None, None
+        job.exit_status = job.reason = job.signal = None
+        job.forced = False
+        job.attempt += 1
 
     def dispatch(self, jobid: int, alloc: list[dict[str, Any]], force: bool) -> Changes:
         """``jobdispatch``: run a pending job on ``alloc`` (validated shape)."""
         job = self.job(jobid)
-        if job["state"] != "PEND":
-            raise conflict(f"job {jobid} is {job['state']}, not PEND: cannot dispatch it")
-        q = self.queues.get(job["queue"])
+        if job.state != "PEND":
+            raise conflict(f"job {jobid} is {job.state}, not PEND: cannot dispatch it")
+        q = self.queues.get(job.queue)
         if q is not None and not q["active"]:
-            raise conflict(f"queue {job['queue']} is inactive: it dispatches no jobs")
+            raise conflict(f"queue {job.queue} is inactive: it dispatches no jobs")
         total = sum(a["ntasks"] for a in alloc)
-        if total != job["ntasks"]:
+        if total != job.ntasks:
             raise RemoteError(
                 ErrorCode.INVALID,
-                f"jobdispatch: alloc gives {total} tasks, job {jobid} needs {job['ntasks']}",
+                f"jobdispatch: alloc gives {total} tasks, job {jobid} needs {job.ntasks}",
             )
         for a in alloc:
             host = self.hosts.get(a["host"])
@@ -364,60 +440,66 @@ class ClusterState:
                     f"host {a['host']} has {free} free slots, job {jobid} needs {a['ntasks']}"
                 )
         ch = Changes()
-        job.update(state="RUN", alloc=[{"host": a["host"], "ntasks": a["ntasks"]} for a in alloc],
-                   pend_reason=None, forced=force, signal=None)
-        for a in alloc:
-            host = self.hosts[a["host"]]
-            host["used_slots"] += a["ntasks"]
-            self.active_on.setdefault(a["host"], set()).add(jobid)
+        keys = self.jobs.keys(job)
+        job.state, job.alloc = "RUN", make_alloc((a["host"], a["ntasks"]) for a in alloc)
+        job.pend_reason, job.forced, job.signal = None, force, None
+        self.jobs.reindex(job, keys)
+        for s in job.alloc:
+            host = self.hosts[s.host]
+            host["used_slots"] += s.ntasks
             self._host_changed(ch, host)
-        self._job_changed(ch, job)
-        ch.result = {"jobid": jobid, "state": "RUN", "alloc": job["alloc"]}
+        self._job_changed(ch, job, "PEND")
+        ch.result = {"jobid": jobid, "state": "RUN", "alloc": job.alloc}
         return ch
 
     def notify(self, host: str, args: dict[str, Any], now: float) -> Changes:
         """``notify_job`` from the worker of ``host``."""
         jobid, event = args["jobid"], args["event"]
         job = self.job(jobid)
-        if not any(a["host"] == host for a in job["alloc"]):
+        if not job.runs_on(host):
             raise RemoteError(ErrorCode.DENIED, f"job {jobid} does not run on host {host}")
         attempt = args.get("attempt")
-        if attempt is not None and attempt != job["attempt"]:
-            raise conflict(f"job {jobid} report is for attempt {attempt}, job is at {job['attempt']}")
-        st = job["state"]
+        if attempt is not None and attempt != job.attempt:
+            raise conflict(f"job {jobid} report is for attempt {attempt}, job is at {job.attempt}")
+        st = job.state
         ch = Changes()
         if event in ("finish", "fail") and st in FINISHED:
             ch.result = job
             return ch
+        keys = self.jobs.keys(job)
         if event == "start" and st in ACTIVE:
-            job.update(pid=args["pid"], start_time=now)
+            job.pid, job.start_time = args["pid"], now
         elif event == "finish" and st in ACTIVE:
             code = args["exit_status"]
-            job.update(state="DONE" if code == 0 else "EXIT", exit_status=code, end_time=now,
-                       signal=None, reason=None if code == 0 else f"exit status {code}")
+            job.state, job.exit_status, job.end_time = ("DONE" if code == 0 else "EXIT"), code, now
+            job.signal, job.reason = None, None if code == 0 else f"exit status {code}"
             self._release_slots(ch, job)
         elif event == "fail" and st in ACTIVE:
-            job.update(state="EXIT", exit_status=args.get("exit_status"), end_time=now,
-                       signal=None, reason="failed: " + args.get("reason", "failed"))
+            job.state, job.exit_status, job.end_time = "EXIT", args.get("exit_status"), now
+            job.signal, job.reason = None, "failed: " + args.get("reason", "failed")
             self._release_slots(ch, job)
         elif event == "stop" and st in ACTIVE:
             if st == "RUN":
-                job["state"] = "SSUSP"
+                job.state = "SSUSP"
         elif event == "resume" and st in ("USUSP", "SSUSP"):
-            job["state"] = "RUN"
+            job.state = "RUN"
         else:
             raise conflict(f"job {jobid} is {st}: cannot record {event!r}")
-        self._job_changed(ch, job)
+        self.jobs.reindex(job, keys)
+        self._job_changed(ch, job, st)
         ch.result = job
         return ch
 
-    def set_reasons(self, reasons: dict[int, str | None]) -> Changes:
+    def set_reasons(self, reasons: Mapping[int, str | None]) -> Changes:
         """Set (or clear, with None) pend reasons of pending jobs; volatile."""
         changed: dict[str, str | None] = {}
+        tbl, intern = self.jobs, sys.intern
         for jobid, reason in reasons.items():
-            job = self.jobs.get(jobid)
-            if job is not None and job["state"] in ("PEND", "PSUSP") and job["pend_reason"] != reason:
-                job["pend_reason"] = reason
+            job = tbl.get(jobid)
+            if job is not None and job.state in PENDING and job.pend_reason != reason:
+                keys = tbl.keys(job)
+                job.pend_reason = None if reason is None else intern(reason)
+                tbl.reindex(job, keys)
                 changed[str(jobid)] = reason
         ch = Changes(result=len(changed))
         if changed:
@@ -425,25 +507,19 @@ class ClusterState:
         return ch
 
     def clean_finished(self, now: float, older_than: float, limit: int) -> Changes:
-        """Purge at most ``limit`` DONE/EXIT jobs that ended more than ``older_than`` s ago.
+        """Purge at most ``limit`` DONE/EXIT jobs that ended more than ``older_than`` s ago
+        (taken from the end-time buckets: only what is due is looked at).
 
         The rows delete the jobs and record ``next_jobid`` in ``meta``, so purging the highest
-        ids never lets a later primary hand them out again. Pushes ``job_removed`` to every
-        member but workers (a worker holds only its active jobs). Result: the ids removed.
+        ids never lets a later primary hand them out again. Pushes ``job_removed`` to the
+        members that see all or unfinished jobs. Result: the ids removed.
         """
-        limit_time = now - older_than
-        gone: list[int] = []
-        for jobid, job in self.jobs.items():
-            end = job.get("end_time")
-            if job["state"] in FINISHED and end is not None and end < limit_time:
-                gone.append(jobid)
-                if len(gone) >= limit:
-                    break
+        gone = self.jobs.due_finished(now - older_than, limit)
         ch = Changes(result=gone)
         if not gone:
             return ch
         for jobid in gone:
-            del self.jobs[jobid]
+            self.jobs.remove(jobid)
             ch.rows.append(("jobs", jobid, None))
         ch.rows.append(("meta", "next_jobid", self.next_jobid))
         ch.events.append(Event("job_removed", {"jobids": gone}))
@@ -468,28 +544,30 @@ class ClusterState:
     def set_resvals(self, name: str, values: dict[str, Any]) -> Changes:
         host = self.host(name)
         host["resvals"] = values
-        return Changes(result={"host": name}, events=[Event("resvals", {"host": name, "values": values})])
+        return Changes(result={"host": name},
+                       events=[Event("resvals", {"host": name, "values": values}, frozenset({name}))])
 
     def set_jusage(self, host: str, jobid: int, usage: dict[str, Any]) -> Changes:
         job = self.job(jobid)
-        if not any(a["host"] == host for a in job["alloc"]):
+        if not job.runs_on(host):
             raise RemoteError(ErrorCode.DENIED, f"job {jobid} does not run on host {host}")
-        job["usage"] = usage
-        return Changes(result={"jobid": jobid}, events=[Event("jusage", {"jobid": jobid, "usage": usage})])
+        job.usage = usage or EMPTY
+        return Changes(result={"jobid": jobid},
+                       events=[Event("jusage", {"jobid": jobid, "usage": usage}, job.hosts())])
 
-    # -- rolling back -----------------------------------------------------------------------
+    # -- rolling back, and following ------------------------------------------------------------
 
     def restore(self, images: Mapping[tuple[str, Any], Any], keep_volatile: bool = True) -> None:
         """Roll records back to what the store committed, after writes failed to commit.
 
         ``images`` maps each ``(table, key)`` the failed writes touched to the record the
-        store holds, or None where it holds none (a job or host those writes created).
-        Queues keep their configured priority and description, as at :meth:`load`. With
-        ``keep_volatile``, a host's resource values and a job's usage and pend reason keep
-        their values in memory: they are volatile (never stored on their own) and members were
-        told of them (without it, those come from the store too). Job ids given
-        out stay given out (``next_jobid`` only grows). Slot counts and the host-to-jobs index
-        are recomputed for every host involved, as :meth:`load` computes them.
+        store holds (a :class:`Job` for jobs, a dict otherwise), or None where it holds none
+        (a job or host those writes created). Queues keep their configured priority and
+        description, as at load. With ``keep_volatile``, a host's resource values and a
+        job's usage and pend reason keep their values in memory: they are volatile (never
+        stored on their own) and members were told of them (without it, those come from the
+        store too). Job ids given out stay given out (``next_jobid`` only grows). Slot counts
+        are recomputed for every host involved.
         """
         hosts_touched: set[str] = set()
         for (table, key), image in images.items():
@@ -500,43 +578,39 @@ class ClusterState:
                 hosts_touched.add(key)
             elif table == "queues":
                 self._restore_queue(key, image)
-        for name in hosts_touched:
+        self._recount(hosts_touched)
+
+    def _recount(self, names: Iterable[str]) -> None:
+        tbl = self.jobs
+        for name in names:
             host = self.hosts.get(name)
             if host is not None:
                 host["used_slots"] = sum(
-                    a["ntasks"] for jobid in self.active_on.get(name, ())
-                    if (job := self.jobs.get(jobid)) is not None
-                    for a in job["alloc"] if a["host"] == name
+                    s.ntasks for jobid in tbl.active_on.get(name, ())
+                    for s in tbl[jobid].alloc if s.host == name
                 )
                 _host_state(host)
 
-    def _restore_job(self, jobid: int, image: Record | None, hosts_touched: set[str],
+    def _restore_job(self, jobid: int, image: Job | None, hosts_touched: set[str],
                      keep_volatile: bool) -> None:
-        old = self.jobs.get(jobid)
+        old = self.jobs.remove(jobid)
         if old is not None:
-            for a in old["alloc"]:
-                self.active_on.get(a["host"], set()).discard(jobid)
-                hosts_touched.add(a["host"])
+            hosts_touched.update(s.host for s in old.alloc)
         if image is None:
-            self.jobs.pop(jobid, None)
             return
         if old is not None and keep_volatile:
-            image["usage"], image["pend_reason"] = old["usage"], old["pend_reason"]
-        self.jobs[jobid] = image
-        if image["state"] in ACTIVE:
-            for a in image["alloc"]:
-                self.active_on.setdefault(a["host"], set()).add(jobid)
-                hosts_touched.add(a["host"])
+            image.usage, image.pend_reason = old.usage, old.pend_reason
+        self.jobs.add(image)
+        hosts_touched.update(s.host for s in image.alloc)
 
     def _restore_host(self, name: str, image: Record | None, keep_volatile: bool) -> None:
         old = self.hosts.get(name)
         if image is None:
-            self.hosts.pop(name, None)
-            self.last_seen.pop(name, None)
+            self._drop_host(name)
             return
         if old is not None and keep_volatile:
             image["resvals"] = old["resvals"]
-        self.hosts[name] = image
+        self._put_host(name, image)
 
     def _restore_queue(self, name: str, image: Record | None) -> None:
         cfg = next((q for q in self.conf.queues if q["name"] == name), None)
@@ -549,4 +623,35 @@ class ClusterState:
         q = self.queues.setdefault(name, queue_record(cfg))
         base = queue_record(cfg) if image is None else image
         q["open"], q["active"] = bool(base["open"]), bool(base["active"])
+        q["rev"] = int(base.get("rev", 0))
         _queue_status(q)
+
+    def follow(self, jobs: Iterable[Job], hosts: Mapping[str, Record],
+               queues: Mapping[str, Record], removed: Iterable[tuple[str, Any, int]],
+               next_jobid: int, now: float) -> None:
+        """A hot standby applies what the primary committed (newer versions of records, and
+        removals), as :meth:`restore` applies committed images: only what changed is touched."""
+        touched: set[str] = set()
+        jobs_seen = list(jobs)
+        for job in jobs_seen:
+            self._restore_job(job.jobid, job, touched, keep_volatile=False)
+        for name, host in hosts.items():
+            if name not in self.hosts:
+                self.touch(name, now, force=True)
+            self._put_host(name, host)
+            touched.add(name)
+        for name, q in queues.items():
+            self._restore_queue(name, q)
+        current = {("jobs", j.jobid) for j in jobs_seen} | {("hosts", h) for h in hosts} | {
+            ("queues", q) for q in queues}
+        for kind, key, _rev in removed:
+            if (kind, key) in current:
+                continue  # removed, then made again: the record is the newer change
+            if kind == "jobs":
+                self._restore_job(int(key), None, touched, False)
+            elif kind == "hosts":
+                self._drop_host(str(key))
+            elif kind == "queues":
+                self._restore_queue(str(key), None)
+        self._recount(touched)
+        self.next_jobid = max(self.next_jobid, next_jobid)

@@ -41,6 +41,7 @@ import anyio
 import orjson
 from loguru import logger
 
+from xce_controller.jobs import job_from_row
 from xce_controller.ops import Caller
 from xce_controller.pushes import Fanout, Gate, Outbox
 from xce_controller.settings import ControllerSettings
@@ -70,7 +71,9 @@ class Primary(Protocol):
 
     def give_up(self) -> None: ...
 
-    def subscribe(self, caller: Caller) -> None: ...
+    def resync(self, caller: Caller) -> None: ...
+
+    def rolled_back(self) -> None: ...
 
     def apply_internal(self, ch: Changes, what: str) -> None: ...
 
@@ -85,6 +88,17 @@ class Inflight:
     op: str  # the op (or the controller's own reason) that made the change
     caller: Caller | None = None  # who asked, for undoing a join
     doomed: bool = False  # rolled back: the store fails it without an attempt
+
+
+def decode_image(table: str, image: tuple[bytes, bytes | None] | None) -> Any:
+    """A committed row (``(data, spec)`` from the store) as the state holds it."""
+    if image is None:
+        return None
+    data, spec = image
+    if table == "jobs":
+        assert spec is not None
+        return job_from_row(spec, data)
+    return orjson.loads(data)
 
 
 class StorageGuard:
@@ -205,7 +219,7 @@ class StorageGuard:
             entry = ctl.pending.get(w.rid)
             if entry is not None and entry[1] is info.gate:
                 del ctl.pending[w.rid]
-        for table, key, _ in w.rows:
+        for table, key, *_ in w.rows:
             self._keys.setdefault((table, key), True)
         # Failed once the state is rolled back: a read waiting on it is then answered anew.
         self._gates.append((info.gate, fault))
@@ -241,20 +255,20 @@ class StorageGuard:
                 keys, self._keys = self._keys, {}
                 images = await anyio.to_thread.run_sync(ctl.store.committed, list(keys))
                 for keep in (True, False):
-                    part = {k: None if b is None else orjson.loads(b)
-                            for k, b in images.items() if keys[k] is keep}
+                    part = {k: decode_image(k[0], b) for k, b in images.items() if keys[k] is keep}
                     if part:
                         ctl.state.restore(part, keep_volatile=keep)
+            ctl.rolled_back()
             self._fail_gates()
             self.rollbacks += 1
             if self._resume_store:
                 self._resume_store = False
                 ctl.store.resume()
             waiters, self._waiters = self._waiters, set()
-            for outbox in waiters:  # members that missed pushes: a fresh state
+            for outbox in waiters:  # members that missed pushes: synced again
                 conn = outbox.owner
                 if conn is not None and conn.caller.joined and conn.cid in ctl.conns:
-                    ctl.subscribe(conn.caller)
+                    ctl.resync(conn.caller)
         except Exception:
             logger.opt(exception=True).critical(
                 "controller {}: cannot roll the state back to the store's; giving up the "
@@ -269,7 +283,7 @@ class StorageGuard:
     def _fail_gates(self) -> None:
         gates, self._gates = self._gates, []
         for gate, fault in gates:
-            if gate.waiters:  # their pushes are withdrawn: those members get a fresh state
+            if gate.waiters:  # their pushes are withdrawn: those members are synced again
                 self._waiters |= gate.waiters
             gate.fail(fault)
 

@@ -5,9 +5,17 @@ commits them in one transaction, so N concurrent writers cost one fsync, not N. 
 idempotency key (the request's ``rid``) is stored with its result in that same transaction, so
 a retried write is answered from the store on whichever candidate is primary next.
 
-Rows are ``(table, key, record_json)``: the record's JSON (bytes, encoded by the caller at
-the moment of the change, so a later change of the same record can never leak into an
-earlier commit), or None to delete. Results are stored as JSON bytes too.
+**Revisions.** Every write the controller makes carries a *rev* (assigned on the event loop,
+in commit order; docs/protocol.md): each row it upserts is stored with it, each record it
+deletes leaves a row in ``removed`` with it, its idempotency key is stored with it, and
+``meta.rev`` is the highest rev committed. Indexes on ``rev`` let a hot standby read only what
+changed after the rev it holds (:meth:`SQLiteStore.changes_since`) through SQLite's
+concurrent WAL readers, while the primary writes. ``meta.store_id`` names the store: a
+member's ``since`` from another store is not resumable.
+
+Rows are ``(table, key, data, spec)``: the record's JSON (bytes, encoded by the caller at the
+moment of the change), or None to delete; ``spec`` is a job's submission blob (None for other
+tables). A job's ``data`` is its mutable fields as a JSON array (:mod:`xce_controller.jobs`).
 
 A commit that fails (a full disk, an I/O error) fails its whole batch and the loop goes on.
 Every write queued after it was computed by the caller from a state that includes the failed
@@ -17,30 +25,36 @@ until the caller has rolled its state back to what :meth:`SQLiteStore.committed`
 called :meth:`SQLiteStore.resume`, which starts a new epoch. The caller decides what to tell
 clients; the store never stops by itself.
 
-A site replaces this store through the ``xce_controller_store`` hook with any object offering
-:meth:`open`, :meth:`load`, :meth:`submit`, :meth:`run_writer`, :meth:`stop`, :meth:`resume`,
-:meth:`committed`, :meth:`lookup` and :meth:`close`.
+The reading side -- a new primary's load, a standby's snapshot and follow -- is in
+:mod:`xce_controller.storeread`; this class offers both (the ``Store`` protocol of
+:mod:`xce_controller.hookspecs`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
+from xce_controller import storeread
+from xce_controller.changes import Change
+from xce_controller.jobs import JobTable
+from xce_controller.storeread import Delta, Head, Images
 
 if TYPE_CHECKING:
     import sqlite3
 
 TABLES = ("jobs", "hosts", "queues", "meta")
+KINDS = ("jobs", "hosts", "queues")  # tables of records with revs
 DB_NAME = "state.db"
 
-Row = tuple[str, Any, bytes | None]
+Row = tuple[str, Any, bytes | None, bytes | None]
+"""``(table, key, data, spec)``: data None deletes; spec is a job's submission blob."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,29 +89,27 @@ def describe_failure(exc: BaseException, path: Path) -> StorageFault:
 
 @dataclass(slots=True)
 class Write:
-    """One write to commit: rows to upsert or delete, and its idempotency key and result."""
+    """One write to commit: rows to upsert or delete, its rev, idempotency key and result.
+
+    ``rev`` 0: a write that changes no record (store housekeeping): it gets no rev.
+    """
 
     rows: list[Row]
     rid: str | None = None
     result: bytes = b"null"
+    rev: int = 0
     error: StorageFault | None = None  # set by the writer when the write was not committed
     # Free for the caller (the controller keeps its waiters and pushes here).
     extra: Any = None
     epoch: int = 0  # set by :meth:`SQLiteStore.submit`
-
-
-@dataclass(slots=True)
-class Loaded:
-    """Everything a new primary loads."""
-
-    jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
-    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    queues: dict[str, dict[str, Any]] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
-    idem: dict[str, bytes] = field(default_factory=dict)  # rid -> result JSON
+    # Housekeeping, in bounded batches: forget idempotency keys stored before this time, and
+    # the removal records at or below this rev.
+    expire_before: float | None = None
+    prune_removed: int | None = None
 
 
 _STOP = object()
+HOUSEKEEPING_BATCH = 5000  # the most keys, or removal records, one housekeeping write drops
 
 
 class SQLiteStore:
@@ -107,27 +119,30 @@ class SQLiteStore:
         self.path = Path(state_dir) / DB_NAME
         self.max_batch = max_batch
         self._db: sqlite3.Connection | None = None
-        self._reader: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None  # committed(), lookup(): any thread
+        self._reader_lock = threading.Lock()
+        self._follower: sqlite3.Connection | None = None  # a standby's reads (one thread)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.commits = 0  # transactions committed (for tests and benchmarks)
         self.epoch = 0  # bumped by resume(); read and written on the caller's thread only
+        self.expired = 0  # idempotency keys dropped by housekeeping (tests read it)
+
+    # -- opening -----------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Open (creating) the database; call on a thread, at promotion."""
+        """Open (creating, or upgrading an older schema) for writing; call on a thread, at
+        promotion."""
         import sqlite3
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        for table in TABLES:
-            kind = "INTEGER" if table == "jobs" else "TEXT"
-            db.execute(f"CREATE TABLE IF NOT EXISTS {table} (key {kind} PRIMARY KEY, data BLOB)")
-        db.execute("CREATE TABLE IF NOT EXISTS idem (rid TEXT PRIMARY KEY, result BLOB, ts REAL)")
+        storeread.create_schema(db)
         self._db = db
-        # A second connection for :meth:`committed`: in WAL mode it reads the last committed
-        # state while the writer's connection may be inside a transaction. Opened now, while
-        # the disk is presumably fine, rather than when it is needed (after a failure).
+        # A second connection for :meth:`committed` and :meth:`lookup`: in WAL mode it reads
+        # the last committed state while the writer may be inside a transaction. Opened now,
+        # while the disk is presumably fine, rather than when it is needed (after a failure).
         self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
 
     @property
@@ -136,75 +151,130 @@ class SQLiteStore:
             raise RuntimeError("store is not open")
         return self._db
 
-    def load(self, idem_ttl: float) -> Loaded:
-        """Read the whole state (and prune idempotency keys older than ``idem_ttl``)."""
-        import sqlite3
+    # -- reading (the new primary's load, a standby's follow) -----------------------------------
 
-        db = self.db
-        out = Loaded()
-        loads = orjson.loads
-        out.jobs = {int(k): loads(d) for k, d in db.execute("SELECT key, data FROM jobs")}
-        out.hosts = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM hosts")}
-        out.queues = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM queues")}
-        out.meta = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM meta")}
-        try:
-            db.execute("DELETE FROM idem WHERE ts < ?", (time.time() - idem_ttl,))
-        except sqlite3.Error as exc:
-            # A full disk must not stop a promotion: the old keys go at the next one.
-            from loguru import logger
+    def head(self) -> Head:
+        """What a primary needs before it can take writes: meta, hosts, queues (no job)."""
+        return storeread.read_head(self.db)
 
-            logger.warning("store {}: cannot prune old idempotency keys ({}); kept for now",
-                           self.path, describe_failure(exc, self.path).cause)
-        out.idem = {r: bytes(d) for r, d in db.execute("SELECT rid, result FROM idem")}
-        return out
+    def load_window(self, capacity: int, floor: int) -> tuple[list[Change], int]:
+        """The last ``capacity`` changes (the retention window), oldest first, and the rev
+        at or below which changes may be missing."""
+        with self._reading() as db:
+            return storeread.read_changes_window(db, capacity, floor)
 
-    def committed(self, keys: Iterable[tuple[str, Any]]) -> dict[tuple[str, Any], bytes | None]:
-        """The committed JSON of each ``(table, key)`` (None: no such row); any thread.
+    def load_jobs(self, upto: int, clean_width: float) -> JobTable:
+        """Every job with an id <= ``upto``, indexed (the long part of a load: a thread)."""
+        with self._reading() as db:
+            return storeread.read_jobs(db, upto, clean_width)
 
-        What the caller rolls its in-memory records back to after a failed commit.
-        """
-        if self._reader is None:
-            raise RuntimeError("store is not open")
-        out: dict[tuple[str, Any], bytes | None] = {}
-        for table, key in keys:
-            if table not in TABLES:
-                raise ValueError(f"unknown table {table!r}")
-            row = self._reader.execute(f"SELECT data FROM {table} WHERE key = ?", (key,)).fetchone()
-            out[(table, key)] = None if row is None else bytes(row[0])
-        return out
+    def load_idem(self, since: float, add: Callable[[str, float], None]) -> int:
+        """Call ``add(rid, ts)`` for every idempotency key stored at or after ``since``."""
+        with self._reading() as db:
+            return storeread.read_idem(db, since, add)
+
+    def snapshot(self, ring_capacity: int, clean_width: float, idem_since: float,
+                 add_idem: Callable[[str, float], None]) -> tuple[Head, JobTable] | None:
+        """A standby's whole load, in one read transaction (one consistent rev); None while
+        the store does not exist yet. Opens the standby's own read connection."""
+        db = self._follow_db()
+        if db is None:
+            return None
+        return storeread.read_snapshot(db, ring_capacity, clean_width, idem_since, add_idem)
+
+    def changes_since(self, rev: int) -> Delta | None:
+        """What changed after ``rev`` (one read transaction), or None when the removal
+        records below it are pruned (the caller loads a snapshot again)."""
+        db = self._follow_db()
+        if db is None:
+            raise RuntimeError("changes_since: the store does not exist yet")
+        return storeread.read_changes(db, rev)
+
+    def wait_changed(self, timeout: float, poll: float = 0.005) -> bool:
+        """Block up to ``timeout`` s until another connection commits; False on timeout."""
+        db = self._follow_db()
+        if db is None:
+            time.sleep(min(timeout, 0.05))
+            return self.path.exists()
+        return storeread.wait_for_commit(db, timeout, poll)
+
+    def committed(self, keys: Iterable[tuple[str, Any]]) -> Images:
+        """The committed ``(data, spec)`` of each ``(table, key)`` (None: no such row); any
+        thread. What the caller rolls its in-memory records back to after a failed commit."""
+        with self._reading() as db:
+            return storeread.read_images(db, keys)
 
     def lookup(self, rid: str) -> bytes | None:
-        """The stored result (JSON) of idempotency key ``rid``, or None."""
-        row = self.db.execute("SELECT result FROM idem WHERE rid = ?", (rid,)).fetchone()
+        """The stored result (JSON) of idempotency key ``rid``, or None; any thread."""
+        with self._reading() as db:
+            row = db.execute("SELECT result FROM idem WHERE rid = ?", (rid,)).fetchone()
         return None if row is None else bytes(row[0])
+
+    @contextlib.contextmanager
+    def _reading(self) -> Any:
+        if self._reader is None:
+            raise RuntimeError("store is not open")
+        with self._reader_lock:
+            yield self._reader
+
+    def _follow_db(self) -> sqlite3.Connection | None:
+        if self._follower is None:
+            import sqlite3
+
+            if not self.path.exists():
+                return None
+            uri = f"{self.path.as_uri()}?mode=rw"  # never creates the file: the primary does
+            self._follower = sqlite3.connect(uri, uri=True, isolation_level=None,
+                                             check_same_thread=False)
+        return self._follower
+
+    # -- writing -----------------------------------------------------------------------------
 
     def commit_now(self, writes: list[Write]) -> None:
         """Commit ``writes`` in one transaction on the calling thread."""
         db = self.db
-        upserts: dict[str, list[tuple[Any, bytes]]] = {}
+        upserts: dict[str, list[tuple[Any, ...]]] = {}
         deletes: dict[str, list[tuple[Any]]] = {}
-        idem: list[tuple[str, bytes, float]] = []
+        removed: list[tuple[str, Any, int]] = []
+        idem: list[tuple[str, bytes, float, int]] = []
         now = time.time()
+        top = 0
+        housekeeping: list[Write] = []
         for w in writes:
-            for table, key, data in w.rows:
+            rev = w.rev
+            top = max(top, rev)
+            for table, key, data, spec in w.rows:
                 if table not in TABLES:
                     raise ValueError(f"unknown table {table!r}")
                 if data is None:
                     deletes.setdefault(table, []).append((key,))
-                else:
+                    if table in KINDS:
+                        removed.append((table, key, rev))
+                elif table == "jobs":
+                    upserts.setdefault(table, []).append((key, rev, spec, data))
+                elif table == "meta":
                     upserts.setdefault(table, []).append((key, data))
+                else:
+                    upserts.setdefault(table, []).append((key, rev, data))
             if w.rid is not None:
-                idem.append((w.rid, w.result, now))
+                idem.append((w.rid, w.result, now, rev))
+            if w.expire_before is not None or w.prune_removed is not None:
+                housekeeping.append(w)
         db.execute("BEGIN IMMEDIATE")
         try:
             for table, params in upserts.items():
-                db.executemany(
-                    f"INSERT OR REPLACE INTO {table} (key, data) VALUES (?, ?)", params
-                )
+                db.executemany(storeread.UPSERT[table], params)
             for table, keys in deletes.items():
                 db.executemany(f"DELETE FROM {table} WHERE key = ?", keys)
+            if removed:
+                db.executemany("INSERT INTO removed (kind, key, rev) VALUES (?, ?, ?)", removed)
             if idem:
-                db.executemany("INSERT OR REPLACE INTO idem VALUES (?, ?, ?)", idem)
+                db.executemany("INSERT OR REPLACE INTO idem VALUES (?, ?, ?, ?)", idem)
+            for w in housekeeping:
+                self._housekeep(db, w)
+            if top:
+                db.execute("INSERT OR REPLACE INTO meta (key, data) VALUES ('rev', ?)",
+                           (str(top).encode(),))
             db.execute("COMMIT")
         except BaseException:
             # On SQLITE_FULL and some I/O errors SQLite has already rolled the transaction
@@ -214,6 +284,21 @@ class SQLiteStore:
                     db.execute("ROLLBACK")
             raise
         self.commits += 1
+
+    def _housekeep(self, db: sqlite3.Connection, w: Write) -> None:
+        if w.expire_before is not None:
+            cur = db.execute(
+                "DELETE FROM idem WHERE rid IN (SELECT rid FROM idem WHERE ts < ? "
+                "ORDER BY ts LIMIT ?)", (w.expire_before, HOUSEKEEPING_BATCH))
+            self.expired += max(0, cur.rowcount)
+        if w.prune_removed is not None:
+            (top,) = db.execute(
+                "SELECT max(rev) FROM (SELECT rev FROM removed WHERE rev <= ? ORDER BY rev "
+                "LIMIT ?)", (w.prune_removed, HOUSEKEEPING_BATCH)).fetchone()
+            if top is not None:
+                db.execute("DELETE FROM removed WHERE rev <= ?", (top,))
+                db.execute("INSERT OR REPLACE INTO meta (key, data) VALUES ('removed_floor', ?)",
+                           (str(top).encode(),))
 
     def submit(self, write: Write) -> None:
         """Queue ``write`` for the writer thread (never blocks), stamped with the epoch.
@@ -284,7 +369,7 @@ class SQLiteStore:
 
     def close(self) -> None:
         """Close the database."""
-        for db in (self._db, self._reader):
+        for db in (self._db, self._reader, self._follower):
             if db is not None:
                 db.close()
-        self._db = self._reader = None
+        self._db = self._reader = self._follower = None

@@ -1,0 +1,128 @@
+"""Members of a primary: what a join starts (a streamed sync, or the older ``state`` push), a
+sync again after a rollback, and the ``status`` op's bounded view of them.
+
+The sync runs as a task of the member's connection (:func:`xce_controller.sync.stream`), so it
+ends with the connection; a new join on the same connection cancels the sync under way and
+starts another.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from loguru import logger
+
+from xce_controller import queries, sync
+from xce_controller.pushes import Subscriber, encode
+from xce_controller.state import ClusterState
+from xce_controller.subscribe import Subscription
+
+if TYPE_CHECKING:
+    from xce_controller.ops import Caller
+    from xce_controller.server import Connection, Controller
+
+
+def subscribe(ctl: Controller, caller: Caller) -> None:
+    """Make ``caller`` a member that gets pushes: its sync first (or one ``state`` push for a
+    join of the older form), then ordinary pushes as they happen."""
+    conn = ctl.conns.get(caller.cid)
+    if conn is None:
+        return
+    ctl.fanout.remove(conn.cid)
+    _stop_sync(conn)
+    sub = caller.sub
+    member = Subscriber(caller.identity, conn.outbox, caller.worker_host, conn.abort, sub)
+    ctl.fanout.add(conn.cid, member)  # from now on it gets every push it subscribed to
+    if not sub.scopes:
+        return  # it asked for nothing (it still gets ``shutdown``)
+    p = caller.plan
+    if p is None:
+        _legacy_state(ctl, conn, member)
+        return
+    if ctl.fanout.send(conn.cid, member, "sync_begin", sync.begin(ctl, sub, p), ctl.open_gate()):
+        _start_sync(ctl, conn, member, p)
+
+
+def resync(ctl: Controller, caller: Caller) -> None:
+    """A member whose pushes were withdrawn (a rollback) is synced again: a delta since the
+    last commit if it had completed its sync and the window covers it, else a snapshot."""
+    conn = ctl.conns.get(caller.cid)
+    if conn is None or not caller.joined:
+        return
+    if caller.plan is not None:
+        since = None if conn.sync_scope is not None else {"store": ctl.store_id,
+                                                          "rev": ctl.committed_rev}
+        caller.plan = sync.plan(ctl, caller.sub, since, ctl.rev)
+    subscribe(ctl, caller)
+
+
+def _start_sync(ctl: Controller, conn: Connection, member: Subscriber, p: sync.Plan) -> None:
+    tg = conn.tg
+    if tg is None:
+        return
+    scope = anyio.CancelScope()
+    conn.sync_scope = scope
+    steps = sync.chunks(ctl, member.sub, p)
+    cid = conn.cid
+
+    def send(name: str, data: bytes, gate: Any) -> bool:
+        return ctl.fanout.send(cid, member, name, data, gate)
+
+    async def run() -> None:
+        with scope:
+            await sync.stream(steps, conn.outbox, send, ctl.open_gate, conn.abort,
+                              member.identity)
+        if conn.sync_scope is scope:
+            conn.sync_scope = None
+
+    tg.start_soon(run)
+
+
+def _stop_sync(conn: Connection) -> None:
+    scope, conn.sync_scope = conn.sync_scope, None
+    if scope is not None:
+        scope.cancel()
+
+
+def _legacy_state(ctl: Controller, conn: Connection, member: Subscriber) -> None:
+    """The one ``state`` push of a join without ``since`` (members before streamed syncs).
+    It holds everything the member subscribed to, so it grows with the cluster."""
+    view = legacy_view(ctl.state, ctl.address, member.sub)
+    data = encode(view)  # raises before anything changed if it cannot be encoded
+    if len(data) > ctl.settings.max_frame:
+        logger.error(
+            "controller {}: the state push for {} is {} bytes, over the maximum frame {}: a "
+            "member that joins without 'since' gets the whole state in one frame; it should "
+            "stream its sync (join with 'since')", ctl.address, member.identity, len(data),
+            ctl.settings.max_frame)
+    ctl.fanout.send(conn.cid, member, "state", data, ctl.open_gate())
+
+
+def legacy_view(st: ClusterState, server: str, sub: Subscription) -> dict[str, Any]:
+    """The ``state`` push: a worker's view holds its host and its active jobs."""
+    host = sub.host if sub.hosted() else None
+    if host is None:
+        hosts = [st.hosts[n] for n in st.host_names]
+        jobs: list[Any] = list(st.jobs.values())
+        members = list(st.members.values())
+    else:
+        hosts = [st.hosts[host]] if host in st.hosts else []
+        jobs = st.jobs.active_jobs(host)
+        members = []
+    return {"server": server, "cluster": st.clusterconf(), "resources": st.conf.resources,
+            "queues": st.sorted_queues(), "hosts": hosts, "jobs": jobs, "members": members}
+
+
+def status(ctl: Controller, limit: int, after: str) -> dict[str, Any]:
+    """The ``status`` op's result: counts, and a page of members."""
+    st = ctl.state
+    assert ctl.election is not None
+    page, nxt = queries.members_page(st, limit, "n" + after if after else None)
+    return {
+        "server": ctl.address, "state": ctl.role, "primary": ctl.address, "since": ctl.since,
+        "candidates": ctl.election.candidates(), "jobs": len(st.jobs), "hosts": len(st.hosts),
+        "members": len(st.members), "roles": dict(st.roles), "member_list": page,
+        "next": nxt, "store": ctl.store_id, "rev": ctl.rev, "loading": ctl.loading is not None,
+        "promotion": dict(ctl.promotion),
+    }
