@@ -33,13 +33,12 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import ByteStream, SocketAttribute, TaskGroup
 from anyio.streams.buffered import BufferedByteStream
+from syncsource import SyncSource
 
 from xcecore import auth, wire
 from xcecore.candidates import Candidate
 from xcecore.client.backend import MemoryNetwork
 from xcecore.testing import free_port as free_port  # the shared kit's, re-exported for these tests
-
-from syncsource import SyncSource  # noqa: I001 (a sibling test module)
 
 Mode = Literal["primary", "standby", "hang"]
 

@@ -131,7 +131,8 @@ def test_volatile_kinds_are_replaced_by_every_sync_and_follow_their_pushes() -> 
     rep.apply("member", {"identity": "w@n", "role": "worker", "joined": True})
     rep.apply("member", {"identity": "s@h", "role": "s", "joined": False})
     assert rep.records("pend_reasons") == {2: {"jobid": 2, "reason": "b"}}
-    assert list(rep.records("members")) == ["w@n"] and rep.get("members", "w@n") == {"identity": "w@n", "role": "worker"}
+    assert list(rep.records("members")) == ["w@n"]
+    assert rep.get("members", "w@n") == {"identity": "w@n", "role": "worker"}
     assert rep.get("resvals", "h1")["values"] == {"r1m": 1.0} and rep.count("jusage") == 1
     # A delta (say, to a new primary that has none of them) replaces the volatile kinds.
     sync(rep, "delta", [("sync_records", {"kind": "pend_reasons", "items": [{"jobid": 3, "reason": "c"}]})])

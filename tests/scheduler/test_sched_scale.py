@@ -133,7 +133,7 @@ def test_no_placement_reason_from_a_partial_view_and_all_of_them_after_each_sync
     picker.cycle()
     assert reasons(sent) == {}
     # A re-join after a failover: a delta sync, and the new primary has no reasons at all.
-    for event, data in sync([], [], QUEUES, mode="delta", rev=2)[:1] + [("sync_end", {"rev": 2})]:
+    for event, data in [*sync([], [], QUEUES, mode="delta", rev=2)[:1], ("sync_end", {"rev": 2})]:
         view.apply(event, data)
     picker.cycle()
     assert reasons(sent) == {"2": R.NO_SLOTS, "3": R.QUEUE_INACTIVE}
