@@ -234,6 +234,7 @@ def test_end_of_a_sync_kills_jobs_no_longer_listed(mocker: MockerFixture) -> Non
     pm.signal.assert_called_once_with(5, 0, "kill")
     # A delta later: 7 left the host's scope while the worker was away (requeued).
     pm.signal.reset_mock()
+    del pm.running[5]  # killed: its process is gone
     _sync(h, "delta", [], removed=[7])
     pm.signal.assert_called_once_with(7, 0, "kill")
     assert sorted(h.replica.records("jobs")) == [6]
