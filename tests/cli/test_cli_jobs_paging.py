@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connection"))
-from fakectl import FakeController  # noqa: E402
+from fakectl import FakeController
 
 pytestmark = [pytest.mark.timeout(120)]
 
