@@ -190,3 +190,34 @@ def test_subscription_records_check_kinds_and_scopes() -> None:
         Subscription.of(queues="own")
     with pytest.raises(ValueError, match="given twice"):
         Subscription((("jobs", "all"), ("jobs", "host")))
+
+
+def test_a_snapshot_pauses_the_cyclic_collector_until_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    import xcecore.replica as replica_module
+
+    assert gc.isenabled()
+    frozen: list[int] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))
+    try:
+        rep = Replica(ALL_PUSHES)
+        rep.apply("sync_begin", {"mode": "snapshot", "store": "s", "rev": 1})
+        assert not gc.isenabled()
+        rep.apply("sync_records", {"kind": "jobs", "items": [job(1, 1)]})
+        rep.apply("sync_end", {"rev": 1})
+        assert gc.isenabled() and frozen == [1]
+        rep.apply("sync_begin", {"mode": "delta", "store": "s", "rev": 2})
+        assert gc.isenabled(), "a delta brings little: the collector stays on"
+        rep.apply("sync_end", {"rev": 2})
+        # A snapshot that does not end in time gets the collector back at its next frame.
+        monkeypatch.setattr(replica_module, "GC_PAUSE_MAX", 0.0)
+        rep.apply("sync_begin", {"mode": "snapshot", "store": "s", "rev": 3})
+        assert not gc.isenabled()
+        rep.apply("sync_records", {"kind": "jobs", "items": []})
+        assert gc.isenabled() and frozen == [1]
+        quiet = Replica(ALL_PUSHES, manage_gc=False)
+        quiet.apply("sync_begin", {"mode": "snapshot", "store": "s", "rev": 1})
+        assert gc.isenabled()
+    finally:
+        gc.enable()
