@@ -119,12 +119,20 @@ def test_board_shapes_follow_queue_moves_and_reasons() -> None:
     assert board.current_reason(1) == R.NO_SLOTS and board.current_reason(2) is None
     shape = board.shape(1)
     assert shape is board.shape(2) and list(shape.jobs) == [(1.0, 1), (2.0, 2)]
-    assert shape.fresh == {1, 2}  # new to their shape: their reason is to be worked out
+    # The shape has no reason yet: all of its jobs will be looked at; once it has one, only
+    # the jobs new to it are (their reason is to be worked out).
+    assert shape.fresh == set()
+    shape.reason = R.NO_SLOTS
+    view.apply("job", job(4))
+    board.drain(view.take())
+    assert shape.fresh == {4} and board.shape(4) is shape
+    view.apply("job", {**job(4), "state": "RUN"})
     view.apply("job", {**job(1), "state": "RUN"})
     view.apply("job", {**job(2), "state": "DONE"})  # out of the scope: removed
     view.apply("job", job(3, ntasks=2, submit_time=0.5))  # same shape, a new place in it
     drained = board.drain(view.take())
-    assert sorted(drained.left) == [1, 2] and list(board.by_queue["normal"]) == [("", 2)]
+    assert sorted(drained.left) == [1, 2, 4] and list(board.by_queue["normal"]) == [("", 2)]
+    assert shape.fresh == set(), "a job that left is not fresh any more"
     assert list(board.shape(3).jobs) == [(0.5, 3)] and sorted(board.pending) == [3]
     assert view.replica.get("jobs", 1)["state"] == "RUN" and view.replica.get("jobs", 2) is None
 

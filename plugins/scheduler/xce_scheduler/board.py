@@ -32,15 +32,17 @@ def order_key(job: Record) -> tuple[float, int]:
     return (float(job.get("submit_time") or 0.0), job["jobid"])
 
 
-def _check(job: Record) -> None:
-    """Raise unless a pending job's record has what placement reads, in usable types."""
-    float(job.get("submit_time") or 0.0)
+def placement(job: Record) -> tuple[str, str, int, tuple[float, int]]:
+    """(queue, requirement, ntasks, order key) of a pending job's record; raises
+    ``TypeError``/``ValueError`` when it lacks what placement reads, in usable types."""
     ntasks = job.get("ntasks") or 1
     if type(ntasks) is not int or ntasks < 1:
         raise ValueError(f"ntasks {ntasks!r:.40} is not a positive integer")
-    for name in ("resreq", "queue"):
-        if not isinstance(job.get(name) or "", str):
-            raise TypeError(f"{name} is not a string")
+    queue = job.get("queue") or ""
+    resreq = job.get("resreq") or ""
+    if type(queue) is not str or type(resreq) is not str:
+        raise TypeError("queue and resreq must be strings")
+    return queue, resreq, ntasks, (float(job.get("submit_time") or 0.0), job["jobid"])
 
 
 class Shape:
@@ -97,6 +99,18 @@ class Board:
             return reason
         job = self.pending.get(jobid)
         return None if job is None else job.get("pend_reason")
+
+    def current_reasons(self, jobids: Iterable[int]) -> dict[int, str | None]:
+        """:meth:`current_reason` of each of ``jobids`` (one pass, for a cycle's reasons)."""
+        reasons, pending = self.reasons, self.pending
+        out: dict[int, str | None] = {}
+        for jobid in jobids:
+            reason = reasons.get(jobid)
+            if reason is None:
+                job = pending.get(jobid)
+                reason = None if job is None else job.get("pend_reason")
+            out[jobid] = reason
+        return out
 
     def shape(self, jobid: int) -> Shape | None:
         """The shape a pending job is in."""
@@ -187,36 +201,37 @@ class Board:
     def _job(self, jobid: int, job: Record | None, out: Drained) -> None:
         if job is not None and job.get("state") == "PEND":
             try:
-                _check(job)
+                place = placement(job)
             except (TypeError, ValueError) as exc:
                 logger.warning("scheduler: pending job {} has a malformed record ({}); not "
                                "scheduling it", jobid, exc)
             else:
-                self._put(jobid, job)
+                self._put(jobid, job, place)
                 return
         old = self.pending.pop(jobid, None)
         if old is not None:
             out.left.append(jobid)
             self._unshape(jobid, old)
 
-    def _put(self, jobid: int, job: Record) -> None:
+    def _put(self, jobid: int, job: Record, place: tuple[str, str, int, tuple[float, int]]) -> None:
+        queue, resreq, ntasks, key = place
         old = self.pending.get(jobid)
         self.pending[jobid] = job
-        queue = job.get("queue") or ""
-        resreq = job.get("resreq") or ""
-        ntasks = job.get("ntasks") or 1
         shape = self._shape_of.get(jobid)
-        if shape is not None and old is not None and (shape.queue, shape.key) == (queue, (resreq, ntasks)) \
-                and order_key(old) == order_key(job):
-            return  # same place: only the record changed (a pend reason, a signal)
         if shape is not None and old is not None:
+            if shape.queue == queue and shape.resreq == resreq and shape.ntasks == ntasks \
+                    and order_key(old) == key:
+                return  # same place: only the record changed (a pend reason, a signal)
             self._unshape(jobid, old)
-        shapes = self.by_queue.setdefault(queue, {})
+        shapes = self.by_queue.get(queue)
+        if shapes is None:
+            shapes = self.by_queue[queue] = {}
         shape = shapes.get((resreq, ntasks))
         if shape is None:
             shape = shapes[(resreq, ntasks)] = Shape(queue, resreq, ntasks)
-        shape.jobs.add(order_key(job))
-        shape.fresh.add(jobid)
+        shape.jobs.add(key)
+        if shape.reason is not None:  # else its whole tail is looked at again anyway
+            shape.fresh.add(jobid)
         self._shape_of[jobid] = shape
 
     def _unshape(self, jobid: int, old: Record) -> None:

@@ -212,9 +212,7 @@ class Picker:
             board.refresh(int(k) for k in lost)
         self.requirements.use_resources(board.resources)
         self._schedule(work)
-        changes = self.reasons.changes(
-            work.wanted, {jobid: board.current_reason(jobid) for jobid in work.wanted},
-            board.epoch)
+        changes = self.reasons.changes(work.wanted, board.current_reasons(work.wanted), board.epoch)
         if work.capped:
             with self._lock:
                 self._dirty = True  # more to do: the next cycle starts at once

@@ -53,15 +53,15 @@ class PendReasons:
             if epoch != self._epoch:
                 self._requested.clear()
                 self._epoch = epoch
+            requested = self._requested
+            now = current.get
             for jobid, reason in wanted.items():
-                if current.get(jobid) == reason:
+                if now(jobid) == reason:
                     # The controller has it: nothing left to remember (keeps this map small).
-                    self._requested.pop(jobid, None)
-                    continue
-                if self._requested.get(jobid) == reason:
-                    continue
-                self._requested[jobid] = reason
-                out[str(jobid)] = reason
+                    requested.pop(jobid, None)
+                elif requested.get(jobid) != reason:
+                    requested[jobid] = reason
+                    out[str(jobid)] = reason
         return out
 
     def settle(self, pushed: Iterable[tuple[int, str | None]]) -> None:
