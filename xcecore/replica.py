@@ -146,6 +146,7 @@ class Replica:
         self.applied = 0  # records put or removed (for operators and tests)
         self._began = 0.0
         self._frames = 0
+        self._applied_before = 0
         self.manage_gc = manage_gc
         self._gc_paused = False
 
@@ -241,7 +242,7 @@ class Replica:
         self.syncing, self.mode = True, mode
         self.store = data.get("store") if isinstance(data.get("store"), str) else None
         self._tombstones.clear()
-        self._began, self._frames = time.monotonic(), 0
+        self._began, self._frames, self._applied_before = time.monotonic(), 0, self.applied
         emptied = self.kinds if mode == "snapshot" else self.kinds & VOLATILE
         for kind in emptied:
             self._data[kind] = {}
@@ -261,9 +262,10 @@ class Replica:
         self._tombstones.clear()
         self._resume_gc(freeze=True)
         counts = ", ".join(f"{len(self._data[k])} {k}" for k in sorted(self._data))
-        logger.info("{}: {} sync complete (store {}, rev {}) in {:.3f} s, {} frame(s): {}",
-                    self.name, self.mode, self.store, self.rev, time.monotonic() - self._began,
-                    self._frames, counts or "nothing subscribed")
+        logger.info("{}: {} sync complete (store {}, rev {}) in {:.3f} s, {} frame(s), {} "
+                    "record(s) applied; holding {}", self.name, self.mode, self.store, self.rev,
+                    time.monotonic() - self._began, self._frames,
+                    self.applied - self._applied_before, counts or "nothing subscribed")
         self._notify("sync_ended", self.mode)
 
     def _resume_gc(self, *, freeze: bool) -> None:
