@@ -108,14 +108,22 @@ def _median_runs(runs: list[dict[str, float]]) -> dict[str, Any]:
     return out
 
 
+def feed(store: Store, kinds: dict[str, list[dict[str, Any]]]) -> None:
+    """Give ``store`` these records as one snapshot sync (docs/protocol.md), 1,000 a frame."""
+    store.apply("sync_begin", {"mode": "snapshot", "store": "bench", "rev": 1, "since": None})
+    for kind, items in kinds.items():
+        for start in range(0, len(items), 1000):
+            store.apply("sync_records", {"kind": kind, "items": items[start:start + 1000]})
+    store.apply("sync_end", {"rev": 1})
+
+
 async def in_process(repeat: int) -> dict[str, Any]:
     store = Store()
-    store.apply("state", {"server": "bench", "cluster": {"name": "bench", "resources": []},
-                          "resources": [{"name": "gpu", "type": "bool"}],
-                          "queues": [{"name": "normal", "priority": 30, "open": True, "active": True,
-                                      "status": "Open:Active", "description": ""}],
-                          "hosts": [_host(i) for i in range(10_000)],
-                          "jobs": [_job(i) for i in range(1, 10_001)], "members": []})
+    feed(store, {"cluster": [{"name": "bench", "resources": [{"name": "gpu", "type": "bool"}]}],
+                 "queues": [{"name": "normal", "priority": 30, "open": True, "active": True,
+                             "status": "Open:Active", "description": ""}],
+                 "hosts": [_host(i) for i in range(10_000)],
+                 "jobs": [_job(i) for i in range(1, 10_001)]})
     health = BackendHealth()
     backend = Backend(InstantController(), health)  # type: ignore[arg-type]
     users = parse_users([{"name": "u", "password_hash": hash_password("pw", iterations=1000)}])

@@ -74,7 +74,7 @@ def summary(values: list[float], unit: str, **extra: Any) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ cycle
 def make_state(njobs: int, nhosts: int, seed: int = 11) -> dict[str, Any]:
-    """A full ``state`` push: ``nhosts`` hosts (8 slots) and ``njobs`` pending jobs."""
+    """The records of a cluster: ``nhosts`` hosts (8 slots) and ``njobs`` pending jobs."""
     rnd = random.Random(seed)
     hosts = []
     for i in range(nhosts):
@@ -104,8 +104,16 @@ def make_state(njobs: int, nhosts: int, seed: int = 11) -> dict[str, Any]:
               {"name": "normal", "priority": 30, "active": True, "open": True},
               {"name": "idle", "priority": 10, "active": False, "open": True}]
     cluster = {"name": "bench", "resources": SITE, "queues": ["priority", "normal", "idle"]}
-    return {"server": "bench", "cluster": cluster, "resources": SITE, "queues": queues,
-            "hosts": hosts, "jobs": jobs, "members": []}
+    return {"cluster": [cluster], "queues": queues, "hosts": hosts, "jobs": jobs}
+
+
+def feed(view: SchedulerView, state: dict[str, Any]) -> None:
+    """Give ``view`` the state as one snapshot sync (docs/protocol.md), 1,000 records a frame."""
+    view.apply("sync_begin", {"mode": "snapshot", "store": "bench", "rev": 1, "since": None})
+    for kind, items in state.items():
+        for start in range(0, len(items), 1000):
+            view.apply("sync_records", {"kind": kind, "items": items[start:start + 1000]})
+    view.apply("sync_end", {"rev": 1})
 
 
 def bench_cycle(trials: int, njobs: int, nhosts: int) -> dict[str, Any]:
@@ -115,7 +123,7 @@ def bench_cycle(trials: int, njobs: int, nhosts: int) -> dict[str, Any]:
     info: dict[str, Any] = {}
     for _ in range(trials):
         view = SchedulerView()
-        view.apply("state", state)
+        feed(view, state)
         sent: list[Any] = []
         picker = Picker(view, Requirements(Evaluator), sent.extend, max_dispatch=njobs)
         gc.collect()

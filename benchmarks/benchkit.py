@@ -236,8 +236,9 @@ def quiet_logs(level: str = "ERROR") -> None:
 class JobWatcher:
     """Client hooks of an observer joined as a third-party role: when each job changed state.
 
-    A third-party role receives every push (protocol-ops.md); ``seen[jobid][state]`` is the
-    epoch time the first push showing the job in ``state`` arrived.
+    A third-party role receives every push (protocol-ops.md): the state sync's records after
+    each join, then the changes; ``seen[jobid][state]`` is the epoch time the first push
+    showing the job in ``state`` arrived.
     """
 
     def __init__(self) -> None:
@@ -256,8 +257,8 @@ class JobWatcher:
         now = time.time()
         if event == "job":
             self._job(data, now)
-        elif event == "state":
-            for job in data.get("jobs", []):
+        elif event == "sync_records" and data.get("kind") == "jobs":
+            for job in data.get("items", []):
                 self._job(job, now)
 
     def _job(self, job: dict[str, Any], now: float) -> None:

@@ -18,7 +18,7 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from xcecore import auth
 from xcecore.bridge import LoopBridge, StopEvent
@@ -36,32 +36,80 @@ if TYPE_CHECKING:
 # Records a role declares
 # -------------------------------------------------------------------------------------------
 
-PushSelection = Literal["all", "none"]
+KINDS: tuple[str, ...] = ("cluster", "queues", "hosts", "jobs", "members", "resvals",
+                          "pend_reasons", "jusage")
+"""The kinds of records a member can subscribe to (docs/protocol.md, "State sync")."""
+
+SCOPES: Mapping[str, frozenset[str]] = {
+    "cluster": frozenset({"all"}),
+    "queues": frozenset({"all"}),
+    "hosts": frozenset({"all", "own"}),
+    "jobs": frozenset({"all", "unfinished", "host"}),
+    "members": frozenset({"all"}),
+    "resvals": frozenset({"all", "own"}),
+    "pend_reasons": frozenset({"all"}),
+    "jusage": frozenset({"all"}),
+}
+"""The scopes each kind accepts: ``all``; ``unfinished`` (pending and active jobs) and
+``host`` (active jobs allocated to the member's own host); ``own`` (the member's own host)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """Which pushes a role receives from the controller; sent with every join.
+    """Which records a role receives from the controller: kind -> scope; sent with every join.
 
-    Today a role takes every push (``all``: the full ``state`` after each join, then every
-    delta) or none (``none``: it joins, so it is a member the controller lists, but is sent
-    nothing). The record will grow finer selections (per kind of push); a role that says
-    nothing gets ``all``.
+    The join's ``subscribe`` argument is exactly :meth:`to_wire`. A kind that is absent is
+    not sent at all; an empty subscription (:data:`NO_PUSHES`) joins a member that is sent
+    nothing but ``shutdown``. Build one with keywords::
+
+        Subscription.of(jobs="unfinished", hosts="all", queues="all", cluster="all")
+
+    A role that declares nothing gets :data:`ALL_PUSHES` (every kind, ``all``).
     """
 
-    pushes: PushSelection = "all"
+    scopes: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.pushes not in ("all", "none"):
-            raise ValueError(f"Subscription.pushes must be 'all' or 'none', got {self.pushes!r}")
+        seen: set[str] = set()
+        for kind, scope in self.scopes:
+            accepted = SCOPES.get(kind)
+            if accepted is None:
+                raise ValueError(f"Subscription: unknown kind {kind!r}; kinds are "
+                                 f"{', '.join(KINDS)}")
+            if scope not in accepted:
+                raise ValueError(f"Subscription: kind {kind!r} takes scope "
+                                 f"{' or '.join(repr(s) for s in sorted(accepted))}, not {scope!r}")
+            if kind in seen:
+                raise ValueError(f"Subscription: kind {kind!r} given twice")
+            seen.add(kind)
 
-    def to_wire(self) -> dict[str, Any]:
+    @classmethod
+    def of(cls, **scopes: str) -> Subscription:
+        """A subscription from ``kind=scope`` keywords (kinds in :data:`KINDS` order)."""
+        order = {kind: i for i, kind in enumerate(KINDS)}
+        return cls(tuple(sorted(scopes.items(), key=lambda kv: order.get(kv[0], len(order)))))
+
+    def scope(self, kind: str) -> str | None:
+        """The scope of ``kind``, or None when the role does not subscribe to it."""
+        for name, scope in self.scopes:
+            if name == kind:
+                return scope
+        return None
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The kinds subscribed to."""
+        return frozenset(kind for kind, _ in self.scopes)
+
+    def to_wire(self) -> dict[str, str]:
         """The ``subscribe`` argument of the ``join`` op."""
-        return {"pushes": self.pushes}
+        return dict(self.scopes)
 
 
-ALL_PUSHES = Subscription("all")
-NO_PUSHES = Subscription("none")
+ALL_PUSHES = Subscription.of(**dict.fromkeys(KINDS, "all"))
+"""Every kind, every record: what a role that declares nothing receives."""
+NO_PUSHES = Subscription()
+"""Nothing (but ``shutdown``): a member that only calls."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +165,7 @@ class Role:
     """Ops after which the client re-joins when a reconnect left a rejoin pending."""
 
     subscription: Subscription = ALL_PUSHES
-    """Which pushes the role receives."""
+    """Which records the role receives (kind -> scope); sent with every join."""
 
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx = ctx
@@ -128,8 +176,11 @@ class Role:
         return {}
 
     def push(self, event: str, seq: int, data: Any) -> Handled:
-        """The controller pushed ``event``: ``state`` (the full state) after every (re-)join,
-        deltas after it. On the event loop: never block; hand long work to a thread."""
+        """The controller pushed ``event``: the sync after every (re-)join (``sync_begin``,
+        ``sync_records``, ``sync_removed``, ``sync_end``), ordinary pushes (``job``, ``host``,
+        ...) after and between its frames. Feed them to an :class:`xcecore.replica.Replica`
+        rather than parsing them by hand. On the event loop: never block; hand long work to a
+        thread."""
         return None
 
     def connection_state(self, state: str, candidate: Candidate | None, detail: str) -> Handled:

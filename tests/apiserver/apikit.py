@@ -49,19 +49,29 @@ def queue(name: str, priority: int, open_: bool = True) -> dict[str, Any]:
 
 
 def full_state(jobs: int = 3, hosts: int = 3) -> dict[str, Any]:
-    """A ``state`` push body."""
+    """The records of a small cluster, by kind (:func:`load` syncs them into a store)."""
     resources = [{"name": "gpu", "type": "bool"}]
     return {
         "server": "127.0.0.1:7600",
         "cluster": {"name": "test", "resources": resources, "admins": ["root"],
                     "default_queue": "normal", "host_timeout": 30.0, "host_groups": {},
                     "user_groups": {}, "queues": ["priority", "normal", "closedq"]},
-        "resources": resources,
         "queues": [queue("normal", 30), queue("priority", 43), queue("closedq", 10, open_=False)],
         "hosts": [host(f"n{i}", ncpus=2 + i, resources=["gpu"] if i % 2 else []) for i in range(hosts)],
         "jobs": [job(i, user="alice" if i % 2 else "bob") for i in range(1, jobs + 1)],
         "members": [{"identity": "scheduler@ctl", "role": "scheduler", "joined_at": 1.0}],
     }
+
+
+def load(store: Any, state: dict[str, Any], *, mode: str = "snapshot", rev: int = 1) -> None:
+    """Feed ``store`` (anything with ``apply(event, data)``) ``state`` as one state sync:
+    each key of ``state`` but ``server`` is a kind (``cluster``: one record)."""
+    store.apply("sync_begin", {"mode": mode, "store": "test-store", "rev": rev, "since": None})
+    for kind, items in state.items():
+        if kind == "server":
+            continue
+        store.apply("sync_records", {"kind": kind, "items": [items] if kind == "cluster" else items})
+    store.apply("sync_end", {"rev": rev})
 
 
 SCHEMAS = compile_all()
@@ -142,7 +152,7 @@ class Api:
 
     def __init__(self) -> None:
         self.store = Store()
-        self.store.apply("state", full_state())
+        load(self.store, full_state())
         self.health = BackendHealth()
         self.fake = FakeClient(self.store)
         self.backend = Backend(self.fake, self.health, timeout=1.0)

@@ -69,7 +69,7 @@ def test_registers_through_one_connect_with_redirect(xce_cluster: Any, tmp_path:
     run = _start(xce_cluster, tmp_path)
     log = run.proc.text()
     assert "following redirect" in log and "joined as apiserver" in log, log
-    assert "full state from" in log and "REST API listening" in log
+    assert "snapshot sync from" in log and "REST API listening" in log
     r = run.submit("one")
     env = r.json()
     assert r.status_code == 200 and env["code"] == 201, env

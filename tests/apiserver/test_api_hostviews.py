@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 import pytest
+from apikit import load
 from xce_apiserver import app as app_module
 from xce_apiserver.app import HostSelector, raw_ok
 from xce_apiserver.hosts import lsf_host
@@ -29,8 +30,8 @@ def _selector(nhosts: int = 12) -> tuple[Store, HostSelector]:
     store = Store()
     hosts = [host(f"n{i}", ncpus=2 + i, resources=["gpu"] if i % 2 else []) for i in range(nhosts)]
     hosts += [host("down", state="unavail"), host("full", ncpus=2, used=2, model="a100")]
-    store.apply("state", {"server": "s", "cluster": {"name": "t"},
-                          "resources": [{"name": "gpu", "type": "bool"}], "hosts": hosts})
+    load(store, {"cluster": {"name": "t", "resources": [{"name": "gpu", "type": "bool"}]},
+                 "hosts": hosts})
     return store, HostSelector(store, Evaluator)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from apikit import job
 from xce_apiserver.app import PREFIX
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -15,7 +16,9 @@ V = PREFIX
 def body(resp: Any) -> dict[str, Any]:
     """The envelope, checked for its shape and its code matching the HTTP status."""
     env = resp.json()
-    assert set(env) == {"code", "msg", "data", "count"}, env
+    shape = {"code", "msg", "data", "count"}
+    listing = resp.request.url.path == f"{V}/jobs" and resp.request.method == "GET"
+    assert set(env) == (shape | {"next"} if listing and resp.status_code == 200 else shape), env
     if resp.status_code != 200:
         assert env["code"] == resp.status_code, env
     return env
@@ -84,7 +87,36 @@ async def test_list_jobs_and_filters(api: Any) -> None:
     env = body(await api.client.get(f"{V}/jobs", params={"queue": "priority"}, headers=hdr))
     assert [j["jobid"] for j in env["data"]] == [3]
     env = body(await api.client.get(f"{V}/jobs", params={"fields": "jobid,state"}, headers=hdr))
-    assert env["data"][0] == {"jobid": 1, "state": "PEND"}
+    assert env["data"][0] == {"jobid": 1, "state": "PEND"} and env["next"] is None
+
+
+async def test_list_jobs_in_pages(api: Any) -> None:
+    hdr = api.token("alice")
+    for jobid in range(4, 251):
+        api.store.apply("job", job(jobid, user="alice" if jobid % 2 else "bob"))
+    got, cursor, pages = [], None, 0
+    while True:
+        params: dict[str, Any] = {"limit": 40, "user": "alice", "fields": "jobid,user"}
+        if cursor is not None:
+            params["cursor"] = cursor
+        env = body(await api.client.get(f"{V}/jobs", params=params, headers=hdr))
+        got += env["data"]
+        pages += 1
+        assert env["count"] == len(env["data"]) <= 40
+        cursor = env["next"]
+        if cursor is None:
+            break
+        assert isinstance(cursor, str)
+    assert [j["jobid"] for j in got] == [i for i in range(1, 251) if i % 2] and pages == 4
+    assert {j["user"] for j in got} == {"alice"}
+    # Everything at once (no limit): the same jobs, streamed in chunks, as one envelope.
+    r = await api.client.get(f"{V}/jobs", params={"user": "alice"}, headers=hdr)
+    env = body(r)
+    assert [j["jobid"] for j in env["data"]] == [j["jobid"] for j in got] and env["count"] == 125
+    for bad, field in [({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"cursor": "x"}, "cursor"),
+                       ({"cursor": "-1"}, "cursor"), ({"limit": "ten"}, "limit")]:
+        r = await api.client.get(f"{V}/jobs", params=bad, headers=hdr)
+        assert r.status_code == 422 and field in body(r)["msg"], (bad, r.text)
 
 
 async def test_get_jobs_by_id(api: Any) -> None:
@@ -286,9 +318,12 @@ async def test_healthz_readyz(api: Any) -> None:
     api.fake.connected = True  # a heartbeat reconnected
     api.health.link_up()
     assert (await api.client.get(f"{V}/readyz")).status_code == 200
-    api.store.ready = False
+    api.store.apply("sync_begin", {"mode": "snapshot", "store": "s2", "rev": 1, "since": None})
     r = await api.client.get(f"{V}/readyz")
-    assert r.status_code == 503 and "no full state" in body(r)["msg"]
+    assert r.status_code == 503 and "a snapshot of the state is streaming" in body(r)["msg"]
+    assert body(r)["data"]["syncing"] is True
+    api.store.apply("sync_end", {"rev": 1})
+    assert (await api.client.get(f"{V}/readyz")).status_code == 200
 
 
 async def test_degraded_write_is_503_with_retry_after(api: Any) -> None:

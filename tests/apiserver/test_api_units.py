@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apikit import load as sync_into
 from click.testing import CliRunner
 from xce_apiserver import plugin
 from xce_apiserver.auth import (
@@ -20,13 +21,14 @@ from xce_apiserver.store import Store
 from xcecore.candidates import CandidateError
 from xcecore.config import ConfigError
 from xcecore.protocol import parse_hostport
+from xcecore.role import ALL_PUSHES
 from xcecore.runtime import client_config, load
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _state(**kw: Any) -> dict[str, Any]:
-    base = {"server": "a:1", "cluster": {"name": "c", "resources": []}, "resources": [],
+    base = {"cluster": {"name": "c", "resources": []},
             "queues": [{"name": "normal", "priority": 30, "open": True}],
             "hosts": [{"name": "n1", "state": "ok", "max_slots": 2, "used_slots": 0, "attrs": {}, "resvals": {}}],
             "jobs": [{"jobid": 1, "user": "a", "state": "PEND"}],
@@ -34,21 +36,25 @@ def _state(**kw: Any) -> dict[str, Any]:
     return {**base, **kw}
 
 
+def _ids(s: Store) -> list[int]:
+    return [j["jobid"] for j in s.page_jobs(limit=1000).jobs]
+
+
 # ---------------------------------------------------------------------- store
 
-def test_state_replaces_everything() -> None:
+def test_a_snapshot_replaces_everything() -> None:
     s = Store()
     assert not s.ready
-    s.apply("state", _state())
+    sync_into(s, _state())
     s.apply("job", {"jobid": 2, "user": "b", "state": "PEND"})
-    assert s.ready and sorted(s.jobs) == [1, 2]
-    s.apply("state", _state(jobs=[{"jobid": 7, "user": "c", "state": "RUN"}], hosts=[], server="b:2"))
-    assert sorted(s.jobs) == [7] and s.hosts == {} and s.server == "b:2"
+    assert s.ready and _ids(s) == [1, 2]
+    sync_into(s, _state(jobs=[{"jobid": 7, "user": "c", "state": "RUN"}], hosts=[]))
+    assert _ids(s) == [7] and s.hosts == {}
 
 
 def test_deltas() -> None:
     s = Store()
-    s.apply("state", _state())
+    sync_into(s, _state())
     hv = s.hosts_version
     s.apply("resvals", {"host": "n1", "values": {"r1m": 1.5}})
     assert s.hosts["n1"]["resvals"] == {"r1m": 1.5} and s.hosts_version == hv + 1
@@ -58,24 +64,25 @@ def test_deltas() -> None:
     assert [q["name"] for q in s.snapshot_queues()] == ["hi", "normal"]
     s.apply("jusage", {"jobid": 1, "usage": {"mem": 5}})
     s.apply("pend_reasons", {"reasons": {"1": "no hosts", "99": "x"}})
-    s.apply("signal", {"jobid": 1, "signal": "stop", "hosts": [], "attempt": 0})
+    s.apply("job", {"jobid": 1, "user": "a", "state": "PEND", "signal": "stop"})
     job = s.get_job(1)
     assert job is not None and job["usage"] == {"mem": 5} and job["pend_reason"] == "no hosts"
     assert job["signal"] == "stop"
     s.apply("member", {"identity": "worker@n1", "role": "worker", "joined": True})
     s.apply("member", {"identity": "scheduler@x", "role": "scheduler", "joined": False})
     assert list(s.members) == ["worker@n1"]
-    s.apply("shutdown", {"server": "a:1"})
-    s.apply("mystery", {})
+    assert s.apply("shutdown", {"server": "a:1"}) is False
+    assert s.apply("mystery", {}) is False
 
 
 def test_a_malformed_push_changes_nothing() -> None:
     s = Store()
-    s.apply("state", _state())
-    before = (dict(s.jobs), dict(s.hosts), s.version)
-    s.apply("state", {"jobs": [{"nojobid": 1}], "hosts": []})
+    sync_into(s, _state())
+    before = (_ids(s), dict(s.hosts), s.version)
+    s.apply("sync_records", {"kind": "jobs", "items": [{"nojobid": 1}]})
     s.apply("job", {"user": "x"})
-    assert (dict(s.jobs), dict(s.hosts), s.version) == before
+    s.apply("host", {"state": "ok"})
+    assert (_ids(s), dict(s.hosts), s.version) == before
 
 
 # ---------------------------------------------------------------------- auth
@@ -151,9 +158,11 @@ def test_the_role_object(xce_plugin_manager: Any, xce_role: Any) -> None:
 
 def test_pushes_feed_the_role_store(xce_plugin_manager: Any, xce_role: Any) -> None:
     role = xce_role(xce_plugin_manager(plugin), "apiserver")
-    assert role.push("state", 1, _state()) is None
-    role.push("job", 2, {"jobid": 5, "user": "u", "state": "PEND"})
-    assert sorted(role.store.jobs) == [1, 5]
+    assert role.subscription.to_wire() == ALL_PUSHES.to_wire()
+    seq = iter(range(1, 100))
+    sync_into(type("Feed", (), {"apply": lambda self, e, d: role.push(e, next(seq), d)})(), _state())
+    assert role.push("job", 2, {"jobid": 5, "user": "u", "state": "PEND"}) is None
+    assert _ids(role.store) == [1, 5]
 
 
 def test_connection_states_drive_the_breaker(xce_plugin_manager: Any, xce_role: Any) -> None:
@@ -236,12 +245,11 @@ def test_candidate_list_parity_accepts_the_same(tmp_path: Path) -> None:
 
 def test_job_removed_drops_purged_jobs() -> None:
     s = Store()
-    s.apply("state", _state(jobs=[{"jobid": 1, "user": "a", "state": "DONE"},
-                                  {"jobid": 2, "user": "a", "state": "EXIT"},
-                                  {"jobid": 3, "user": "a", "state": "PEND"}]))
+    sync_into(s, _state(jobs=[{"jobid": 1, "user": "a", "state": "DONE"},
+                              {"jobid": 2, "user": "a", "state": "EXIT"},
+                              {"jobid": 3, "user": "a", "state": "PEND"}]))
     v = s.version
     s.apply("job_removed", {"jobids": [1, 2, 99]})  # an unknown id is no error
-    assert sorted(s.jobs) == [3] and s.get_job(1) is None and s.version == v + 1
-    assert [j["jobid"] for j in s.snapshot_jobs()] == [3]
+    assert _ids(s) == [3] and s.get_job(1) is None and s.version == v + 2
     s.apply("job_removed", {"nope": []})  # malformed: logged and ignored
-    assert sorted(s.jobs) == [3]
+    assert _ids(s) == [3]

@@ -3,15 +3,19 @@
 It speaks docs/protocol.md (handshake, requests, replies, pushes) and can be told to behave
 as a primary, a standby redirecting to another candidate or knowing no primary, a black hole
 (``hang``), or to misbehave on the Nth request (drop the connection, send garbage, hold the
-reply forever). It records every request, answers ``join`` (then pushes ``state``), and can be
-killed (listener and every connection closed) and restarted on the same address.
+reply forever). It records every request, answers ``join`` with the state sync of
+docs/protocol.md (``sync_begin``, records, ``sync_end``: a :class:`syncsource.SyncSource`
+keeps the records, their revisions and the retention window), pushes changes to the members
+whose subscription wants them (:meth:`FakeController.change`), and can be killed (listener
+and every connection closed) and restarted on the same address.
 
 Given a :class:`~xcecore.client.backend.MemoryNetwork` (``net=``) it listens there -- the
 client under test then uses that network as its backend and no socket is involved; without
 one it listens on a real TCP port (the tests that are about sockets).
 
 Candidates of one fake cluster share a :class:`SharedStore` -- the "state directory" -- so a
-write retried on a new primary under the same rid is applied exactly once.
+write retried on a new primary under the same rid is applied exactly once, and its records
+and revisions (the store's ``sync``) survive a failover.
 
 Run it standalone (for benchmarks): ``python fakectl.py --modes standby,primary`` prints one
 ``host:port`` per line, the standbys redirecting to the first primary, and serves until killed.
@@ -29,6 +33,7 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import ByteStream, SocketAttribute, TaskGroup
 from anyio.streams.buffered import BufferedByteStream
+from syncsource import SyncSource
 
 from xcecore import auth, wire
 from xcecore.candidates import Candidate
@@ -66,6 +71,7 @@ class SharedStore:
 
     results: dict[str, Any] = field(default_factory=dict)
     applied: list[Recorded] = field(default_factory=list)
+    sync: SyncSource = field(default_factory=SyncSource)
 
     def apply(self, rec: Recorded) -> Any:
         """Apply ``rec`` once per rid; a repeated rid returns the stored result."""
@@ -84,6 +90,9 @@ class _Session:
         self.sender = sender
         self.stream = stream
         self.joined = False
+        self.role = ""
+        self.subscribe: dict[str, str] | None = None
+        self.host: str | None = None
         self.seq = 0
         self.send_lock = anyio.Lock()
 
@@ -119,6 +128,8 @@ class FakeController:
     - ``hold_ops``: requests of these ops are recorded and never answered
     - ``require_join``: ops that answer NOT_JOINED on a connection that has not joined
     - ``handlers``: op -> function(args) returning the result (or raising RemoteError)
+    - ``between_frames``: an async function(index) awaited after the index-th frame of a sync
+      (tests interleave ordinary changes with the records there)
     """
 
     def __init__(
@@ -148,6 +159,7 @@ class FakeController:
         self.hold_ops: set[str] = set()
         self.require_join: set[str] = set()
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {}
+        self.between_frames: Callable[[int], Any] | None = None
         self.requests: list[Recorded] = []
         self.joins: list[Recorded] = []
         self.op_count = 0
@@ -235,6 +247,35 @@ class FakeController:
                 pass
         return sent
 
+    @property
+    def sync(self) -> SyncSource:
+        """The records, revisions and retention window (shared by the fake cluster)."""
+        return self.store.sync
+
+    async def change(self, kind: str, record: dict[str, Any]) -> int:
+        """Put ``record`` in the store and push it to the members that want it; how many."""
+        before = self.sync.records.get(kind, {}).get(_key(kind, record))
+        event, data = self.sync.put(kind, record)
+        return await self._fan_out(event, data, before)
+
+    async def remove(self, kind: str, keys: list[Any]) -> int:
+        """Remove records (one revision) and push the removal; how many members got it."""
+        event, data = self.sync.remove(kind, keys)
+        return await self._fan_out(event, data, None)
+
+    async def _fan_out(self, event: str, data: Any, before: dict[str, Any] | None) -> int:
+        sent = 0
+        for sess in list(self._sessions.values()):
+            if not sess.joined or not self.sync.wants(sess.subscribe, sess.role, sess.host,
+                                                      event, data, before):
+                continue
+            try:
+                await sess.push(event, data)
+                sent += 1
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+        return sent
+
     def ops(self, op: str) -> list[Recorded]:
         """Recorded requests of ``op``."""
         return [r for r in self.requests if r.op == op]
@@ -289,6 +330,22 @@ class FakeController:
             self._streams.discard(raw)
             await anyio.aclose_forcefully(stream)
 
+    async def _join(self, sess: _Session, req: wire.Request, rec: Recorded) -> None:
+        args = req.args
+        sess.joined, sess.role = True, str(args.get("role"))
+        sess.subscribe = args.get("subscribe")
+        attrs = args.get("attrs") or {}
+        sess.host = attrs.get("hname") if isinstance(attrs, dict) else None
+        self.joins.append(rec)
+        sync, frames = self.sync.join(sess.subscribe, args.get("since"), sess.role, sess.host)
+        result = {"member": sess.sender, "server": self.address, "role": sess.role, "sync": sync}
+        first, *rest = frames
+        await sess.push(first[0], first[1], before=wire.reply_ok(req.id, result))
+        for i, (event, data) in enumerate(rest):
+            await sess.push(event, data)
+            if self.between_frames is not None and event == "sync_records":
+                await self.between_frames(i)
+
     def _record(self, sess: _Session, req: wire.Request) -> Recorded:
         rec = Recorded(self.name, sess.number, req.op, req.args, req.rid, sess.sender)
         self.requests.append(rec)
@@ -329,11 +386,7 @@ class FakeController:
         if req.op in self.hold_ops:
             return
         if req.op == "join":
-            sess.joined = True
-            self.joins.append(rec)
-            state = {"server": self.name, "role": req.args.get("role")}
-            await sess.push("state", state,
-                            before=wire.reply_ok(req.id, {"joined": req.args.get("role")}))
+            await self._join(sess, req, rec)
             return
         if req.op in self.require_join and not sess.joined:
             await sess.send(wire.reply_error(req.id, "NOT_JOINED", f"join before {req.op}"))
@@ -366,6 +419,12 @@ async def _main(modes: list[str]) -> None:
             ctl.requests = _Discard()
             print(ctl.address, flush=True)
         await anyio.sleep_forever()
+
+
+def _key(kind: str, record: dict[str, Any]) -> Any:
+    from xcecore.replica import record_key
+
+    return record_key(kind, record)
 
 
 class _Discard(list[Recorded]):

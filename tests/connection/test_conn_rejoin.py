@@ -29,7 +29,8 @@ async def test_post_call_rejoin_only_at_rejoin_points_and_only_once(net, hooks, 
                           join_attrs=attrs, rejoin_points=["jobdispatch"]) as c:
             await c.connect()
             await c.join()
-            assert [j.args for j in a.joins] == [{"role": "scheduler", "attrs": attrs}]
+            assert [j.args for j in a.joins] == [{"role": "scheduler", "attrs": attrs, "since": None}]
+            await _wait(lambda: [p[1] for p in hooks.pushes] == ["sync_begin", "sync_end"])
             await a.restart()
             await c.call("hello")  # reconnects; not a rejoin point
             assert c.rejoin_pending and len(a.joins) == 1
@@ -39,7 +40,9 @@ async def test_post_call_rejoin_only_at_rejoin_points_and_only_once(net, hooks, 
             assert not c.rejoin_pending and len(a.joins) == 2
             ops = [r.op for r in a.requests if r.conn == 2]
             assert ops == ["hello", "jobsubmit", "jobdispatch", "join"]
-            assert a.joins[1].args == {"role": "scheduler", "attrs": attrs}
+            # The re-join resumes from the completed sync (same store, which survived).
+            since = {"store": a.sync.store, "rev": 0}
+            assert a.joins[1].args == {"role": "scheduler", "attrs": attrs, "since": since}
             await c.call("jobdispatch")
             await c.call("jobdispatch")
             assert len(a.joins) == 2  # only once
@@ -90,19 +93,19 @@ async def test_pushes_delivered_in_order_and_gap_triggers_warn_and_rejoin(net, h
     async with FakeController("a", net=net) as a:
         async with mem_client(net, make_config(a.address), role="scheduler", hooks=hooks) as c:
             await c.connect()
-            await c.join()  # -> push "state" seq 1
+            await c.join()  # -> pushes sync_begin (seq 1) and sync_end (seq 2)
             for i in range(5):
                 await a.push("job", {"i": i})
-            await _wait(lambda: len(hooks.pushes) == 6)
-            assert [p[2] for p in hooks.pushes] == [1, 2, 3, 4, 5, 6]
-            assert [p[1] for p in hooks.pushes] == ["state"] + ["job"] * 5
+            await _wait(lambda: len(hooks.pushes) == 7)
+            assert [p[2] for p in hooks.pushes] == [1, 2, 3, 4, 5, 6, 7]
+            assert [p[1] for p in hooks.pushes] == ["sync_begin", "sync_end"] + ["job"] * 5
             assert all(p[0] == "scheduler" for p in hooks.pushes)
-            await a.push("job", {"i": 99}, skip=2)  # seq 9: 7 and 8 are missing
+            await a.push("job", {"i": 99}, skip=2)  # seq 10: 8 and 9 are missing
             await _wait(lambda: len(a.joins) == 2)  # re-joined promptly, no call needed
-            await _wait(lambda: hooks.pushes[-1][1] == "state")
+            await _wait(lambda: hooks.pushes[-1][1] == "sync_end")
             assert not c.rejoin_pending
     assert logs.find("push sequence gap from", "WARNING")
-    assert logs.find("expected seq 7, got 9", "WARNING")
+    assert logs.find("expected seq 8, got 10", "WARNING")
 
 
 async def test_slow_push_consumer_does_not_stall_replies(net):
@@ -132,14 +135,15 @@ async def test_idle_client_recovers_through_heartbeats_only(net, hooks, logs, mo
         async with mem_client(net, cfg, role="worker", hooks=hooks, rejoin_points=["hello"]) as c:
             await c.connect()
             await c.join()
-            await _wait(lambda: len(hooks.pushes) == 1)
+            await _wait(lambda: len(hooks.pushes) == 2)
             await a.kill()
             b.mode = "primary"  # another controller takes over; the client makes no call
             await _wait(lambda: len(b.joins) == 1)
             assert c.candidate == parse_address(b.address)
             await b.push("job", {"n": 1})
-            await _wait(lambda: [p[1] for p in hooks.pushes] == ["state", "state", "job"])
-            assert hooks.pushes[1][2] == 1  # seq restarted on the new connection
+            sync = ["sync_begin", "sync_end"]
+            await _wait(lambda: [p[1] for p in hooks.pushes] == [*sync, *sync, "job"])
+            assert hooks.pushes[2][2] == 1  # seq restarted on the new connection
             assert spy.call_count == 0  # the heartbeat path never calls the reconnect hook
             # The reconnecting beat re-joins instead of beating into NOT_JOINED; beats follow.
             await _wait(lambda: bool(b.ops("heartbeat")))

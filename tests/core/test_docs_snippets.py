@@ -45,10 +45,18 @@ def test_the_five_minute_role_runs(tmp_path: Path) -> None:
     log = tmp_path / "audit.log"
     role = make_role(pm, "auditor", {"auditor": {"log_file": str(log)}})
     assert role.join_attributes() == {"log_file": str(log)}
-    role.push("state", 1, {"jobs": [{"jobid": 1, "state": "PEND"}]})
-    role.push("job", 2, {"jobid": 1, "state": "RUN"})
-    role.push("job", 3, {"jobid": 1, "state": "RUN"})
+    assert role.subscription.to_wire() == {"jobs": "all"}
+    role.push("sync_begin", 1, {"mode": "snapshot", "store": "s", "rev": 1, "since": None})
+    role.push("sync_records", 2, {"kind": "jobs", "items": [{"jobid": 1, "state": "PEND", "rev": 1}]})
+    role.push("sync_end", 3, {"rev": 1})
+    role.push("job", 4, {"jobid": 1, "state": "RUN", "rev": 2})
+    role.push("job", 5, {"jobid": 1, "state": "RUN", "rev": 2})
     assert log.read_text().splitlines() == ["1 PEND", "1 RUN"]
+
+
+def test_the_replica_example_runs() -> None:
+    mod = module("class Pending(ReplicaObserver)", "doc_replica")
+    assert mod.view.pending == {3} and mod.view.replica.syncs == 1
 
 
 class FakeSync:

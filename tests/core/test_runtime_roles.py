@@ -40,9 +40,9 @@ def test_async_handlers_are_awaited_and_members_are_shown(xce_cluster: Any, xce_
     all_out, none_out = tmp_path / "all.jsonl", tmp_path / "none.jsonl"
     proc = _probe(cluster, "p1", all_out, 'probe.colour="green"')
     quiet = _probe(cluster, "p2", none_out, 'probe.pushes="none"')
-    # The async push handler ran: the state push after the join is recorded.
-    wait_for(lambda: any(r.get("push") == "state" for r in _lines(all_out)), 30,
-             what=f"the probe's state push ({proc.text()[-2000:]})")
+    # The async push handler ran: the state sync after the join is recorded.
+    wait_for(lambda: any(r.get("push") == "sync_end" for r in _lines(all_out)), 30,
+             what=f"the probe's state sync ({proc.text()[-2000:]})")
     assert {"state": "connected"} in _lines(all_out)  # the async connection-state handler too
     cli = xce_client(cluster, "cli", join=False)
     def both_joined() -> dict[str, dict[str, Any]] | None:

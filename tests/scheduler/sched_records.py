@@ -35,12 +35,25 @@ def queue(name: str, priority: int, *, active: bool = True, open_: bool = True) 
             "active": active, "status": "Open:Active"}
 
 
-def state(hosts: list[dict[str, Any]], jobs: list[dict[str, Any]],
-          queues: list[dict[str, Any]] | None = None, resources: list[Any] | None = None) -> dict[str, Any]:
-    """A full ``state`` push."""
+def sync(hosts: list[dict[str, Any]], jobs: list[dict[str, Any]],
+         queues: list[dict[str, Any]] | None = None, resources: list[Any] | None = None,
+         *, mode: str = "snapshot", store: str = "s1", rev: int = 1) -> list[tuple[str, Any]]:
+    """The frames of one state sync (docs/protocol.md): begin, records per kind, end."""
     queues = queues if queues is not None else [queue("priority", 43), queue("normal", 30)]
     cluster = {"name": "t", "resources": resources or [], "admins": [], "default_queue": "normal",
                "host_timeout": 30.0, "host_groups": {}, "user_groups": {},
                "queues": [q["name"] for q in queues]}
-    return {"server": "127.0.0.1:1", "cluster": cluster, "resources": resources or [],
-            "queues": queues, "hosts": hosts, "jobs": jobs, "members": []}
+    frames: list[tuple[str, Any]] = [
+        ("sync_begin", {"mode": mode, "store": store, "rev": rev, "since": None}),
+        ("sync_records", {"kind": "cluster", "items": [cluster]}),
+        ("sync_records", {"kind": "queues", "items": queues}),
+        ("sync_records", {"kind": "hosts", "items": hosts}),
+        ("sync_records", {"kind": "jobs", "items": jobs}),
+    ]
+    return [*frames, ("sync_end", {"rev": rev})]
+
+
+def load(view: Any, *args: Any, **kw: Any) -> None:
+    """Feed ``view`` (anything with ``apply(event, data)``) the frames of :func:`sync`."""
+    for event, data in sync(*args, **kw):
+        view.apply(event, data)

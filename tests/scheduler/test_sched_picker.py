@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sched_records import host, job, queue, state
+from sched_records import host, job, load, queue
 from xce_scheduler import reasons as R
 from xce_scheduler.allocator import Dispatch, ReasonBatch
 from xce_scheduler.matching import Requirements, host_map
@@ -23,7 +23,7 @@ def make(hosts: list[dict[str, Any]], jobs: list[dict[str, Any]], *, queues: Any
     from xce_scheduler.view import SchedulerView
 
     view = SchedulerView()
-    view.apply("state", state(hosts, jobs, queues, SITE))
+    load(view, hosts, jobs, queues, SITE)
     sent: list[Any] = []
     return Picker(view, Requirements(evaluator_for), sent.extend, **kw), sent
 
@@ -75,7 +75,7 @@ def test_one_cycle_never_overcommits() -> None:
     assert per_host == {"a": 2, "b": 1}
     sent.clear()
     # The controller has not answered and no push came: nothing more, nothing twice.
-    picker.view.apply("host", dict(picker.view.snapshot().hosts["a"]))  # a full cycle
+    picker.view.apply("host", dict(picker.view.replica.get("hosts", "a")))  # a full cycle
     assert picker.cycle() == 0 and not dispatches(sent)
     assert picker.status.idle_cycles == 0
 
@@ -174,7 +174,7 @@ def test_pend_reasons_and_change_only() -> None:
     assert "1" not in got
     # Same view again (forced cycle): nothing is re-sent.
     sent.clear()
-    picker.view.apply("host", dict(picker.view.snapshot().hosts["a"]))
+    picker.view.apply("host", dict(picker.view.replica.get("hosts", "a")))
     picker.cycle()
     assert reasons(sent) == {} and picker.status.idle_cycles == 0
     # The controller pushes the reasons back; then job 4's reason changes.
@@ -207,8 +207,8 @@ def test_evaluator_hook_asked_once_per_registry_version(mocker: Any, xce_plugin_
         picker.view.apply("job", job(i))
         picker.cycle()
     assert spy.call_count == 1
-    picker.view.apply("state", state([host("a", slots=8)], [job(9)],
-                                     resources=[{"name": "fpga", "type": "bool"}]))
+    load(picker.view, [host("a", slots=8)], [job(9)],
+         resources=[{"name": "fpga", "type": "bool"}])
     picker.cycle()
     assert spy.call_count == 2
 
@@ -277,7 +277,7 @@ def test_rusage_is_held_within_a_cycle_and_while_in_flight() -> None:
     assert set(reasons(sent).values()) == {R.NO_SLOTS}
     # Still in flight (no push yet): the next cycle holds the same amounts.
     sent.clear()
-    picker.view.apply("host", dict(picker.view.snapshot().hosts["a"]))
+    picker.view.apply("host", dict(picker.view.replica.get("hosts", "a")))
     picker.cycle()
     assert not dispatches(sent)
 

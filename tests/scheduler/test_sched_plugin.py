@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import xce_scheduler.plugin as plugin
-from sched_records import host, job, state
+from sched_records import host, job, sync
 
 from xcecore.config import ConfigError, validate
 
@@ -33,10 +33,12 @@ def test_config_is_checked(xce_plugin_manager: Any) -> None:
 def test_pushes_feed_the_role_view(xce_plugin_manager: Any, xce_role: Any) -> None:
     pm = xce_plugin_manager(plugin)
     role = xce_role(pm, "scheduler")
-    role.push("state", 1, state([host("a")], [job(1)]))
-    role.push("job", 3, job(3))
-    assert sorted(j["jobid"] for j in role.view.snapshot().pending) == [1, 3]
-    assert xce_role(pm, "scheduler").view.snapshot().pending == ()  # one view per role object
+    assert role.subscription.to_wire()["jobs"] == "unfinished"
+    for seq, (event, data) in enumerate(sync([host("a")], [job(1)]), 1):
+        role.push(event, seq, data)
+    role.push("job", 9, job(3))
+    assert sorted(role.view.replica.records("jobs")) == [1, 3] and role.view.complete
+    assert xce_role(pm, "scheduler").view.replica.count("jobs") == 0  # one view per role object
 
 
 class FakeClient:
@@ -97,7 +99,8 @@ def test_the_picker_runs_on_its_thread_and_stops(xce_plugin_manager: Any, xce_ro
 
     pm = xce_plugin_manager(plugin)
     role = xce_role(pm, "scheduler", {"scheduler": {"interval": 0.01}}, client=mocker.Mock())
-    role.push("state", 1, state([host("a")], []))
+    for seq, (event, data) in enumerate(sync([host("a")], []), 1):
+        role.push(event, seq, data)
     (monitor,) = role.monitors()
     app = role.app
     assert app is role.app and app.view is role.view and app.picker.interval == 0.01

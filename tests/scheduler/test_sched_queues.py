@@ -1,14 +1,15 @@
-"""The picker's per-queue caches: jobs parked in an inactive queue cost nothing per cycle,
-each queue's order is reused while its jobs do not change, and the view's per-queue index."""
+"""Queues and shapes: jobs parked in an inactive queue cost nothing per cycle, the order
+across queues, and the picker's board (pending jobs by queue and shape)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from sched_records import host, job, queue, state
+from sched_records import host, job, load, queue
 from xce_scheduler import reasons as R
 from xce_scheduler.allocator import Dispatch, ReasonBatch
+from xce_scheduler.board import Board
 from xce_scheduler.matching import Requirements
 from xce_scheduler.picker import Picker
 from xce_scheduler.view import SchedulerView
@@ -23,7 +24,7 @@ QUEUES = [queue("normal", 30), queue("other", 30), queue("high", 50),
 
 def make(hosts: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> tuple[Picker, list[Any]]:
     view = SchedulerView()
-    view.apply("state", state(hosts, jobs, QUEUES))
+    load(view, hosts, jobs, QUEUES)
     sent: list[Any] = []
     return Picker(view, Requirements(Evaluator), sent.extend), sent
 
@@ -41,7 +42,7 @@ def dispatched(sent: list[Any]) -> list[int]:
 
 
 def force(picker: Picker) -> None:
-    picker.view.apply("host", dict(picker.view.snapshot().hosts["a"]))  # a change: full cycle
+    picker.view.apply("host", dict(picker.view.replica.get("hosts", "a")))  # a change: full cycle
 
 
 def test_parked_jobs_get_their_reason_once_then_are_skipped(mocker: Any) -> None:
@@ -84,40 +85,60 @@ def test_activated_queue_dispatches_its_parked_jobs() -> None:
     assert dispatched(sent) == [1, 2]
 
 
-def test_order_across_queues_and_cached_order_follows_changes() -> None:
+def test_order_across_queues_follows_changes() -> None:
     jobs = [job(1, queue="other", submit_time=5.0), job(2, queue="normal", submit_time=3.0),
             job(3, queue="high", submit_time=9.0), job(4, queue="normal", submit_time=7.0),
             job(5, queue="other", submit_time=1.0)]
     picker, sent = make([host("a", slots=1, used=1)], jobs)
     picker.cycle()
-    snap = picker.view.snapshot()
-    assert [j["jobid"] for j in picker._ordered_jobs(snap)] == [3, 5, 2, 1, 4]
+    assert dispatched(sent) == []
     picker.view.apply("job", job(6, queue="normal", submit_time=0.5))
     picker.view.apply("job", {**job(3, queue="high"), "state": "RUN"})
-    snap = picker.view.snapshot()
-    assert [j["jobid"] for j in picker._ordered_jobs(snap)] == [6, 5, 2, 1, 4]
     picker.view.apply("host", host("a", slots=3, used=1))
     sent.clear()
     picker.cycle()
     assert dispatched(sent) == [6, 5]
+    picker.view.apply("host", host("a", slots=9, used=3))
+    sent.clear()
+    picker.cycle()  # queues of equal priority merged by submit time; the higher one first
+    assert dispatched(sent) == [2, 1, 4]
 
 
-def test_view_index_follows_queue_moves_and_reasons() -> None:
+def test_board_shapes_follow_queue_moves_and_reasons() -> None:
     view = SchedulerView()
-    view.apply("state", state([host("a")], [job(1), job(2, queue="parked")], QUEUES))
-    first = view.snapshot()
-    assert {n: [j["jobid"] for j in q.jobs] for n, q in first.by_queue.items()} == {
-        "normal": [1], "parked": [2]}
-    assert first.pending_ids == frozenset({1, 2})
+    load(view, [host("a")], [job(1), job(2, queue="parked"), job(3, ntasks=2)], QUEUES)
+    board = Board()
+    board.drain(view.take())
+    assert {n: sorted(s.key for s in shapes.values()) for n, shapes in board.by_queue.items()} == {
+        "normal": [("", 1), ("", 2)], "parked": [("", 1)]}
+    assert board.complete and sorted(board.pending) == [1, 2, 3]
     view.apply("job", job(2, queue="normal"))  # moved to another queue (switch)
     view.apply("pend_reasons", {"reasons": {"1": R.NO_SLOTS}})
-    snap = view.snapshot()
-    assert set(snap.by_queue) == {"normal"}
-    assert {j["jobid"]: j["pend_reason"] for j in snap.by_queue["normal"].jobs} == {
-        1: R.NO_SLOTS, 2: None}
-    assert snap.by_queue["normal"].version != first.by_queue["normal"].version
-    again = view.snapshot()
-    assert again.by_queue["normal"] is snap.by_queue["normal"], "unchanged: reused"
+    drained = board.drain(view.take())
+    assert set(board.by_queue) == {"normal"} and drained.echoed == [(1, R.NO_SLOTS)]
+    assert board.current_reason(1) == R.NO_SLOTS and board.current_reason(2) is None
+    shape = board.shape(1)
+    assert shape is board.shape(2) and list(shape.jobs) == [(1.0, 1), (2.0, 2)]
+    # The shape has no reason yet: all of its jobs will be looked at; once it has one, only
+    # the jobs new to it are (their reason is to be worked out).
+    assert shape.fresh == set()
+    shape.reason = R.NO_SLOTS
+    view.apply("job", job(4))
+    board.drain(view.take())
+    assert shape.fresh == {4} and board.shape(4) is shape
+    view.apply("job", {**job(4), "state": "RUN"})
     view.apply("job", {**job(1), "state": "RUN"})
-    view.apply("job", {**job(2), "state": "DONE"})
-    assert view.snapshot().by_queue == {} and view.snapshot().pending == ()
+    view.apply("job", {**job(2), "state": "DONE"})  # out of the scope: removed
+    view.apply("job", job(3, ntasks=2, submit_time=0.5))  # same shape, a new place in it
+    drained = board.drain(view.take())
+    assert sorted(drained.left) == [1, 2, 4] and list(board.by_queue["normal"]) == [("", 2)]
+    assert shape.fresh == set(), "a job that left is not fresh any more"
+    assert list(board.shape(3).jobs) == [(0.5, 3)] and sorted(board.pending) == [3]
+    assert view.replica.get("jobs", 1)["state"] == "RUN" and view.replica.get("jobs", 2) is None
+
+
+def test_a_malformed_pending_job_is_not_scheduled_and_changes_nothing_else(caplog: Any) -> None:
+    picker, sent = make([host("a", slots=4)], [job(1), {**job(2), "ntasks": "two"},
+                                                {**job(3), "submit_time": "later"}, job(4)])
+    picker.cycle()
+    assert dispatched(sent) == [1, 4] and sorted(picker.board.pending) == [1, 4]

@@ -1,4 +1,4 @@
-"""Pend reasons are sent only when they change, and again after a full state."""
+"""Pend reasons are sent only when they change, and again after every sync."""
 
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ def test_new_state_sends_again_and_lost_batches_are_resent() -> None:
     assert r.changes({1: "a"}, {}, epoch=2) == {"1": "a"}
 
 
-def test_finished_jobs_are_forgotten() -> None:
+def test_requests_are_forgotten_once_answered_or_when_the_job_leaves() -> None:
     r = PendReasons()
-    r.changes({1: "a"}, {}, epoch=1, pending=[1])
-    r.changes({}, {}, epoch=1, pending=[])
-    assert r.changes({1: "a"}, {}, epoch=1, pending=[1]) == {"1": "a"}
+    assert r.changes({1: "a", 2: "b", 3: "c"}, {}, epoch=1) == {"1": "a", "2": "b", "3": "c"}
+    assert len(r) == 3
+    r.settle([(1, "a"), (2, "other")])  # 1's push came back; 2's says something else
+    r.drop([3])  # 3 left PEND
+    assert len(r) == 1
+    assert r.changes({3: "c"}, {}, epoch=1) == {"3": "c"}  # dropped: asked again if wanted
+    assert r.changes({2: "b"}, {2: "other"}, epoch=1) == {}  # still requested: not twice
 
 
 def test_bad_requirement_text() -> None:

@@ -1,76 +1,68 @@
-"""The scheduler's view: state replaces it, deltas update it, wake-ups on useful changes."""
+"""The scheduler's view: the replica of what it schedules, the journal the picker drains,
+and the wake-ups on changes that may let a job run."""
 
 from __future__ import annotations
 
 import pytest
-from sched_records import host, job, queue, state
-from xce_scheduler.view import SchedulerView, free_slots
+from sched_records import host, job, load, queue, sync
+from xce_scheduler.view import SUBSCRIPTION, SchedulerView, free_slots
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def test_state_replaces_everything() -> None:
-    view = SchedulerView()
-    view.apply("state", state([host("a"), host("b")], [job(1), job(2, state="RUN")]))
-    view.apply("state", state([host("c")], [job(3)]))
-    snap = view.snapshot()
-    assert set(snap.hosts) == {"c"}
-    assert [j["jobid"] for j in snap.pending] == [3]
-    assert snap.epoch == 2
+def test_the_scheduler_subscribes_to_what_it_schedules() -> None:
+    assert SUBSCRIPTION.to_wire() == {"cluster": "all", "queues": "all", "hosts": "all",
+                                      "jobs": "unfinished", "resvals": "all",
+                                      "pend_reasons": "all"}
 
 
-def test_job_deltas_and_wake() -> None:
+def test_a_sync_is_journaled_between_its_markers() -> None:
     view = SchedulerView()
-    view.apply("state", state([host("a")], []))
+    assert not view.complete
+    load(view, [host("a")], [job(1), job(2, state="RUN"), job(3, state="DONE")])
+    taken = view.take()
+    assert taken[0][0] == "reset" and taken[0][1] == SUBSCRIPTION.kinds
+    assert taken[-1] == ("complete", None, None) and view.complete
+    assert [(k, key) for k, key, _ in taken[1:-1]] == [
+        ("cluster", "cluster"), ("queues", "priority"), ("queues", "normal"), ("hosts", "a"),
+        ("jobs", 1), ("jobs", 2)]  # job 3 is finished: not in the scheduler's scope
+    assert view.take() == [] and view.pending_entries() == 0
+    view.apply("sync_begin", sync([], [], mode="delta")[0][1])
+    assert not view.complete and view.syncs_begun == 2
+    assert view.take() == [("reset", frozenset({"resvals", "pend_reasons"}), None)]
+
+
+def test_wake_only_on_changes_that_may_let_a_job_run() -> None:
+    view = SchedulerView()
+    load(view, [host("a", used=4)], [job(1)])
     view.wake.clear()
     view.apply("job", job(5))
     assert view.wake.is_set(), "a new pending job wakes the picker"
     view.wake.clear()
     view.apply("job", job(5, state="RUN"))
     assert not view.wake.is_set()
-    assert view.snapshot().pending == ()
     view.apply("job", job(5, state="DONE"))
-    assert view.wake.is_set(), "a finished job frees slots"
+    assert view.wake.is_set(), "a job that stopped running freed slots"
+    for event, data, wakes in [
+            ("host", host("a", used=2), True), ("host", host("a", used=3), False),
+            ("host", host("a", used=3, state="closed"), False), ("host", host("a", used=3), True),
+            ("resvals", {"host": "a", "values": {"r1m": 0.5}}, False),
+            ("pend_reasons", {"reasons": {"1": "x"}}, False),
+            ("queue", queue("normal", 30, active=False), False),
+            ("queue", queue("normal", 30, active=True), True)]:
+        view.wake.clear()
+        view.apply(event, data)
+        assert view.wake.is_set() is wakes, (event, data)
 
 
-def test_host_queue_resvals_and_reasons() -> None:
+def test_pushes_without_records_are_left_to_the_role() -> None:
     view = SchedulerView()
-    view.apply("state", state([host("a", used=4)], [job(1)]))
-    view.wake.clear()
-    view.apply("host", host("a", used=2))
-    assert view.wake.is_set()
-    before = view.snapshot().hosts["a"]
-    view.apply("resvals", {"host": "a", "values": {"r1m": 0.5}})
-    after = view.snapshot().hosts["a"]
-    assert after["resvals"] == {"r1m": 0.5} and before["resvals"] == {}, "copy on write"
-    view.apply("pend_reasons", {"reasons": {"1": "x"}})
-    assert view.pend_reason(1) == "x"
-    view.wake.clear()
-    view.apply("queue", queue("normal", 30, active=False))
-    view.apply("queue", queue("normal", 30, active=True))
-    assert view.wake.is_set()
-
-
-def test_malformed_push_is_ignored() -> None:
-    view = SchedulerView()
-    view.apply("job", {"no": "jobid"})
-    view.apply("whatever", 1)
-    assert view.snapshot().pending == ()
+    assert view.apply("shutdown", {"server": "x"}) is False
+    assert view.apply("whatever", 1) is False
+    assert view.apply("job", {"no": "jobid"}) is True and view.take() == []
 
 
 def test_free_slots() -> None:
     assert free_slots(host("a", slots=4, used=1)) == 3
     assert free_slots(host("a", slots=1, used=3)) == 0
     assert free_slots({"max_slots": "x"}) == 0
-
-
-def test_job_removed_drops_purged_jobs() -> None:
-    view = SchedulerView()
-    view.apply("state", state([host("a")], [job(1), job(2, state="DONE")]))
-    view.wake.clear()
-    view.apply("job_removed", {"jobids": [2]})  # the usual case: a finished job
-    assert [j["jobid"] for j in view.snapshot().pending] == [1] and not view.wake.is_set()
-    view.apply("job_removed", {"jobids": [1]})  # a pending copy goes too, if one is left
-    snap = view.snapshot()
-    assert snap.pending == () and snap.pending_ids == frozenset() and not snap.by_queue
-    view.apply("job_removed", {})  # malformed: logged and ignored

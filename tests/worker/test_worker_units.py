@@ -14,7 +14,7 @@ from xce_worker import plugin
 from xce_worker.attrs import join_attributes
 from xce_worker.monitors import ResvalBoard, _loop, system_monitor
 from xce_worker.notifier import Notifier
-from xce_worker.pushes import PushHandler, PushInbox
+from xce_worker.pushes import SUBSCRIPTION, PushHandler, PushInbox
 from xce_worker.settings import SECTION, WorkerSettings
 from xce_worker.spool import Journal
 
@@ -208,12 +208,36 @@ def test_push_handler_routes(mocker: MockerFixture) -> None:
     pm.signal.assert_called_with(4, 0, "kill")
 
 
-def test_state_push_kills_jobs_no_longer_listed(mocker: MockerFixture) -> None:
+def _sync(h: PushHandler, mode: str, jobs: list[dict[str, Any]], end: bool = True,
+          removed: list[int] | None = None) -> None:
+    h.handle("sync_begin", {"mode": mode, "store": "s", "rev": 5, "since": None})
+    h.handle("sync_records", {"kind": "jobs", "items": jobs})
+    if removed:
+        h.handle("sync_removed", {"kind": "jobs", "keys": removed})
+    if end:
+        h.handle("sync_end", {"rev": 5})
+
+
+def test_the_worker_subscribes_to_its_host_and_its_jobs() -> None:
+    assert SUBSCRIPTION.to_wire() == {"hosts": "own", "jobs": "host"}
+
+
+def test_end_of_a_sync_kills_jobs_no_longer_listed(mocker: MockerFixture) -> None:
     pm = mocker.Mock()
-    pm.running = {5: mocker.Mock(jobid=5, attempt=0), 6: mocker.Mock(jobid=6, attempt=0)}
+    pm.running = {5: mocker.Mock(jobid=5, attempt=0), 6: mocker.Mock(jobid=6, attempt=0),
+                  7: mocker.Mock(jobid=7, attempt=0)}
     pm.start.return_value = False
-    PushHandler("h1", pm).handle("state", {"server": "s", "jobs": [job(6)]})
+    h = PushHandler("h1", pm)
+    _sync(h, "snapshot", [job(6), job(7), job(8, host="other")], end=False)
+    assert pm.start.call_count == 2 and not pm.signal.called, "nothing killed before the end"
+    h.handle("sync_end", {"rev": 5})
     pm.signal.assert_called_once_with(5, 0, "kill")
+    # A delta later: 7 left the host's scope while the worker was away (requeued).
+    pm.signal.reset_mock()
+    del pm.running[5]  # killed: its process is gone
+    _sync(h, "delta", [], removed=[7])
+    pm.signal.assert_called_once_with(7, 0, "kill")
+    assert sorted(h.replica.records("jobs")) == [6]
 
 
 def test_push_thread_runs_in_order(mocker: MockerFixture) -> None:

@@ -9,9 +9,10 @@ config file, one socket and the table.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from xcecore.cli.session import CommandError, Session, echo, emit_json, table, when
+from xcecore.cli.session import CommandError, JsonList, Session, StreamTable, echo, emit_json, table, when
 from xcecore.cli.spec import Parsed, arg, command
 from xcecore.protocol import JOB_STATES, UNFINISHED
 
@@ -86,6 +87,12 @@ def _state(text: str) -> str:
     return state
 
 
+FIRST_PAGE = 100
+"""Jobs asked for in the first page of ``xce jobs``: the first lines show at once."""
+PAGE = 1000
+"""Jobs per later page (the controller's most per page)."""
+
+
 @command(
     "jobs", "List jobs (like bjobs): your unfinished jobs unless filters say otherwise.",
     arg("-u", "--user", dest="owner", help="only jobs of this user ('all' for everyone)"),
@@ -96,6 +103,8 @@ def _state(text: str) -> str:
     arg("jobids", nargs="*", type=int, help="only these jobs"),
 )
 def jobs(s: Session, ns: Parsed) -> None:
+    """Stream the matching jobs page by page (the controller's paged ``jobinfo``, in job id
+    order): each page is printed as it arrives, so a million jobs start showing at once."""
     args: dict[str, Any] = {}
     if ns.jobids:
         args["jobids"] = list(ns.jobids)
@@ -107,18 +116,35 @@ def jobs(s: Session, ns: Parsed) -> None:
         args["states"] = sorted(UNFINISHED)
     if ns.owner != "all" and not ns.jobids:
         args["owner"] = ns.owner or s.user
-    found = s.call("jobinfo", args)["jobs"]
     if ns.as_json:
-        emit_json(found)
+        listing = JsonList()
+        for page in _pages(s, args):
+            listing.add(page)
+        listing.close()
         return
-    if not found:
+    out = StreamTable(["JOBID", "USER", "STAT", "QUEUE", "EXEC_HOST", "JOB_NAME", "SUBMIT_TIME",
+                       "REASON"])
+    for page in _pages(s, args):
+        out.add([[j["jobid"], j["user"], j["state"], j["queue"],
+                  " ".join(f"{a['ntasks']}*{a['host']}" if a["ntasks"] > 1 else a["host"]
+                           for a in j["alloc"]),
+                  j["name"] or j["command"][:30], when(j["submit_time"]),
+                  j.get("pend_reason") if j["state"] == "PEND" else j.get("reason")] for j in page])
+    if not out.close():
         echo("No matching job found")
-        return
-    rows = [[j["jobid"], j["user"], j["state"], j["queue"],
-             " ".join(f"{a['ntasks']}*{a['host']}" if a["ntasks"] > 1 else a["host"] for a in j["alloc"]),
-             j["name"] or j["command"][:30], when(j["submit_time"]),
-             j["pend_reason"] if j["state"] == "PEND" else j.get("reason")] for j in found]
-    table(["JOBID", "USER", "STAT", "QUEUE", "EXEC_HOST", "JOB_NAME", "SUBMIT_TIME", "REASON"], rows)
+
+
+def _pages(s: Session, args: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
+    """The pages of ``jobinfo`` for ``args``: the first small, then full ones, until the
+    controller's ``next`` cursor is null."""
+    body = {**args, "limit": FIRST_PAGE}
+    while True:
+        result = s.call("jobinfo", body)
+        yield result["jobs"]
+        cursor = result.get("next")
+        if not cursor:
+            return
+        body = {**args, "limit": PAGE, "cursor": cursor}
 
 
 @command(

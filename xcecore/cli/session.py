@@ -137,6 +137,58 @@ def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -
     echo("\n".join(out))
 
 
+class StreamTable:
+    """A plain-text table printed page by page: column widths are set by the header and the
+    first page (a later, wider cell widens only its own line), as bjobs prints its columns."""
+
+    def __init__(self, columns: list[str]) -> None:
+        self.columns = columns
+        self.widths: list[int] | None = None
+        self.rows = 0
+
+    def add(self, rows: list[list[Any]]) -> None:
+        """Print ``rows`` (the header first, with the first rows)."""
+        if not rows:
+            return
+        cells = [["-" if v is None or v == "" else str(v) for v in row] for row in rows]
+        lines = []
+        if self.widths is None:
+            self.widths = [max(len(r[i]) for r in [self.columns, *cells])
+                           for i in range(len(self.columns))]
+            cells.insert(0, self.columns)
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, self.widths, strict=True)).rstrip()
+                 for r in cells]
+        self.rows += len(rows)
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+
+    def close(self) -> int:
+        """The number of rows printed."""
+        return self.rows
+
+
+class JsonList:
+    """A JSON array written as its items arrive: the same text as :func:`emit_json` of the
+    whole list (sorted keys, two-space indent), without holding the list."""
+
+    def __init__(self) -> None:
+        self.items = 0
+
+    def add(self, items: list[Any]) -> None:
+        """Write ``items`` (the opening bracket first)."""
+        out = sys.stdout
+        for item in items:
+            text = json.dumps(item, indent=2, sort_keys=True, ensure_ascii=False)
+            out.write(("[\n  " if not self.items else ",\n  ") + text.replace("\n", "\n  "))
+            self.items += 1
+        out.flush()
+
+    def close(self) -> int:
+        """End the array; the number of items written."""
+        sys.stdout.write("\n]\n" if self.items else "[]\n")
+        return self.items
+
+
 def when(epoch: float | None) -> str:
     """A timestamp as bjobs shows it (``Dec 01 10:03:01``)."""
     return time.strftime("%b %d %H:%M:%S", time.localtime(epoch)) if epoch else "-"

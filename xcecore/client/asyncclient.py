@@ -17,6 +17,9 @@ the async shell around :class:`~xcecore.client.machine.Machine` (the decisions) 
 - **heartbeats** make one best-effort reconnect pass, never sleep in back-off, never call the
   reconnect hook, and re-join when they go from failing to succeeding.
 - **liveness**: no frame for ``liveness_timeout`` while a reply is owed marks the link dead.
+- **sync token** (:class:`~xcecore.client.sync.SyncToken`): every push is shown to it; every
+  join and re-join sends its ``since`` (store id and highest complete revision), so a member
+  back within the controller's retention window is sent only what it missed.
 - **idempotency**: every call has one ``rid`` (given, or generated), reused by all its
   retries; a keyed write whose reply is lost raises :class:`OutcomeUnknown` with it, and
   :meth:`Client.outcome` asks the controller what became of it.
@@ -67,6 +70,7 @@ from xcecore.client.machine import (
     reply_error,
 )
 from xcecore.client.settings import ClientConfig
+from xcecore.client.sync import SyncToken
 
 _T = TypeVar("_T")
 
@@ -130,7 +134,9 @@ class Client:
     """An async client of the controller: ``async with Client(...) as c: await c.call(...)``.
 
     ``rejoin_points`` (ops after which a pending rejoin happens) are resolved once, here;
-    ``join_attrs`` are sent by every join and re-join. Attributes for callers: ``role``,
+    ``join_attrs`` are sent by every join and re-join, and so are ``subscribe`` (the role's
+    :class:`~xcecore.role.Subscription` on the wire; None: the role's default at the
+    controller) and the sync token's ``since``. Attributes for callers: ``role``, ``sync``,
     ``candidate`` (current, or None), ``state`` (see
     :data:`xcecore.client.machine.STATES`), ``connected`` and ``rejoin_pending``.
     """
@@ -151,7 +157,8 @@ class Client:
         self.join_attrs: dict[str, Any] = dict(join_attrs or {})
         # The join's ``subscribe`` argument (which pushes the role wants); omitted when it is
         # the default (every push), so a role that says nothing joins as it always did.
-        self.subscribe = None if subscribe in (None, {"pushes": "all"}) else dict(subscribe or {})
+        self.subscribe = None if subscribe is None else dict(subscribe)
+        self.sync = SyncToken()  # what the next join's ``since`` says
         self.rejoin_points: frozenset[str] = frozenset(rejoin_points)
         self._name = f"xce client {config.sender}"
         self.machine = Machine(config.candidates, name=self._name,
@@ -314,7 +321,8 @@ class Client:
     ) -> Any:
         """Join (or re-join) as :attr:`role` with the join attributes; returns the reply.
 
-        Clears :attr:`rejoin_pending`: a join resends the full state.
+        Clears :attr:`rejoin_pending`: a join brings the member's state up to date (a sync,
+        resumed from :attr:`sync` when the controller still has what was missed).
         """
         self._lock.check_reentry("join()")
         async with self._join_lock:
@@ -322,12 +330,11 @@ class Client:
 
     async def _join(self, deadline: float | None, retry_budget: int | None) -> Any:
         """The join itself; the caller holds ``_join_lock``, so joins never overlap."""
-        result = await self._invoke(
-            "join", {"role": self.role, "attrs": self.join_attrs,
-                     **({"subscribe": self.subscribe} if self.subscribe else {})},
-            deadline, retry_budget, None
-        )
-        return result
+        args: dict[str, Any] = {"role": self.role, "attrs": self.join_attrs,
+                                "since": self.sync.since()}
+        if self.subscribe is not None:
+            args["subscribe"] = self.subscribe
+        return await self._invoke("join", args, deadline, retry_budget, None)
 
     async def heartbeat(self) -> bool:
         """Send one ``heartbeat``; True if the primary answered.
@@ -635,7 +642,9 @@ class Client:
             raise wire.WireError(f"malformed push: {msg!r:.200}")
         self._do(self.machine.push_arrived(conn.candidate, conn.next_seq, seq))
         conn.next_seq = seq + 1
-        self._push_tx.send_nowait((event, seq, msg.get("data")))
+        data = msg.get("data")
+        self.sync.observe(event, data)
+        self._push_tx.send_nowait((event, seq, data))
 
     # ------------------------------------------------------------------ background tasks
     async def _push_loop(self) -> None:

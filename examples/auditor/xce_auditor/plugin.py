@@ -2,9 +2,11 @@
 
 This is the whole of a third-party role: a role object and two hooks. Connecting to the
 primary through the candidate list, following redirects, re-connecting after a failover and
-re-joining are the core's work: the role has no reconnect code at all. After each (re-)join
-the controller pushes the full state; the auditor compares it with what it last saw, so a
-change that happened while it was away is logged too, once.
+re-joining are the core's work: the role has no reconnect code at all. It subscribes to jobs
+only and keeps them in an :class:`xcecore.replica.Replica`, which applies the state sync after
+each (re-)join -- a snapshot, or only what changed while it was away -- and tells the auditor
+of each change; the auditor compares it with what it last logged, so every change is logged
+once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import orjson
 
 from xcecore.hookspecs import hookimpl
 from xcecore.records import ConfigSection, Field
-from xcecore.role import Handled, Role, RoleContext, RoleSpec
+from xcecore.replica import Record, Replica, ReplicaObserver
+from xcecore.role import Handled, Role, RoleContext, RoleSpec, Subscription
 
 ROLE = "auditor"
 
@@ -52,13 +55,16 @@ class Ledger:
         return len(lines)
 
 
-class AuditorRole(Role):
+class AuditorRole(Role, ReplicaObserver):
     """Logs job state changes; ``main`` is the base class's: serve pushes until stopped."""
+
+    subscription = Subscription.of(jobs="all")
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.log_file = Path(ctx.section["log_file"]).resolve()
         self._ledger: Ledger | None = None  # opened at the first push: building the role does no I/O
+        self.replica = Replica(self.subscription, observer=self, name=ctx.identity)
 
     @property
     def ledger(self) -> Ledger:
@@ -72,12 +78,14 @@ class AuditorRole(Role):
         return {"log_file": str(self.log_file)}
 
     def push(self, event: str, seq: int, data: Any) -> Handled:
-        """Log job changes: the full state after each join, then each job delta."""
-        if event == "state":
-            self.ledger.observe(data["jobs"])
-        elif event == "job":
-            self.ledger.observe([data])
+        """Feed the replica: the sync after each join, then each change."""
+        self.replica.apply(event, data)
         return None
+
+    def changed(self, kind: str, key: Any, old: Record | None, new: Record | None) -> None:
+        """The replica's observer: log a job whose state changed."""
+        if new is not None:
+            self.ledger.observe([new])
 
 
 @hookimpl

@@ -12,13 +12,14 @@ refuse, and none ends in a 5xx.
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run
 # time, and the dependency aliases (User, Admin) are local to create_app.
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 import anyio
+import anyio.lowlevel
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -50,6 +51,13 @@ EvaluatorFactory = Callable[[Any], Any]
 
 MAX_JOBIDS = 10_000
 """Job ids one path may name (``/jobs/1,2,3``)."""
+
+MAX_PAGE = 1000
+"""The most jobs one page of ``GET /jobs`` may ask for (``limit``)."""
+
+STREAM_CHUNK = 500
+"""Jobs serialized at a time when ``GET /jobs`` lists everything (no ``limit``): the event
+loop serves other requests between two chunks."""
 
 __all__ = ["PREFIX", "ApiError", "EnvelopeResponse", "HostSelector", "create_app", "envelope", "ok",
            "raw_ok", "remote_to_api"]
@@ -174,6 +182,40 @@ class HostSelector:
             add(tail)
         parts[-1] = parts[-1][:-1] + b"]"  # the last item's tail: no comma, close the array
         return b"".join(parts), len(matches)
+
+
+def raw_page(data_json: bytes, count: int, after: int | None) -> Response:
+    """A page envelope around already-serialized jobs, with the next page's cursor."""
+    cursor = b"null" if after is None else b'"' + str(after).encode() + b'"'
+    body = (b'{"code":200,"msg":"ok","data":' + data_json + b',"count":' + str(count).encode()
+            + b',"next":' + cursor + b"}")
+    return Response(body, media_type="application/json")
+
+
+def _jobs_json(jobs: list[dict[str, Any]], keep: list[str] | None) -> bytes:
+    if keep is not None:
+        jobs = [{k: j.get(k) for k in keep} for j in jobs]
+    return _dumps(jobs)
+
+
+async def _all_jobs(store: Store, after: int, states: list[str] | None, user: str | None,
+                    queue: str | None, keep: list[str] | None) -> AsyncIterator[bytes]:
+    """Every matching job as one envelope, produced a bounded chunk at a time (the loop runs
+    other requests between chunks), in job id order from a cursor: a job that matches
+    throughout appears exactly once however the jobs change meanwhile."""
+    yield b'{"code":200,"msg":"ok","data":['
+    count = 0
+    while True:
+        page = store.page_jobs(after=after, limit=STREAM_CHUNK, states=states, user=user, queue=queue)
+        if page.jobs:
+            body = _jobs_json(page.jobs, keep)[1:-1]
+            yield (b"," + body) if count else body
+            count += len(page.jobs)
+        if page.next is None:
+            break
+        after = page.next
+        await anyio.lowlevel.checkpoint()
+    yield b'],"count":' + str(count).encode() + b',"next":null}'
 
 
 def raw_ok(data_json: bytes, count: int) -> Response:
@@ -357,7 +399,7 @@ def create_app(
         return await once(idem, s.user.name, handle)
 
     # ------------------------------------------------------------------ jobs
-    @app.get(f"{PREFIX}/jobs", response_model=m.Envelope[list[m.JobOrFields]], tags=["jobs"],
+    @app.get(f"{PREFIX}/jobs", response_model=m.JobPage[list[m.JobOrFields]], tags=["jobs"],
              responses=_responses(*READ))
     async def list_jobs(
         s: User,
@@ -366,20 +408,25 @@ def create_app(
         queue: Annotated[t.Name | None, Query()] = None,
         fields: Annotated[t.Label | None, Query(description="only these fields, comma-separated "
                                                             "(each item then holds only those)")] = None,
+        limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE, description=(
+            f"a page of at most this many jobs (1 to {MAX_PAGE}), with the next page's cursor "
+            "in the envelope's `next`; without it, every matching job"))] = None,
+        cursor: Annotated[m.Cursor | None, Query(description="the `next` of the page before")] = None,
     ) -> Response:
-        """Jobs from the pushed state, in job id order."""
-        jobs = store.snapshot_jobs()
-        if state:
-            states = {x.strip().upper() for x in state.split(",") if x.strip()}
-            jobs = [j for j in jobs if j.get("state") in states]
-        if user:
-            jobs = [j for j in jobs if j.get("user") == user]
-        if queue:
-            jobs = [j for j in jobs if j.get("queue") == queue]
-        if fields:
-            keep = [f.strip() for f in fields.split(",") if f.strip()]
-            jobs = [{k: j.get(k) for k in keep} for j in jobs]
-        return ok(jobs)
+        """Jobs from the pushed state, in job id order; paged with ``limit`` and ``cursor``.
+
+        Paging is stable under concurrent changes: a job that matches throughout a listing
+        appears in exactly one page. A page may hold fewer than ``limit`` jobs when few
+        match (each request looks at a bounded number): follow ``next`` until it is null.
+        """
+        states = [x.strip().upper() for x in state.split(",") if x.strip()] if state else None
+        keep = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
+        after = int(cursor) if cursor is not None else 0
+        if limit is None:
+            return StreamingResponse(_all_jobs(store, after, states, user, queue, keep),
+                                     media_type="application/json")
+        page = store.page_jobs(after=after, limit=limit, states=states, user=user, queue=queue)
+        return raw_page(_jobs_json(page.jobs, keep), len(page.jobs), page.next)
 
     @app.get(f"{PREFIX}/jobs/{{jobids:jobids}}", response_model=m.Envelope[list[m.Job]], tags=["jobs"],
              responses=_responses(*READ, 404))
@@ -513,13 +560,17 @@ def create_app(
              responses={**_responses(405, 413),
                         503: {"model": m.Envelope[dict[str, Any]], "description": "not ready"}})
     async def readyz() -> Response:
-        """Ready: the first full state arrived and the backend is not degraded."""
+        """Ready: the first state sync completed (and no snapshot is streaming), and the
+        backend is not degraded."""
         degraded = await backend.degraded()
-        data = {"state_received": store.ready, "degraded": degraded is not None,
-                "server": store.server, "pushes": store.pushes}
+        rep = store.replica
+        data = {"state_received": store.ready, "syncing": rep.syncing, "syncs": rep.syncs,
+                "degraded": degraded is not None, "server": store.server, "pushes": store.pushes,
+                "jobs": rep.count("jobs")}
         if not store.ready:
-            return error_response(503, "not ready: no full state from the controller yet", data,
-                                  {"Retry-After": "1"})
+            why = ("a snapshot of the state is streaming" if rep.syncs
+                   else "the first state sync from the controller has not completed")
+            return error_response(503, f"not ready: {why}", data, {"Retry-After": "1"})
         if degraded is not None:
             return error_response(503, f"not ready: backend degraded ({degraded})", data,
                                   {"Retry-After": str(max(1, round(RETRY_AFTER)))})

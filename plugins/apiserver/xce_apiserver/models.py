@@ -32,6 +32,21 @@ class Envelope(BaseModel, Generic[T]):
     count: int = Field(description="number of items in data (1 for one object, 0 for none)")
 
 
+class JobPage(BaseModel, Generic[T]):
+    """The envelope of a page of jobs: ``next`` is the cursor of the following page."""
+
+    code: int = Field(description="200")
+    msg: str = Field(description="'ok'")
+    data: T | None = None
+    count: int = Field(description="number of jobs in data")
+    next: str | None = Field(None, description="pass as `cursor` for the next page; null: "
+                                               "this was the last (always null without `limit`)")
+
+
+Cursor = Annotated[str, StringConstraints(min_length=1, max_length=20, pattern=r"^[0-9]+$")]
+"""The ``cursor`` of ``GET /jobs``: opaque to clients (today the last job id a page looked at)."""
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

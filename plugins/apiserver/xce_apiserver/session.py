@@ -1,6 +1,6 @@
 """The API server role's object: the store fed by its pushes and its backend health.
 
-Pushes and connection-state changes start before the role's main runs (the ``state`` push
+Pushes and connection-state changes start before the role's main runs (the state sync
 follows the join), so the role object holds the store and the health from the start; main
 builds the REST app over them. This module stays light: FastAPI, pydantic and uvicorn load in
 main, on a thread.
@@ -27,7 +27,7 @@ class ApiServerRole(Role):
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.store = Store()
+        self.store = Store(name=ctx.identity)
         self.health = BackendHealth(grace=float(ctx.section["failover_grace"]))
 
     def join_attributes(self) -> dict[str, Any]:
@@ -35,20 +35,16 @@ class ApiServerRole(Role):
         return {"listen": self.ctx.section["listen"]}
 
     def push(self, event: str, seq: int, data: Any) -> Handled:
-        """Feed the store; ``state`` replaces it."""
-        store = self.store
-        store.apply(event, data)
-        if event == "state":
-            logger.info(
-                "apiserver: full state from {} (seq {}): {} jobs, {} hosts, {} queues; serving it",
-                store.server, seq, len(store.jobs), len(store.hosts), len(store.queues),
-            )
+        """Feed the store's replica (the sync after each join, then the changes)."""
+        self.store.apply(event, data)
         return None
 
     def connection_state(self, state: str, candidate: Candidate | None, detail: str) -> Handled:
         """Feed the breaker: a lost link starts its grace, a link up again (a heartbeat's
         reconnect, a re-join) closes it (see :mod:`xce_apiserver.health`)."""
         health = self.health
+        if state in ("rejoined", "connected") and candidate is not None:
+            self.store.server = str(candidate)
         if state in ("rejoined", "connected"):
             if health.announced:  # the outage was logged: say that it is over
                 logger.info("apiserver: {} {}; backend reachable again, writes go through", state, candidate)

@@ -1,136 +1,277 @@
-"""The API server's in-memory view of the cluster, fed only by the controller's pushes.
+"""The API server's view of the cluster, fed only by the controller's pushes.
 
-``state`` (the first push after every join or re-join) replaces everything; the other events
-update one record. Nothing here ever asks the controller: reads are served from this view.
+Every push goes to a :class:`xcecore.replica.Replica` of everything (the sync after each join,
+then the changes); as its observer, :class:`Store` keeps what the routes read: queues by
+priority, hosts with their latest load values, the members, and the jobs with indexes for
+paging (:class:`JobIndex`). Nothing here asks the controller: reads are served from this view.
 Every change bumps ``version`` (and ``hosts_version`` for host/resval changes, and
 ``resources_version`` for the resource definitions) so derived views can be cached.
+
+The replica and the job index are changed and read on the event loop only (pushes and the
+async routes run there, and a page is computed without awaiting: it is a consistent read);
+host, queue and resource snapshots are taken under a lock, because host selection runs on a
+thread.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 from loguru import logger
+from sortedcontainers import SortedList
+
+from xcecore.replica import CLUSTER_KEY, Record, Replica, ReplicaObserver
+from xcecore.role import ALL_PUSHES
+
+SCAN_BUDGET = 20_000
+"""Jobs one page may look at before it returns short (with a cursor to go on): a filter that
+matches one job in a million costs every request the same bounded work."""
 
 
 def _queue_order(queue: dict[str, Any]) -> tuple[int, str]:
     return (-int(queue.get("priority") or 0), str(queue.get("name")))
 
 
-class Store:
-    """Cluster config, resources, queues, hosts, jobs, members and resource values."""
+class Page:
+    """One page of jobs: the records, and the cursor after them (None: nothing more)."""
+
+    __slots__ = ("jobs", "next", "scanned")
+
+    def __init__(self, jobs: list[Record], next_after: int | None, scanned: int) -> None:
+        self.jobs = jobs
+        self.next = next_after
+        self.scanned = scanned
+
+
+class JobIndex:
+    """Job ids in order, overall and per state, owner and queue (sorted lists).
+
+    Paging goes in job id order from a cursor (the last id a page looked at), so a page is a
+    range of the smallest index the filters name, checked against the other filters: a job
+    that matches throughout a listing appears in exactly one page, whatever changes meanwhile.
+    """
+
+    FIELDS = ("state", "user", "queue")
 
     def __init__(self) -> None:
+        self.ids: Any = SortedList()
+        self.by: dict[str, dict[Any, Any]] = {f: {} for f in self.FIELDS}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def clear(self) -> None:
+        self.ids = SortedList()
+        self.by = {f: {} for f in self.FIELDS}
+
+    def put(self, jobid: int, old: Record | None, new: Record) -> None:
+        """Index ``new`` (replacing ``old``, if the job was indexed)."""
+        if old is None:
+            self.ids.add(jobid)
+        for name in self.FIELDS:
+            value = new.get(name)
+            if old is not None:
+                before = old.get(name)
+                if before == value:
+                    continue
+                self._drop(name, before, jobid)
+            index = self.by[name].get(value)
+            if index is None:
+                index = self.by[name][value] = SortedList()
+            index.add(jobid)
+
+    def remove(self, jobid: int, old: Record) -> None:
+        """Forget a job that was indexed with record ``old``."""
+        self.ids.discard(jobid)
+        for name in self.FIELDS:
+            self._drop(name, old.get(name), jobid)
+
+    def _drop(self, name: str, value: Any, jobid: int) -> None:
+        index = self.by[name].get(value)
+        if index is not None:
+            index.discard(jobid)
+            if not index:
+                del self.by[name][value]
+
+    def candidates(self, after: int, states: Iterable[str] | None, user: str | None,
+                   queue: str | None) -> Iterator[int]:
+        """Job ids above ``after``, in order, from the smallest index the filters name (the
+        caller still checks every filter on the record)."""
+        choices: list[tuple[int, list[Any]]] = []
+        if states is not None:
+            lists = [self.by["state"].get(s) for s in states]
+            found = [sl for sl in lists if sl is not None]
+            choices.append((sum(len(sl) for sl in found), found))
+        for name, value in (("user", user), ("queue", queue)):
+            if value is not None:
+                sl = self.by[name].get(value)
+                choices.append((0 if sl is None else len(sl), [] if sl is None else [sl]))
+        if not choices:
+            return iter(self.ids.irange(minimum=after, inclusive=(False, True)))
+        _, lists = min(choices, key=lambda c: c[0])
+        ranges = [sl.irange(minimum=after, inclusive=(False, True)) for sl in lists]
+        if len(ranges) == 1:
+            return iter(ranges[0])
+        return heapq.merge(*ranges)
+
+
+class Store(ReplicaObserver):
+    """Cluster config, resources, queues, hosts, jobs, members and resource values."""
+
+    def __init__(self, name: str = "apiserver") -> None:
+        self.replica = Replica(ALL_PUSHES, observer=self, name=name)
         self._lock = threading.Lock()
-        self.ready = False
         self.server: str | None = None
         self.cluster: dict[str, Any] = {}
         self.resources: list[dict[str, Any]] = []
         self.queues: dict[str, dict[str, Any]] = {}
-        self.hosts: dict[str, dict[str, Any]] = {}
-        self.jobs: dict[int, dict[str, Any]] = {}
+        self.hosts: dict[str, dict[str, Any]] = {}  # host records with their latest load values
         self.members: dict[str, dict[str, Any]] = {}
+        self.index = JobIndex()
         self.version = 0
         self.hosts_version = 0
         self.resources_version = 0
         self.pushes = 0
 
-    # ------------------------------------------------------------------ pushes
-    def apply(self, event: str, data: Any) -> None:
-        """Apply one push; unknown events and malformed data are logged and ignored."""
-        handler = _HANDLERS.get(event)
-        if handler is None:
-            logger.debug("apiserver: ignoring push {!r}", event)
+    # ------------------------------------------------------------------ feeding
+    @property
+    def ready(self) -> bool:
+        """A sync has completed and no snapshot is streaming: the view is whole."""
+        rep = self.replica
+        return rep.syncs > 0 and not (rep.syncing and rep.mode == "snapshot")
+
+    @property
+    def syncing(self) -> bool:
+        """A sync is streaming."""
+        return self.replica.syncing
+
+    def apply(self, event: str, data: Any) -> bool:
+        """Feed one push (on the event loop); False for pushes that carry no records."""
+        self.pushes += 1
+        handled = self.replica.apply(event, data)
+        if not handled and event == "shutdown":
+            logger.info("apiserver: controller {} is shutting down; the client will reconnect",
+                        (data or {}).get("server") if isinstance(data, dict) else None)
+        return handled
+
+    def sync_begun(self, mode: str, kinds: frozenset[str]) -> None:
+        with self._lock:
+            if "jobs" in kinds:
+                self.index.clear()
+            if "queues" in kinds:
+                self.queues = {}
+            if "hosts" in kinds or "resvals" in kinds:
+                self._rebuild_hosts()
+            if "members" in kinds:
+                self.members = {}
+            if "cluster" in kinds:
+                self.cluster, self.resources = {}, []
+                self.resources_version += 1
+            self.version += 1
+
+    def sync_ended(self, mode: str) -> None:
+        counts = {k: self.replica.count(k) for k in ("jobs", "hosts", "queues")}
+        logger.info("apiserver: {} sync from {} complete: {} jobs, {} hosts, {} queues; serving it",
+                    mode, self.server, counts["jobs"], counts["hosts"], counts["queues"])
+
+    def changed(self, kind: str, key: Hashable, old: Record | None, new: Record | None) -> None:
+        if kind == "jobs":
+            assert isinstance(key, int)
+            if new is None:
+                if old is not None:
+                    self.index.remove(key, old)
+            else:
+                self.index.put(key, old, new)
+            self.version += 1
             return
-        try:
-            with self._lock:
-                handler(self, data)
-                self.version += 1
-                self.pushes += 1
-        except (TypeError, KeyError, ValueError, AttributeError) as exc:
-            logger.warning("apiserver: malformed {!r} push ignored: {}: {}",
-                           event, type(exc).__name__, exc)
+        with self._lock:
+            self.version += 1
+            if kind in ("hosts", "resvals"):
+                self._host(str(key))
+            elif kind == "queues":
+                if new is None:
+                    self.queues.pop(str(key), None)
+                else:
+                    self.queues[str(key)] = new
+                self.queues = dict(sorted(self.queues.items(), key=lambda kv: _queue_order(kv[1])))
+            elif kind == "members":
+                if new is None:
+                    self.members.pop(str(key), None)
+                else:
+                    self.members[str(key)] = new
+            elif kind == "cluster" and key == CLUSTER_KEY:
+                self.cluster = dict(new or {})
+                self.resources = list(self.cluster.get("resources") or [])
+                self.resources_version += 1
 
-    def _state(self, data: dict[str, Any]) -> None:
-        # Build everything first so a malformed state changes nothing.
-        cluster = dict(data.get("cluster") or {})
-        resources = data.get("resources")
-        resources = list(cluster.get("resources") or [] if resources is None else resources)
-        queues = {q["name"]: q for q in sorted(data.get("queues") or [], key=_queue_order)}
-        hosts = {h["name"]: h for h in data.get("hosts") or []}
-        jobs = {int(j["jobid"]): j for j in data.get("jobs") or []}
-        members = {m["identity"]: m for m in data.get("members") or []}
-        self.server = data.get("server")
-        self.cluster, self.resources, self.queues = cluster, resources, queues
-        self.hosts, self.jobs, self.members = hosts, jobs, members
-        self.hosts_version += 1
-        self.resources_version += 1
-        self.ready = True
-
-    def _job(self, data: dict[str, Any]) -> None:
-        self.jobs[int(data["jobid"])] = data
-
-    def _job_removed(self, data: dict[str, Any]) -> None:
-        # The controller purged finished jobs (its clean_period): they are gone for good.
-        for jobid in [int(j) for j in data["jobids"]]:
-            self.jobs.pop(jobid, None)
-
-    def _host(self, data: dict[str, Any]) -> None:
-        self.hosts[data["name"]] = data
-        self.hosts_version += 1
-
-    def _queue(self, data: dict[str, Any]) -> None:
-        self.queues[data["name"]] = data
-        self.queues = dict(sorted(self.queues.items(), key=lambda kv: _queue_order(kv[1])))
-
-    def _resvals(self, data: dict[str, Any]) -> None:
-        host = self.hosts.get(data["host"])
-        if host is not None:
-            self.hosts[data["host"]] = {**host, "resvals": dict(data.get("values") or {})}
-            self.hosts_version += 1
-
-    def _jusage(self, data: dict[str, Any]) -> None:
-        jobid = int(data["jobid"])
-        job = self.jobs.get(jobid)
-        if job is not None:
-            self.jobs[jobid] = {**job, "usage": dict(data.get("usage") or {})}
-
-    def _pend_reasons(self, data: dict[str, Any]) -> None:
-        for key, reason in (data.get("reasons") or {}).items():
-            job = self.jobs.get(int(key))
-            if job is not None:
-                self.jobs[int(key)] = {**job, "pend_reason": reason}
-
-    def _member(self, data: dict[str, Any]) -> None:
-        if data.get("joined", True):
-            self.members[data["identity"]] = {k: v for k, v in data.items() if k != "joined"}
+    def _host(self, name: str) -> None:
+        host = self.replica.get("hosts", name)
+        if host is None:
+            self.hosts.pop(name, None)
         else:
-            self.members.pop(data["identity"], None)
+            values = self.replica.get("resvals", name)
+            self.hosts[name] = host if values is None else {**host, "resvals": values.get("values") or {}}
+        self.hosts_version += 1
 
-    def _signal(self, data: dict[str, Any]) -> None:
-        jobid = int(data["jobid"])
-        job = self.jobs.get(jobid)
-        if job is not None:
-            self.jobs[jobid] = {**job, "signal": data.get("signal")}
-
-    def _shutdown(self, data: dict[str, Any]) -> None:
-        logger.info("apiserver: controller {} is shutting down; the client will reconnect",
-                    (data or {}).get("server"))
+    def _rebuild_hosts(self) -> None:
+        self.hosts = {}
+        for name in self.replica.records("hosts"):
+            self._host(str(name))
+        self.hosts_version += 1
 
     # ------------------------------------------------------------------ reads
-    def snapshot_jobs(self) -> list[dict[str, Any]]:
-        """Every job record, in job id order."""
-        with self._lock:
-            jobs = self.jobs
-            return [jobs[k] for k in sorted(jobs)]
-
     def get_job(self, jobid: int) -> dict[str, Any] | None:
-        """One job record, or None."""
-        return self.jobs.get(jobid)
+        """One job as the REST API shows it (its record with the latest pend reason and
+        usage), or None."""
+        job = self.replica.get("jobs", jobid)
+        return None if job is None else self.view(jobid, job)
+
+    def view(self, jobid: int, job: Record) -> Record:
+        """``job`` with its volatile values (pend reason, usage) as last pushed."""
+        reason = self.replica.get("pend_reasons", jobid)
+        usage = self.replica.get("jusage", jobid)
+        if reason is None and usage is None:
+            return job
+        out = dict(job)
+        if reason is not None:
+            out["pend_reason"] = reason.get("reason")
+        if usage is not None:
+            out["usage"] = dict(usage.get("usage") or {})
+        return out
+
+    def page_jobs(self, *, after: int = 0, limit: int = 100, states: Iterable[str] | None = None,
+                  user: str | None = None, queue: str | None = None,
+                  budget: int = SCAN_BUDGET) -> Page:
+        """Up to ``limit`` jobs with ids above ``after`` that match every filter, in id order.
+
+        At most ``budget`` jobs are looked at: a page can come back short with a cursor to go
+        on. ``next`` is None once nothing matching is left.
+        """
+        wanted = None if states is None else frozenset(states)
+        held = self.replica.records("jobs")
+        found: list[Record] = []
+        scanned = 0
+        last = after
+        for jobid in self.index.candidates(after, wanted, user, queue):
+            if len(found) >= limit or scanned >= budget:
+                return Page(found, last, scanned)
+            scanned += 1
+            last = jobid
+            job = held.get(jobid)
+            if job is None:
+                continue
+            if (wanted is not None and job.get("state") not in wanted) or \
+                    (user is not None and job.get("user") != user) or \
+                    (queue is not None and job.get("queue") != queue):
+                continue
+            found.append(self.view(jobid, job))
+        return Page(found, None, scanned)
 
     def snapshot_hosts(self) -> tuple[int, list[dict[str, Any]]]:
-        """(hosts_version, every host record by name)."""
+        """(hosts_version, every host record by name, with its latest load values)."""
         with self._lock:
             return self.hosts_version, [self.hosts[k] for k in sorted(self.hosts)]
 
@@ -143,18 +284,3 @@ class Store:
         """(resources_version, the site resource definitions)."""
         with self._lock:
             return self.resources_version, list(self.resources)
-
-
-_HANDLERS = {
-    "state": Store._state,
-    "job": Store._job,
-    "job_removed": Store._job_removed,
-    "host": Store._host,
-    "queue": Store._queue,
-    "resvals": Store._resvals,
-    "jusage": Store._jusage,
-    "pend_reasons": Store._pend_reasons,
-    "member": Store._member,
-    "signal": Store._signal,
-    "shutdown": Store._shutdown,
-}

@@ -1,12 +1,21 @@
 """The job picker: on its own thread, decides which pending job goes where.
 
-Each cycle takes a snapshot of the view, orders pending jobs by queue priority (highest
-first), then submit time, then job id, skips jobs of inactive queues, and places each job on
-hosts that are ok, have free slots and satisfy its requirement, best first. Free slots are
-``max_slots - used_slots`` minus what is proposed and not yet answered, and go down with every
-proposal of the cycle, so a host is never over-committed. Proposals go to the allocator; a job
-already proposed is not proposed again until the controller answers. Jobs that fit nowhere get
-a pend reason, sent in one batch per cycle and only when it changed.
+Each cycle drains the view's journal into the picker's own :class:`~xce_scheduler.board.Board`
+(what changed since the last cycle, nothing more), then goes through the pending jobs of the
+active queues by queue priority (highest first), then submit time, then job id, and places
+each job on hosts that are ok, have free slots and satisfy its requirement, best first. Free
+slots are ``max_slots - used_slots`` minus what is proposed and not yet answered, and go down
+with every proposal of the cycle, so a host is never over-committed. Proposals go to the
+allocator; a job already proposed is not proposed again until the controller answers.
+
+A cycle's cost follows what it finds to do, not how many jobs wait: the jobs of one queue
+with the same requirement and task count (a *shape*) are interchangeable, so when one of them
+does not fit, the cycle leaves the rest of its shape alone; jobs parked in an inactive queue
+are not looked at (they were given their reason once). Jobs that fit nowhere get a pend
+reason, worked out again only for jobs new to their shape or when their shape's reason
+changes, and sent only when it differs from what the controller has. No reason is sent
+while the view is incomplete (a sync streaming): "fits nowhere" from a partial view would
+be wrong.
 
 The picker never calls the controller itself, so it keeps cycling while the allocator waits
 for a reconnect.
@@ -19,14 +28,16 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from loguru import logger
 
 from xce_scheduler import reasons as R
 from xce_scheduler.allocator import Dispatch, ReasonBatch
+from xce_scheduler.board import Board, Shape, order_key
 from xce_scheduler.matching import (
     HostMap,
     OrderedCandidates,
@@ -37,33 +48,18 @@ from xce_scheduler.matching import (
     rusage_amounts,
 )
 from xce_scheduler.status import SchedulerStatus, StatusReporter
-from xce_scheduler.view import Record, SchedulerView, ViewSnapshot, free_slots
+from xce_scheduler.view import Record, SchedulerView, free_slots
 
 Alloc = list[dict[str, Any]]
 Holds = list[tuple[str, Mapping[str, float]]]  # (host, rusage amounts held there)
-
-
-def _within_queue(job: Record) -> tuple[Any, ...]:
-    """Sort key of pending jobs within one priority: submit time, then job id."""
-    return (job.get("submit_time") or 0.0, job["jobid"])
-
-
-def job_order(queues: dict[str, Record]) -> Callable[[Record], tuple[Any, ...]]:
-    """Sort key of pending jobs: queue priority (highest first), submit time, job id."""
-
-    def key(job: Record) -> tuple[Any, ...]:
-        queue = queues.get(job.get("queue", ""))
-        prio = queue.get("priority", 0) if queue is not None else 0
-        return (-prio, job.get("submit_time") or 0.0, job["jobid"])
-
-    return key
+REASON_BATCH = 2000
+"""Pend reasons per ``set_pend_reason`` call: a batch's frame stays small at any scale."""
 
 
 @dataclass
 class _Cycle:
     """Per-cycle working state: free slots, host maps, and per-requirement answers."""
 
-    snap: ViewSnapshot
     free: dict[str, int]
     eligible: list[HostMap]
     maps: dict[str, HostMap]
@@ -71,6 +67,20 @@ class _Cycle:
     entries: dict[str, Any] = field(default_factory=dict)
     failed_from: dict[str, int] = field(default_factory=dict)
     diagnosis: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Pass:
+    """What one cycle decides: proposals, their rusage holds, and the reasons it wants."""
+
+    inflight: Mapping[int, Any]
+    held: set[int]
+    complete: bool
+    proposals: list[Dispatch] = field(default_factory=list)
+    holds: dict[int, Holds] = field(default_factory=dict)
+    wanted: dict[int, str] = field(default_factory=dict)
+    capped: bool = False
+    looked: int = 0  # jobs looked at
 
 
 class Picker:
@@ -96,6 +106,7 @@ class Picker:
         reporter: StatusReporter | None = None,
     ) -> None:
         self.view = view
+        self.board = Board()  # the picker thread's own: nothing else touches it
         self.requirements = requirements
         self.submit = submit
         self.status = status or SchedulerStatus()
@@ -106,15 +117,12 @@ class Picker:
         self.reasons = R.PendReasons()
         self._lock = threading.Lock()
         self._inflight: dict[int, tuple[Alloc, Holds]] = {}
-        self._held: dict[int, int] = {}  # refused job -> view version it was refused at
-        self._last_version = -1
-        self._last_load = -1
+        self._held: set[int] = set()  # refused jobs, held until the view changes
+        self._lost: list[str] = []  # reasons not delivered (from the allocator)
+        self._loads_waiting = False
         self._last_full = 0.0
         self._dirty = True
-        self._base: dict[str, tuple[Record, HostMap]] = {}
-        self._orders: dict[str, tuple[int, list[Record]]] = {}  # queue -> (version, sorted jobs)
-        self._settled: dict[str, tuple[int, Record]] = {}  # inactive queue -> (version, record)
-        self._resettle = False  # set (from the event loop) when requested reasons were lost
+        self._base: dict[str, tuple[Record, Record | None, HostMap]] = {}
 
     # ------------------------------------------------------------------ allocator feedback
     def answered(self, jobid: int, ok: bool) -> None:
@@ -126,7 +134,7 @@ class Picker:
         with self._lock:
             if not ok:
                 self._inflight.pop(jobid, None)
-                self._held[jobid] = self.view.version
+                self._held.add(jobid)
                 self._dirty = True
         if not ok:
             self.view.wake.set()
@@ -135,6 +143,13 @@ class Picker:
         """Proposals not yet seen leaving PEND (job id -> alloc), a copy."""
         with self._lock:
             return {jobid: alloc for jobid, (alloc, _) in self._inflight.items()}
+
+    def forget_reasons(self, keys: Iterable[str]) -> None:
+        """Reasons of ``keys`` were not delivered: the next cycle sends them again."""
+        with self._lock:
+            self._lost.extend(keys)
+            self._dirty = True
+        self.view.wake.set()
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
@@ -148,6 +163,8 @@ class Picker:
                 self.cycle()
             except Exception:
                 logger.exception("scheduler: picker cycle failed; trying again next cycle")
+                with self._lock:
+                    self._dirty = True
             worked = self._last_full >= started  # a full cycle, not an idle one
             if self.reporter is not None:
                 self.reporter.tick()
@@ -167,119 +184,133 @@ class Picker:
     def cycle(self) -> int:
         """One scheduling cycle; returns the number of dispatches proposed."""
         started = time.perf_counter()
-        snap = self.view.snapshot()
-        pending_ids = snap.pending_ids
+        board = self.board
+        drained = board.drain(self.view.take())
+        self.reasons.settle(drained.echoed)
+        if drained.left:
+            self.reasons.drop(drained.left)
         with self._lock:
-            load_due = (snap.load_version != self._last_load
-                        and started - self._last_full >= self.load_interval)
-            if snap.version == self._last_version and not self._dirty and not load_due:
+            for jobid in drained.left:
+                self._inflight.pop(jobid, None)
+                self._held.discard(jobid)
+            returned: list[int] = []
+            if drained.changes and self._held:  # the view changed: refused jobs may go again
+                returned, self._held = list(self._held), set()
+            lost, self._lost = self._lost, []
+            self._loads_waiting = self._loads_waiting or bool(drained.loads)
+            load_due = self._loads_waiting and started - self._last_full >= self.load_interval
+            if not (drained.changes or self._dirty or load_due or lost or returned):
                 self.status.add(cycles=1, idle_cycles=1)
                 self.status.update(last_cycle=time.time())
                 return 0
-            self._last_version, self._dirty = snap.version, False
-            self._last_load, self._last_full = snap.load_version, started
-            for jobid in [j for j in self._inflight if j not in pending_ids]:
-                del self._inflight[jobid]
-            for jobid in [j for j, v in self._held.items()
-                          if j not in pending_ids or v != snap.version]:
-                del self._held[jobid]
-            inflight, held = dict(self._inflight), set(self._held)
-            if self._resettle:
-                self._settled, self._resettle = {}, False
-        self.requirements.use_resources(snap.resources)
-        cyc = self._start_cycle(snap, inflight)
-        wanted: dict[int, str] = {}
-        current: dict[int, str | None] = {}  # the pushed reason of each job in ``wanted``
-        proposals: list[Dispatch] = []
-        new_holds: dict[int, Holds] = {}
-        for job in self._inactive_jobs(snap):
-            jobid = job["jobid"]
-            if jobid not in inflight and jobid not in held:
-                wanted[jobid], current[jobid] = R.QUEUE_INACTIVE, job.get("pend_reason")
-            else:  # look at this queue again next cycle, when the job may be back
-                self._settled.pop(job.get("queue", ""), None)
-        for job in self._ordered_jobs(snap):
-            jobid = job["jobid"]
-            if jobid in inflight or jobid in held:
-                continue
-            if len(proposals) >= self.max_dispatch:
-                with self._lock:
-                    self._dirty = True  # more to do: the next cycle starts at once
-                break
-            alloc, holds, reason = self._place(job, cyc)
-            if alloc is None:
-                if reason is not None:
-                    wanted[jobid], current[jobid] = reason, job.get("pend_reason")
-                continue
-            for a in alloc:
-                cyc.free[a["host"]] -= a["ntasks"]
-            for name, amounts in holds:
-                cyc.rsv.add(name, amounts)
-            proposals.append(Dispatch(jobid, alloc))
-            new_holds[jobid] = holds
-        changes = self.reasons.changes(wanted, current, snap.epoch, pending_ids)
-        self._propose(proposals, new_holds, [ReasonBatch(changes)] if changes else [])
-        self.status.add(cycles=1, proposed=len(proposals), reasons_sent=len(changes))
+            self._dirty = self._loads_waiting = False
+            self._last_full = started
+            work = _Pass(dict(self._inflight), set(self._held), board.complete)
+        board.refresh(returned)
+        if lost:
+            self.reasons.forget(lost)
+            board.refresh(int(k) for k in lost)
+        self.requirements.use_resources(board.resources)
+        self._schedule(work)
+        changes = self.reasons.changes(work.wanted, board.current_reasons(work.wanted), board.epoch)
+        if work.capped:
+            with self._lock:
+                self._dirty = True  # more to do: the next cycle starts at once
+        items = list(_batches(changes))
+        self._propose(work.proposals, work.holds, items)
+        self.status.add(cycles=1, proposed=len(work.proposals), reasons_sent=len(changes))
         self.status.update(last_cycle=time.time(),
                            last_cycle_seconds=time.perf_counter() - started,
-                           pending=len(snap.pending), hosts=len(snap.hosts),
-                           inflight=len(inflight) + len(proposals), view_epoch=snap.epoch)
-        return len(proposals)
+                           pending=len(board.pending), hosts=len(board.hosts),
+                           inflight=len(work.inflight) + len(work.proposals),
+                           view_epoch=board.epoch, looked=work.looked,
+                           view_complete=board.complete)
+        return len(work.proposals)
 
     # ------------------------------------------------------------------ pieces of a cycle
-    def _ordered_jobs(self, snap: ViewSnapshot) -> list[Record]:
-        """Pending jobs of active (or unknown) queues in :func:`job_order`.
-
-        Each queue's jobs are sorted once per version of that queue (a queue whose jobs did
-        not change keeps its order), then queues go by priority, highest first; queues of
-        equal priority are merged by submit time and job id.
-        """
-        by_prio: dict[int, list[list[Record]]] = {}
-        orders: dict[str, tuple[int, list[Record]]] = {}
-        for name, qjobs in snap.by_queue.items():
-            queue = snap.queues.get(name)
+    def _schedule(self, work: _Pass) -> None:
+        """Place jobs queue priority by queue priority; give parked jobs their reason."""
+        board = self.board
+        levels: dict[int, list[Shape]] = {}
+        for name, shapes in board.by_queue.items():
+            queue = board.queues.get(name)
             if queue is not None and not queue.get("active", True):
+                if work.complete:
+                    for shape in shapes.values():
+                        self._tail_reason(shape, R.QUEUE_INACTIVE, None, iter(shape.jobs), work)
                 continue
-            cached = self._orders.get(name)
-            if cached is None or cached[0] != qjobs.version:
-                cached = (qjobs.version, sorted(qjobs.jobs, key=_within_queue))
-            orders[name] = cached
             prio = queue.get("priority", 0) if queue is not None else 0
-            by_prio.setdefault(prio, []).append(cached[1])
-        self._orders = orders  # queues gone or inactive are dropped from the cache
-        out: list[Record] = []
-        for prio in sorted(by_prio, reverse=True):
-            lists = by_prio[prio]
-            out += lists[0] if len(lists) == 1 else heapq.merge(*lists, key=_within_queue)
-        return out
+            levels.setdefault(prio, []).extend(shapes.values())
+        cyc: list[_Cycle] = []  # built on the first job that needs it
+        for prio in sorted(levels, reverse=True):
+            self._place_level(levels[prio], cyc, work)
+            if work.capped:
+                return
 
-    def _inactive_jobs(self, snap: ViewSnapshot) -> list[Record]:
-        """Jobs of inactive queues that may need their reason (``queue is inactive``) set.
+    def _place_level(self, shapes: list[Shape], cyc: list[_Cycle], work: _Pass) -> None:
+        """Queues of one priority: their shapes merged by submit time, then job id."""
+        inflight, held, pending = work.inflight, work.held, self.board.pending
+        iters: list[Iterator[tuple[float, int]]] = [iter(shape.jobs) for shape in shapes]
+        heap: list[tuple[tuple[float, int], int]] = []
+        for i, it in enumerate(iters):
+            first = next(it, None)
+            if first is not None:
+                heap.append((first, i))
+        heapq.heapify(heap)
+        while heap:
+            key, i = heap[0]
+            shape = shapes[i]
+            jobid = key[1]
+            if jobid not in inflight and jobid not in held:
+                if len(work.proposals) >= self.max_dispatch:
+                    work.capped = True
+                    return
+                if not cyc:
+                    cyc.append(self._start_cycle(work.inflight))
+                work.looked += 1
+                alloc, holds, reason = self._place(pending[jobid], cyc[0])
+                if alloc is None:
+                    heapq.heappop(heap)  # none of the shape's later jobs fits this cycle
+                    if reason is not None and work.complete:
+                        self._tail_reason(shape, reason, key, iters[i], work)
+                    continue
+                for a in alloc:
+                    cyc[0].free[a["host"]] -= a["ntasks"]
+                for name, amounts in holds:
+                    cyc[0].rsv.add(name, amounts)
+                work.proposals.append(Dispatch(jobid, alloc))
+                work.holds[jobid] = holds
+            nxt = next(iters[i], None)
+            if nxt is None:
+                heapq.heappop(heap)
+                shape.reason = None  # every job of the shape placed (or in flight)
+                shape.fresh.clear()
+            else:
+                heapq.heapreplace(heap, (nxt, i))
 
-        A queue whose jobs and record did not change since a cycle already gave them that
-        reason is skipped: nothing about them can have changed. Forgotten requests (a lost
-        reason batch) and a new full state reset this.
+    def _tail_reason(self, shape: Shape, reason: str, first: tuple[float, int] | None,
+                     rest: Iterator[tuple[float, int]], work: _Pass) -> None:
+        """Give ``reason`` to the shape's jobs from ``first`` on (None: all of them).
+
+        Only when the shape's reason changed are all of them looked at; otherwise only the
+        jobs that arrived (or came back from being in flight) since the last cycle.
         """
-        out: list[Record] = []
-        settled: dict[str, tuple[int, Record]] = {}
-        for name, qjobs in snap.by_queue.items():
-            queue = snap.queues.get(name)
-            if queue is None or queue.get("active", True):
-                continue
-            mark = (qjobs.version, queue)
-            before = self._settled.get(name)
-            settled[name] = mark
-            if before is None or before[0] != mark[0] or before[1] is not queue:
-                out += qjobs.jobs
-        self._settled = settled
-        return out
-
-    def forget_reasons(self, keys: Iterable[str]) -> None:
-        """Reasons of ``keys`` were not delivered: the next cycle sends them again."""
-        self.reasons.forget(keys)
-        with self._lock:
-            self._dirty = self._resettle = True
-        self.view.wake.set()
+        inflight, held, wanted = work.inflight, work.held, work.wanted
+        if shape.reason != reason:
+            keys = chain((first,), rest) if first is not None else rest
+            for _, jobid in keys:
+                if jobid not in inflight and jobid not in held:
+                    wanted[jobid] = reason
+            shape.reason = reason
+        elif shape.fresh:
+            pending = self.board.pending
+            for jobid in shape.fresh:
+                job = pending.get(jobid)
+                if job is None or jobid in inflight or jobid in held:
+                    continue
+                if first is None or order_key(job) >= first:
+                    wanted[jobid] = reason
+        shape.fresh.clear()
 
     def _propose(self, proposals: list[Dispatch], holds: dict[int, Holds],
                  extra: list[ReasonBatch]) -> None:
@@ -289,15 +320,17 @@ class Picker:
         if proposals or extra:
             self.submit([*proposals, *extra])  # one hand-off per cycle, not per job
 
-    def _base_map(self, name: str, host: Record) -> HostMap:
+    def _base_map(self, name: str) -> HostMap:
+        """The evaluator's mapping of a host, cached per pushed record and load values."""
+        board = self.board
+        host, values = board.hosts[name], board.resvals.get(name)
         cached = self._base.get(name)
-        if cached is None or cached[0] is not host:
-            cached = (host, host_map(host))
+        if cached is None or cached[0] is not host or cached[1] is not values:
+            cached = (host, values, host_map(board.host_record(name)))
             self._base[name] = cached
-        return cached[1]
+        return cached[2]
 
-    def _start_cycle(self, snap: ViewSnapshot,
-                     inflight: dict[int, tuple[Alloc, Holds]]) -> _Cycle:
+    def _start_cycle(self, inflight: Mapping[int, tuple[Alloc, Holds]]) -> _Cycle:
         proposed: Counter[str] = Counter()
         rsv = Reservations()
         for alloc, holds in inflight.values():
@@ -305,19 +338,19 @@ class Picker:
                 proposed[a["host"]] += a["ntasks"]
             for name, amounts in holds:
                 rsv.add(name, amounts)
-        for gone in [n for n in self._base if n not in snap.hosts]:
-            del self._base[gone]
+        hosts = self.board.hosts
+        if len(self._base) > len(hosts):
+            for gone in [n for n in self._base if n not in hosts]:
+                del self._base[gone]
         free: dict[str, int] = {}
         maps: dict[str, HostMap] = {}  # as reported; held amounts come off when evaluating
-        for name, host in snap.hosts.items():
+        for name, host in hosts.items():
             slots = free_slots(host) - proposed[name]
             if host.get("state") == "ok" and slots > 0:
                 free[name] = slots
-                maps[name] = {**self._base_map(name, host), "slots": slots}
-            else:
-                self._base_map(name, host)
+                maps[name] = {**self._base_map(name), "slots": slots}
         eligible = [rsv.adjusted(m) for m in maps.values()]
-        return _Cycle(snap, free, eligible, maps, rsv)
+        return _Cycle(free, eligible, maps, rsv)
 
     def _entry(self, text: str, cyc: _Cycle) -> Any:
         """Per requirement and cycle: OrderedCandidates, a compiled req (slow path) or a reason."""
@@ -383,7 +416,7 @@ class Picker:
         before = cyc.failed_from.get(text)
         cyc.failed_from[text] = ntasks if before is None else min(before, ntasks)
         if text not in cyc.diagnosis:
-            cyc.diagnosis[text] = self._diagnose(compiled, cyc.snap)
+            cyc.diagnosis[text] = self._diagnose(compiled)
         return None, [], cyc.diagnosis[text]
 
     def _place_by_evaluator(self, compiled: Any, ntasks: int,
@@ -399,15 +432,23 @@ class Picker:
             return None, []
         return alloc, [(m.name, rusage_amounts(compiled, m.alternative)) for m in matches]
 
-    def _diagnose(self, compiled: Any, snap: ViewSnapshot) -> str:
+    def _diagnose(self, compiled: Any) -> str:
         """Why a requirement fits nowhere: no host matches, all closed/unavailable, or slots."""
         # Every host as if open and empty: does any satisfy the requirement at all?
-        every = [{**self._base_map(name, host), "status": "ok",
+        hosts = self.board.hosts
+        every = [{**self._base_map(name), "status": "ok",
                   "slots": max(1, int(host.get("max_slots") or 0))}
-                 for name, host in snap.hosts.items()]
+                 for name, host in hosts.items()]
         matching = {m.name for m in compiled.match(every, ntasks=1)} if every else set()
         if not matching:
             return R.NO_HOST
-        if all(snap.hosts[n].get("state") != "ok" for n in matching if n in snap.hosts):
+        if all(hosts[n].get("state") != "ok" for n in matching if n in hosts):
             return R.HOSTS_UNUSABLE
         return R.NO_SLOTS
+
+
+def _batches(changes: Mapping[str, str]) -> Iterator[ReasonBatch]:
+    """``changes`` as reason batches of at most :data:`REASON_BATCH` each."""
+    items = list(changes.items())
+    for start in range(0, len(items), REASON_BATCH):
+        yield ReasonBatch(dict(items[start:start + REASON_BATCH]))

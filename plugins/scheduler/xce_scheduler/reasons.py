@@ -1,10 +1,12 @@
 """Pend reasons: why a pending job was not dispatched, sent only when a job's reason changes.
 
 The controller keeps reasons in memory only (``set_pend_reason`` is volatile), so the truth
-of what it has is the ``pend_reason`` of the pushed job record. A reason is sent when the
-picker's reason differs from it and was not already requested; every full ``state`` (a new
-primary after a failover has no reasons) forgets what was requested, so the reasons are sent
-again. The controller clears a job's reason when it dispatches it.
+of what it has is what it pushed (``pend_reasons``, sent whole by every sync). A reason is
+sent when the picker's reason differs from it and was not already requested; every sync (a
+new primary after a failover has no reasons) forgets what was requested, so the reasons are
+sent again. A request is forgotten once its push came back (or the job left), so what is
+remembered stays as small as what is in flight. The controller clears a job's reason when it
+dispatches it.
 """
 
 from __future__ import annotations
@@ -39,33 +41,45 @@ class PendReasons:
         wanted: Mapping[int, str],
         current: Mapping[int, str | None],
         epoch: int,
-        pending: Iterable[int] | None = None,
     ) -> dict[str, str]:
         """The ``set_pend_reason`` batch for this cycle (job id as a string -> reason).
 
-        ``wanted`` holds this cycle's reason per unplaced job, ``current`` the reason the
-        controller last pushed for each job, ``epoch`` the view's full-state count (a new one
-        forgets what was requested), ``pending`` the ids still pending (others are forgotten; None keeps all).
+        ``wanted`` holds this cycle's reason per job it looked at, ``current`` the reason the
+        controller last pushed for each of them, ``epoch`` the view's count of syncs (a new
+        one forgets what was requested).
         """
         out: dict[str, str] = {}
         with self._lock:
             if epoch != self._epoch:
                 self._requested.clear()
                 self._epoch = epoch
-            if pending is not None:
-                keep = pending if isinstance(pending, set | frozenset) else set(pending)
-                for jobid in [j for j in self._requested if j not in keep]:
-                    del self._requested[jobid]
+            requested = self._requested
+            now = current.get
             for jobid, reason in wanted.items():
-                if current.get(jobid) == reason:
+                if now(jobid) == reason:
                     # The controller has it: nothing left to remember (keeps this map small).
-                    self._requested.pop(jobid, None)
-                    continue
-                if self._requested.get(jobid) == reason:
-                    continue
-                self._requested[jobid] = reason
-                out[str(jobid)] = reason
+                    requested.pop(jobid, None)
+                elif requested.get(jobid) != reason:
+                    requested[jobid] = reason
+                    out[str(jobid)] = reason
         return out
+
+    def settle(self, pushed: Iterable[tuple[int, str | None]]) -> None:
+        """The controller pushed these reasons: requests they answer need no remembering."""
+        with self._lock:
+            requested = self._requested
+            for jobid, reason in pushed:
+                if requested.get(jobid) == reason:
+                    del requested[jobid]
+
+    def drop(self, jobids: Iterable[int]) -> None:
+        """These jobs are no longer pending: forget what was requested for them."""
+        with self._lock:
+            for jobid in jobids:
+                self._requested.pop(jobid, None)
+
+    def __len__(self) -> int:
+        return len(self._requested)
 
     def forget(self, jobids: Iterable[str]) -> None:
         """Forget requests that were not delivered, so the next cycle sends them again."""

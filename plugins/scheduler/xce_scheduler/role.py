@@ -23,7 +23,7 @@ from xce_scheduler.allocator import Allocator
 from xce_scheduler.matching import Requirements
 from xce_scheduler.picker import Picker
 from xce_scheduler.status import SchedulerStatus, StatusReporter
-from xce_scheduler.view import SchedulerView
+from xce_scheduler.view import SUBSCRIPTION, SchedulerView
 from xcecore.candidates import Candidate
 from xcecore.role import Handled, Monitor, Role, RoleContext
 
@@ -45,15 +45,18 @@ class SchedulerRole(Role):
     """Decides where pending jobs run: a picker thread proposes, the allocator dispatches."""
 
     rejoin_points = REJOIN_POINTS
+    subscription = SUBSCRIPTION
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.view = SchedulerView()
+        self.view = SchedulerView(name=ctx.identity)
         self._app: SchedulerApp | None = None
 
     def push(self, event: str, seq: int, data: Any) -> Handled:
-        """Update the view (a ``state`` push replaces it; deltas update it)."""
-        self.view.apply(event, data)
+        """Feed the view's replica (the sync after each join, then the changes)."""
+        if not self.view.apply(event, data) and event == "shutdown":
+            logger.info("{}: controller {} is shutting down; the client moves to the next "
+                        "primary", self.ctx.identity, (data or {}).get("server"))
         return None
 
     def connection_state(self, state: str, candidate: Candidate | None, detail: str) -> Handled:

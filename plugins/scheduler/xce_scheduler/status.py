@@ -25,7 +25,9 @@ class SchedulerStatus:
 
     ``cycles`` counts every picker cycle (``idle_cycles`` those that found the view unchanged),
     ``inflight`` the proposals not yet seen leaving PEND, ``allocator_busy`` the controller
-    calls the allocator is waiting on (they wait through a reconnect).
+    calls the allocator is waiting on (they wait through a reconnect), ``looked`` the jobs the
+    last full cycle looked at, ``view_epoch`` the syncs begun and ``view_complete`` whether
+    the view is whole (no reasons are sent while it is not).
     """
 
     pid: int = field(default_factory=os.getpid)
@@ -43,6 +45,8 @@ class SchedulerStatus:
     allocator_busy: int = 0
     reasons_sent: int = 0
     view_epoch: int = 0
+    view_complete: bool = False
+    looked: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def update(self, **values: Any) -> None:

@@ -1,48 +1,41 @@
-"""The scheduler's view of the cluster: pending jobs, hosts, queues and cluster config.
+"""The scheduler's view of the cluster: the replica of what it schedules, and a journal of
+changes for the picker thread.
 
-Fed by the controller's pushes (``xce_push``, on the event loop): a ``state`` push replaces the
-whole view, deltas update it. The picker thread reads it through :meth:`SchedulerView.snapshot`.
-Records are never mutated in place (a delta replaces a record with a new dict), so a snapshot
-is a set of shallow copies taken under a short lock and stays consistent after it is released.
+The role feeds every push to :meth:`SchedulerView.apply` on the event loop. The replica
+(:class:`xcecore.replica.Replica`) keeps the records by the state sync's rules; as its
+observer, the view appends each change to a journal and sets ``wake`` when a change may let
+a job be dispatched now (a new pending job, freed slots, a host or queue opened), so the
+picker does not wait for its next tick. The picker thread takes the journal
+(:meth:`SchedulerView.take`) at the start of each cycle and applies it to its own indexes
+(:class:`xce_scheduler.board.Board`): the loop does O(1) per change and never waits for the
+picker, and a cycle costs what changed, not a copy of every job.
+
+Records are never mutated in place (a push brings a new dict), so the picker may hold the
+replica's records without copying them.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Mapping
 from typing import Any
 
-from loguru import logger
+from xcecore.protocol import ACTIVE
+from xcecore.replica import Replica, ReplicaObserver
+from xcecore.role import Subscription
 
 Record = dict[str, Any]
+Entry = tuple[str, Any, Any]
+"""A journal entry: ``(kind, key, new record or None)``, or a sync marker: ``("reset",
+kinds, None)`` when a sync began (``kinds`` were emptied), ``("complete", None, None)`` when
+it ended."""
 
-RUNNING_STATES = frozenset({"RUN", "USUSP", "SSUSP"})
+SUBSCRIPTION = Subscription.of(cluster="all", queues="all", hosts="all", jobs="unfinished",
+                               resvals="all", pend_reasons="all")
+"""What the scheduler schedules from: pending and running jobs, hosts and their load values,
+queues, the cluster configuration (site resources) and the pend reasons the controller has."""
 
-
-@dataclass(frozen=True, slots=True)
-class ViewSnapshot:
-    """A consistent copy of the view for one picker cycle."""
-
-    version: int
-    epoch: int
-    pending: tuple[Record, ...]
-    hosts: Mapping[str, Record]
-    queues: Mapping[str, Record]
-    resources: tuple[Any, ...]
-    cluster: Mapping[str, Any] = field(default_factory=dict)
-    load_version: int = 0
-    by_queue: Mapping[str, QueueJobs] = field(default_factory=dict)
-    pending_ids: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class QueueJobs:
-    """The pending jobs of one queue; ``version`` changes whenever any of them changes (a
-    job added, removed or replaced), so a picker can reuse what it derived from them."""
-
-    version: int
-    jobs: tuple[Record, ...]
+RUNNING_STATES = ACTIVE
 
 
 def free_slots(host: Mapping[str, Any]) -> int:
@@ -53,182 +46,71 @@ def free_slots(host: Mapping[str, Any]) -> int:
         return 0
 
 
-class SchedulerView:
-    """Thread-safe view of what the scheduler may dispatch, updated from pushes.
+class SchedulerView(ReplicaObserver):
+    """The replica, its journal for the picker, and the picker's wake-up event.
 
-    ``version`` grows with every change but load values (``load_version`` counts those),
-    ``epoch`` with every full ``state`` (every join and re-join). ``wake`` is set when a
-    change may let a job be dispatched now (a new pending job, freed slots, a host or queue
-    opened), so the picker does not wait for its next tick.
+    ``syncs_begun`` counts syncs (every join and re-join starts one); ``complete`` is the
+    replica's: false until the first sync has ended and while another streams.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "scheduler") -> None:
+        self.replica = Replica(SUBSCRIPTION, observer=self, name=name)
         self._lock = threading.Lock()
-        self.pending: dict[int, Record] = {}
-        # The same jobs per queue, with a version per queue and its tuple built on demand: a
-        # picker skips (or reuses the order of) queues whose jobs did not change, so 10,000
-        # jobs parked in an inactive queue cost nothing per cycle.
-        self._by_queue: dict[str, dict[int, Record]] = {}
-        self._queue_version: dict[str, int] = {}
-        self._queue_tuple: dict[str, QueueJobs] = {}
-        self._changes = 0
-        self.hosts: dict[str, Record] = {}
-        self.queues: dict[str, Record] = {}
-        self.cluster: dict[str, Any] = {}
-        self.resources: tuple[Any, ...] = ()
-        self.version = 0
-        self.load_version = 0
-        self.epoch = 0
+        self._journal: list[Entry] = []
+        self.syncs_begun = 0
         self.wake = threading.Event()
 
-    # ------------------------------------------------------------------ reading
-    def snapshot(self) -> ViewSnapshot:
-        """A consistent copy for one picker cycle (O(jobs + hosts) reference copies)."""
+    @property
+    def complete(self) -> bool:
+        """The view is whole (a sync has ended and none streams)."""
+        return self.replica.complete
+
+    def apply(self, event: str, data: Any) -> bool:
+        """Feed one push (on the event loop); False for pushes that carry no records."""
+        return self.replica.apply(event, data)
+
+    def take(self) -> list[Entry]:
+        """Everything journaled since the last call (the picker thread's drain)."""
         with self._lock:
-            by_queue: dict[str, QueueJobs] = {}
-            for name, jobs in self._by_queue.items():
-                cached = self._queue_tuple.get(name)
-                version = self._queue_version[name]
-                if cached is None or cached.version != version:
-                    cached = self._queue_tuple[name] = QueueJobs(version, tuple(jobs.values()))
-                by_queue[name] = cached
-            return ViewSnapshot(
-                self.version,
-                self.epoch,
-                tuple(self.pending.values()),
-                dict(self.hosts),
-                dict(self.queues),
-                self.resources,
-                dict(self.cluster),
-                self.load_version,
-                by_queue,
-                frozenset(self.pending),
-            )
+            taken, self._journal = self._journal, []
+        return taken
 
-    # ------------------------------------------------------------------ the pending index
-    def _put_pending(self, job: Record) -> None:
-        jobid = job["jobid"]
-        old = self.pending.get(jobid)
-        if old is not None and old.get("queue", "") != job.get("queue", ""):
-            self._drop_pending(jobid)
-        self.pending[jobid] = job
-        name = job.get("queue", "")
-        self._by_queue.setdefault(name, {})[jobid] = job
-        self._bump(name)
-
-    def _drop_pending(self, jobid: int) -> None:
-        job = self.pending.pop(jobid, None)
-        if job is None:
-            return
-        name = job.get("queue", "")
-        jobs = self._by_queue.get(name)
-        if jobs is not None:
-            jobs.pop(jobid, None)
-            if not jobs:
-                del self._by_queue[name]
-                self._queue_tuple.pop(name, None)
-        self._bump(name)
-
-    def _bump(self, name: str) -> None:
-        self._changes += 1  # one counter for all queues: a version is never reused
-        self._queue_version[name] = self._changes
-
-    def pend_reason(self, jobid: int) -> str | None:
-        """The pend reason the controller last pushed for ``jobid`` (None if none or gone)."""
+    def pending_entries(self) -> int:
+        """Journal entries not yet taken (for status and tests)."""
         with self._lock:
-            job = self.pending.get(jobid)
-            return None if job is None else job.get("pend_reason")
+            return len(self._journal)
 
-    # ------------------------------------------------------------------ pushes
-    def apply(self, event: str, data: Any) -> None:
-        """Apply one push; unknown events and malformed data are logged and ignored."""
-        handler = _HANDLERS.get(event)
-        if handler is None:
-            return
-        try:
-            with self._lock:
-                woke = handler(self, data)
-                # Load values change all the time; the picker re-reads them on its slower
-                # load cadence, so they do not count as a change of what can be scheduled.
-                if event == "resvals":
-                    self.load_version += 1
-                else:
-                    self.version += 1
-        except (TypeError, KeyError, AttributeError, ValueError) as exc:
-            logger.warning("scheduler: ignored malformed {!r} push ({}: {})",
-                           event, type(exc).__name__, exc)
-            return
-        if woke:
+    # ------------------------------------------------------------------ replica observer
+    def sync_begun(self, mode: str, kinds: frozenset[str]) -> None:
+        with self._lock:
+            self.syncs_begun += 1
+            self._journal.append(("reset", kinds, None))
+
+    def sync_ended(self, mode: str) -> None:
+        with self._lock:
+            self._journal.append(("complete", None, None))
+        self.wake.set()
+
+    def changed(self, kind: str, key: Hashable, old: Record | None, new: Record | None) -> None:
+        with self._lock:
+            self._journal.append((kind, key, new))
+        if _wakes(kind, old, new):
             self.wake.set()
 
-    def _state(self, data: Mapping[str, Any]) -> bool:
-        self.cluster = dict(data.get("cluster") or {})
-        resources = data.get("resources")
-        if resources is None:
-            resources = self.cluster.get("resources") or ()
-        self.resources = tuple(resources)
-        self.queues = {q["name"]: q for q in data.get("queues") or ()}
-        self.hosts = {h["name"]: h for h in data.get("hosts") or ()}
-        self.pending, self._by_queue, self._queue_tuple = {}, {}, {}
-        for j in data.get("jobs") or ():
-            if j.get("state") == "PEND":
-                self._put_pending(j)
-        self.epoch += 1
-        logger.info("scheduler: full state from {}: {} pending job(s), {} host(s), {} queue(s)",
-                    data.get("server", "?"), len(self.pending), len(self.hosts), len(self.queues))
-        return True
 
-    def _job(self, job: Record) -> bool:
-        jobid = job["jobid"]
-        if job.get("state") == "PEND":
-            new = jobid not in self.pending
-            self._put_pending(job)
-            return new
-        self._drop_pending(jobid)
+def _wakes(kind: str, old: Record | None, new: Record | None) -> bool:
+    """Whether a change may let a pending job be dispatched now."""
+    if kind == "jobs":
+        if new is not None and new.get("state") == "PEND":
+            return old is None or old.get("state") != "PEND"
         # A job that stopped running freed slots; the host push carries the new count, but
         # waking now lets the picker look as soon as both have arrived.
-        return job.get("state") not in RUNNING_STATES
-
-    def _job_removed(self, data: Mapping[str, Any]) -> bool:
-        # Purged jobs are finished ones, so normally not pending; drop any copy regardless.
-        for jobid in [int(j) for j in data["jobids"]]:
-            self._drop_pending(jobid)
-        return False
-
-    def _host(self, host: Record) -> bool:
-        old = self.hosts.get(host["name"])
-        self.hosts[host["name"]] = host
-        if host.get("state") != "ok":
+        return old is not None and old.get("state") in ACTIVE and (
+            new is None or new.get("state") not in ACTIVE)
+    if kind == "hosts":
+        if new is None or new.get("state") != "ok":
             return False
-        return old is None or old.get("state") != "ok" or free_slots(host) > free_slots(old)
-
-    def _queue(self, queue: Record) -> bool:
-        old = self.queues.get(queue["name"])
-        self.queues[queue["name"]] = queue
-        return bool(queue.get("active")) and (old is None or not old.get("active"))
-
-    def _resvals(self, data: Mapping[str, Any]) -> bool:
-        name = data["host"]
-        host = self.hosts.get(name)
-        if host is not None:
-            self.hosts[name] = {**host, "resvals": dict(data.get("values") or {})}
-        return False
-
-    def _pend_reasons(self, data: Mapping[str, Any]) -> bool:
-        for key, reason in (data.get("reasons") or {}).items():
-            jobid = int(key)
-            job = self.pending.get(jobid)
-            if job is not None:
-                self._put_pending({**job, "pend_reason": reason})
-        return False
-
-
-_HANDLERS: dict[str, Any] = {
-    "state": SchedulerView._state,
-    "job": SchedulerView._job,
-    "job_removed": SchedulerView._job_removed,
-    "host": SchedulerView._host,
-    "queue": SchedulerView._queue,
-    "resvals": SchedulerView._resvals,
-    "pend_reasons": SchedulerView._pend_reasons,
-}
+        return old is None or old.get("state") != "ok" or free_slots(new) > free_slots(old)
+    if kind == "queues":
+        return new is not None and bool(new.get("active")) and (old is None or not old.get("active"))
+    return kind == "cluster"

@@ -18,7 +18,7 @@ from xce_worker.attrs import host_view, join_attributes
 from xce_worker.monitors import ResvalBoard, hardware_monitor, system_monitor
 from xce_worker.notifier import Notifier
 from xce_worker.procman import ProcessManager
-from xce_worker.pushes import PushHandler, PushInbox
+from xce_worker.pushes import SUBSCRIPTION, PushHandler, PushInbox
 from xce_worker.settings import WorkerSettings
 from xce_worker.spool import Journal
 from xcecore.role import Handled, Monitor, Role, RoleContext
@@ -107,6 +107,7 @@ class WorkerRole(Role):
     """The worker daemon of one host (``xce run worker``)."""
 
     rejoin_points = frozenset({"hello"})
+    subscription = SUBSCRIPTION
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)

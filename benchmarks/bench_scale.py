@@ -1,0 +1,574 @@
+"""Issue #17 at scale: the cluster with 10,000 / 100,000 / 1,000,000 jobs in state.
+
+Run from the repository root::
+
+    python benchmarks/bench_scale.py [--sizes 10000,100000,1000000] [--only NAME,...] [--quick]
+
+One function per measurement (``MEASUREMENTS``); ``--only`` runs some of them. Results go to
+``benchmarks/results/scale.json``: ``{"meta": {...}, "results": {name: {...}}}``, and a run
+replaces only the measurements it ran (so the controller's and the members' figures, measured
+at different times, live in one file). Real processes on loopback, real SIGKILL; the jobs of
+a size are parked in an inactive queue (stored and synced like any job, never dispatched),
+filled by pipelined submissions (:func:`fill`).
+
+Members (branch ``scale-members``):
+
+- ``member_join``: the scheduler, the API server and a worker join a cluster with N jobs;
+  each member's join -> state complete (its ``joined as`` log line to its replica's ``sync
+  complete`` line), then the same after a SIGKILL of the primary (``re-joined as`` -> the next
+  ``sync complete``, and the sync's mode: delta when the new primary still has what they
+  missed), and how many times each re-joined (once).
+- ``picker_pass``: in process, a picker with N jobs parked and 1,000 hosts: one cycle after
+  one push (the target: <= 5 ms at 1,000,000); and the cost per dispatch with 10,000 and
+  100,000 pending jobs (flat).
+- ``scheduler_dispatch``: 10,000 pending jobs (their queue activated at once) onto 1,000
+  simulated hosts, a real scheduler and controller: activation -> the last job RUN (target
+  <= 2 s), and the picker's CPU per full cycle (its status file).
+- ``apiserver``: a real API server with N jobs: ``GET /jobs?limit=100`` latency (p50 <= 10 ms
+  at 1,000,000); ``POST /jobs`` per second with 16 requests in flight (>= 2,000); ``POST /jobs``
+  p50 alone and while another client pages through every job (<= 1.2x).
+- ``cli_jobs``: ``xce jobs`` (the caller's unfinished jobs, first page) wall time with N
+  jobs in state (<= 150 ms at 1,000,000).
+
+The machine is shared with other work: figures are medians and percentiles of repeated runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import (
+    BENCH_USER,
+    PARKED_QUEUE,
+    RESULTS,
+    BenchCluster,
+    log,
+    log_times,
+    logon,
+    meta,
+    quiet_logs,
+    stats,
+)
+
+PART = "scale"
+SIZES = (10_000, 100_000, 1_000_000)
+SMALL_USER = "carol"  # owns a handful of the parked jobs: `xce jobs` for her pages little
+MEASUREMENTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {}
+
+
+def measurement(fn: Callable[[argparse.Namespace], dict[str, Any]]) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """Register ``fn`` as a measurement named after it."""
+    MEASUREMENTS[fn.__name__] = fn
+    return fn
+
+
+# ------------------------------------------------------------------------------ a loaded cluster
+async def _fill(cfg: Any, n: int, queue: str, users: Callable[[int], str], inflight: int) -> None:
+    from xcecore.client import Client
+
+    async with Client(cfg, role="cli") as client:
+        await client.connect()
+        next_i = iter(range(n))
+
+        async def lane() -> None:
+            for i in next_i:
+                await client.call("jobsubmit", {"command": "true", "user": users(i), "queue": queue,
+                                                "name": f"s{i}"})
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(inflight):
+                tg.start_soon(lane)
+
+
+def fill(bench: BenchCluster, n: int, *, queue: str = PARKED_QUEUE, inflight: int = 256,
+         users: Callable[[int], str] | None = None) -> float:
+    """Submit ``n`` jobs to ``queue`` with ``inflight`` pipelined submissions; seconds taken.
+
+    Every submission is a real, durable ``jobsubmit`` (acknowledged after its commit): a
+    1,000,000-job state takes about a minute here.
+    """
+    def default_users(i: int) -> str:
+        return SMALL_USER if i % 10_000 == 0 else BENCH_USER
+
+    cfg = bench.client_config("cli@bench-fill")
+    t0 = time.perf_counter()
+    anyio.run(_fill, cfg, n, queue, users or default_users, inflight)
+    return time.perf_counter() - t0
+
+
+def loaded_cluster(size: int, root: Path, *, api: bool = True) -> BenchCluster:
+    """Three candidates, ``size`` parked jobs (1 in 10,000 of user carol, the rest bench's)."""
+    bench = BenchCluster(root, candidates=3, api=api, hash_iterations=1000)
+    bench.start()
+    took = fill(bench, size)
+    log(PART, f"{size:,} jobs submitted in {took:.1f} s ({size / took:,.0f}/s)")
+    return bench
+
+
+# ------------------------------------------------------------------------------ member_join
+def _sync_lines(text: str, near: float) -> list[tuple[float, str]]:
+    """(time, line) of each replica "sync complete" line of a role's log."""
+    out = []
+    for line in text.splitlines():
+        if "sync complete (store" in line:
+            times = log_times(line, "sync complete", near)
+            if times:
+                out.append((times[0], line))
+    return out
+
+
+def _member_times(text: str, near: float, after: float) -> dict[str, Any]:
+    """From a role's log: its (re-)join after ``after`` and the sync that completed next."""
+    joins = [t for t in log_times(text, "joined as", near) if t >= after]
+    rejoins = [t for t in log_times(text, "re-joined as", near) if t >= after]
+    if not joins:
+        return {"joined": False}
+    start = joins[0]
+    syncs = [(t, line) for t, line in _sync_lines(text, near) if t >= start]
+    if not syncs:
+        return {"joined": True, "complete": False, "rejoins": len(rejoins)}
+    t, line = syncs[0]
+    return {"joined": True, "complete": True, "join_to_complete_s": round(t - start, 3),
+            "mode": "delta" if " delta sync" in line else "snapshot", "rejoins": len(rejoins),
+            "line": line.split(" - ", 1)[-1][:200]}
+
+
+@measurement
+def member_join(args: argparse.Namespace) -> dict[str, Any]:
+    """Join, and re-join after a SIGKILL of the primary, at each size."""
+    out: dict[str, Any] = {}
+    for size in args.sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"xce-scale-join-{size}-"))
+        bench = loaded_cluster(size, root)
+        try:
+            started = time.time()
+            bench.start_role("scheduler")
+            bench.start_role("apiserver")
+            bench.start_workers(1)
+            roles = ("scheduler", "apiserver", "node1")
+            deadline = time.monotonic() + 600
+            first: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                first = {r: _member_times(bench.roles[r].text(), started, started) for r in roles}
+                if all(v.get("complete") for v in first.values()):
+                    break
+                time.sleep(0.2)
+            log(PART, f"{size:,} jobs: joins {json.dumps({r: v.get('join_to_complete_s') for r, v in first.items()})}")
+            time.sleep(2.0)  # steady: heartbeats going, nothing in flight
+            killed = time.time()
+            bench.cluster.kill_primary()
+            again: dict[str, Any] = {}
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                again = {r: _member_times(bench.roles[r].text(), killed, killed) for r in roles}
+                if all(v.get("complete") for v in again.values()):
+                    break
+                time.sleep(0.2)
+            time.sleep(3.0)  # any second re-join would show by now
+            again = {r: _member_times(bench.roles[r].text(), killed, killed) for r in roles}
+            summary = {r: (v.get("join_to_complete_s"), v.get("mode"), v.get("rejoins"))
+                       for r, v in again.items()}
+            log(PART, f"{size:,} jobs: re-joins (s, mode, count) {json.dumps(summary)}")
+            out[str(size)] = {"join": first, "rejoin_after_sigkill": again}
+        finally:
+            bench.close()
+    return out
+
+
+# ------------------------------------------------------------------------------ picker_pass
+def _picker(jobs: int, parked: bool, hosts: int = 1000) -> tuple[Any, list[Any]]:
+    from xce_scheduler.matching import Requirements
+    from xce_scheduler.picker import Picker
+    from xce_scheduler.view import SchedulerView
+
+    from xcecore.resreq import Evaluator
+
+    view = SchedulerView()
+    view.apply("sync_begin", {"mode": "snapshot", "store": "bench", "rev": 1, "since": None})
+    view.apply("sync_records", {"kind": "queues", "items": [
+        {"name": "normal", "priority": 30, "active": True, "open": True},
+        {"name": PARKED_QUEUE, "priority": 10, "active": False, "open": True}]})
+    view.apply("sync_records", {"kind": "hosts", "items": [
+        {"name": f"h{i:05d}", "state": "ok", "max_slots": 16, "used_slots": 0,
+         "attrs": {"hname": f"h{i:05d}", "ncpus": 16, "maxmem": 65536, "type": "X86_64"}}
+        for i in range(hosts)]})
+    queue = PARKED_QUEUE if parked else "normal"
+    mix = ("", "select[ncpus>=8] order[r1m]", "span[hosts=1]")
+    for start in range(1, jobs + 1, 1000):
+        view.apply("sync_records", {"kind": "jobs", "items": [
+            {"jobid": i, "state": "PEND", "queue": queue, "resreq": mix[i % 3],
+             "ntasks": 1 + i % 2, "submit_time": 1e9 + i, "user": BENCH_USER}
+            for i in range(start, min(start + 1000, jobs + 1))]})
+    view.apply("sync_end", {"rev": 1})
+    sent: list[Any] = []
+    return Picker(view, Requirements(Evaluator), sent.extend, max_dispatch=1000), sent
+
+
+@measurement
+def picker_pass(args: argparse.Namespace) -> dict[str, Any]:
+    """In process: a cycle after one push with N jobs parked; cost per dispatch vs pending."""
+    from xce_scheduler.allocator import ReasonBatch
+
+    out: dict[str, Any] = {}
+    for size in args.sizes:
+        picker, sent = _picker(size, parked=True)
+        t0 = time.perf_counter()
+        picker.cycle()  # the first cycle gives every parked job its reason, once
+        first = time.perf_counter() - t0
+        reasons: dict[str, str] = {}
+        for item in sent:
+            if isinstance(item, ReasonBatch):
+                reasons.update(item.reasons)
+        picker.view.apply("pend_reasons", {"reasons": reasons})  # the controller echoes them
+        picker.cycle()
+        samples = []
+        for i in range(args.trials * 10):
+            picker.view.apply("host", {"name": "h00001", "state": "ok", "max_slots": 16,
+                                       "used_slots": i % 3, "attrs": {"hname": "h00001", "ncpus": 16}})
+            t0 = time.perf_counter()
+            picker.cycle()
+            samples.append((time.perf_counter() - t0) * 1000)
+        out[f"parked_{size}"] = {"after_one_push_ms": stats(samples), "first_cycle_s": round(first, 3),
+                                 "looked_at": picker.status.looked, "target_ms": 5.0}
+        log(PART, f"picker, {size:,} parked: {stats(samples)['p50']} ms after one push")
+        del picker, sent
+        gc.collect()
+    for pending in (10_000, 100_000):
+        per = []
+        for _ in range(args.trials):
+            picker, _sent = _picker(pending, parked=False)
+            picker.cycle()  # warm: requirements compiled, board filled
+            for jobid in list(picker.inflight()):  # answered and gone: the next 1,000 go
+                picker.view.apply("job", {"jobid": jobid, "state": "RUN", "queue": "normal"})
+            picker.view.apply("host", {"name": "h00000", "state": "ok", "max_slots": 16, "used_slots": 0,
+                                       "attrs": {"hname": "h00000", "ncpus": 16}})
+            t0 = time.perf_counter()
+            proposed = picker.cycle()
+            per.append((time.perf_counter() - t0) * 1e6 / max(1, proposed))
+        out[f"per_dispatch_{pending}_pending"] = {"us": stats(per)}
+        log(PART, f"picker, {pending:,} pending: {stats(per)['p50']} µs per dispatch")
+    return out
+
+
+# ------------------------------------------------------------------------------ scheduler_dispatch
+@measurement
+def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
+    """10,000 pending jobs onto 1,000 simulated hosts: activation -> the last one RUN."""
+    from benchkit import JobWatcher
+
+    from xcecore.client import SyncClient
+
+    njobs, nhosts = (2_000, 200) if args.quick else (10_000, 1_000)
+    runs = []
+    for trial in range(1 if args.quick else 3):
+        root = Path(tempfile.mkdtemp(prefix="xce-scale-dispatch-"))
+        bench = BenchCluster(root, candidates=1, api=False, controller="")
+        sims: list[subprocess.Popen[bytes]] = []
+        try:
+            bench.start()
+            per = nhosts // 2
+            for k in range(2):
+                sims.append(subprocess.Popen(
+                    [sys.executable, str(Path(__file__).parent / "simworkers.py"), "--config",
+                     str(bench.cluster.config_path), "--first", str(k * per), "--count", str(per),
+                     "--prefix", "dh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+            for p in sims:
+                assert p.stdout is not None
+                line = p.stdout.readline().decode()
+                if not line.startswith("ready"):
+                    raise RuntimeError(f"simulated workers did not start: {line!r}")
+            fill(bench, njobs, queue=PARKED_QUEUE)
+            bench.start_role("scheduler")
+            bench.wait_logged("scheduler", "picker started", 120)
+            bench.wait_logged("scheduler", "sync complete", 300)
+            watcher = JobWatcher()
+            with SyncClient.open(bench.client_config("benchwatch@scale"), role="benchwatch",
+                                 hooks=watcher) as watch, \
+                    SyncClient.open(bench.client_config("cli@scale"), role="cli") as cli:
+                watch.join()
+                time.sleep(1.0)
+                t0 = time.time()
+                cli.call("queuectrl", {"queue": PARKED_QUEUE, "action": "activate", "user": BENCH_USER})
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline:
+                    running = sum(1 for s in watcher.seen.values() if "RUN" in s)
+                    if running >= njobs:
+                        break
+                    time.sleep(0.05)
+                last = max((s["RUN"] for s in watcher.seen.values() if "RUN" in s), default=t0)
+                running = sum(1 for s in watcher.seen.values() if "RUN" in s)
+            status = json.loads((root / "scheduler.status").read_text())
+            cpu = _cpu_seconds(bench.roles["scheduler"].pid)
+            full = max(1, status["cycles"] - status["idle_cycles"])
+            runs.append({"jobs": njobs, "hosts": nhosts, "running": running,
+                         "activate_to_last_run_s": round(last - t0, 3),
+                         "cycles": status["cycles"], "idle_cycles": status["idle_cycles"],
+                         "scheduler_cpu_s": cpu,
+                         "cpu_per_full_cycle_ms": round(cpu * 1000 / full, 2)})
+            log(PART, f"dispatch trial {trial}: {runs[-1]}")
+        finally:
+            for p in sims:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+            bench.close()
+    return {"runs": runs, "activate_to_last_run_s": stats([r["activate_to_last_run_s"] for r in runs]),
+            "target_s": 2.0}
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 3)
+
+
+# ------------------------------------------------------------------------------ apiserver
+class RawHttp:
+    """A minimal HTTP/1.1 keep-alive client (asyncio streams): the load generator must cost
+    far less than the server it measures (httpx costs ~3 ms of CPU a request here)."""
+
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.host, self.port, self.token = host, port, token
+
+    def request(self, method: str, path: str, body: bytes = b"") -> bytes:
+        head = (f"{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {self.token}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        return head.encode() + body
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.host, self.port, limit=1 << 24)
+
+    @staticmethod
+    async def roundtrip(r: asyncio.StreamReader, w: asyncio.StreamWriter, req: bytes) -> tuple[int, bytes]:
+        w.write(req)
+        head = await r.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        low = head.lower()
+        i = low.find(b"content-length:")
+        if i >= 0:
+            body = await r.readexactly(int(head[i + 15:head.find(b"\r\n", i)]))
+        else:  # chunked (a streamed listing)
+            parts = []
+            while True:
+                size = int((await r.readuntil(b"\r\n")).strip(), 16)
+                chunk = await r.readexactly(size + 2)
+                if not size:
+                    break
+                parts.append(chunk[:-2])
+            body = b"".join(parts)
+        return status, body
+
+
+async def _posts(http: RawHttp, n: int, inflight: int, lat: list[float]) -> float:
+    req = http.request("POST", "/xce/v1/jobs", json.dumps({"command": "true", "queue": PARKED_QUEUE}).encode())
+
+    async def lane(count: int) -> None:
+        r, w = await http.connect()
+        try:
+            for _ in range(count):
+                t0 = time.perf_counter()
+                status, body = await http.roundtrip(r, w, req)
+                lat.append(time.perf_counter() - t0)
+                if status != 200:
+                    raise RuntimeError(f"POST /jobs answered {status}: {body[:300]!r}")
+        finally:
+            w.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(lane(n // inflight) for _ in range(inflight)))
+    return time.perf_counter() - t0
+
+
+async def _pager(http: RawHttp, stop: asyncio.Event, pages: list[int]) -> None:
+    r, w = await http.connect()
+    try:
+        while not stop.is_set():
+            cursor = None
+            while not stop.is_set():
+                path = "/xce/v1/jobs?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+                _, body = await http.roundtrip(r, w, http.request("GET", path))
+                env = json.loads(body)
+                pages.append(env["count"])
+                cursor = env["next"]
+                if cursor is None:
+                    break
+    finally:
+        w.close()
+
+
+async def _api_figures(http: RawHttp, quick: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    r, w = await http.connect()
+    lat = []
+    for i in range(50 if quick else 300):
+        t0 = time.perf_counter()
+        status, body = await http.roundtrip(r, w, http.request("GET", "/xce/v1/jobs?limit=100"))
+        if i >= 5:
+            lat.append((time.perf_counter() - t0) * 1000)
+        assert status == 200, body[:200]
+    lat2 = []
+    cursor = json.loads(body)["next"]
+    for _ in range(50 if quick else 300):  # a page from the middle of the listing
+        t0 = time.perf_counter()
+        status, body = await http.roundtrip(
+            r, w, http.request("GET", f"/xce/v1/jobs?limit=100&user={BENCH_USER}&state=PEND&cursor={cursor}"))
+        lat2.append((time.perf_counter() - t0) * 1000)
+    w.close()
+    out["get_jobs_limit100_ms"] = stats(lat)
+    out["get_jobs_limit100_filtered_ms"] = stats(lat2)
+    n = 2_000 if quick else 8_000
+    rates, p50s = [], []
+    for _ in range(1 if quick else 3):
+        lat3: list[float] = []
+        took = await _posts(http, n, 16, lat3)
+        rates.append(len(lat3) / took)
+        p50s.append(statistics.median(lat3) * 1000)
+    out["post_jobs_16_in_flight_per_s"] = stats(rates, 0)
+    out["post_jobs_16_in_flight_p50_ms"] = stats(p50s)
+    # One client posting alone, then the same while another pages through every job.
+    alone: list[float] = []
+    await _posts(http, 400 if quick else 1000, 1, alone)
+    stop, pages = asyncio.Event(), []
+    pager = asyncio.create_task(_pager(http, stop, pages))
+    await asyncio.sleep(0.5)
+    busy: list[float] = []
+    await _posts(http, 400 if quick else 1000, 1, busy)
+    stop.set()
+    await pager
+    a, b = statistics.median(alone) * 1000, statistics.median(busy) * 1000
+    out["post_jobs_p50_alone_ms"] = round(a, 3)
+    out["post_jobs_p50_while_paging_ms"] = round(b, 3)
+    out["while_paging_ratio"] = round(b / a, 2)
+    out["pages_read_meanwhile"] = len(pages)
+    return out
+
+
+@measurement
+def apiserver(args: argparse.Namespace) -> dict[str, Any]:
+    """A real API server with N jobs: page latency, POST throughput, POST while paging."""
+    out: dict[str, Any] = {}
+    for size in args.sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"xce-scale-api-{size}-"))
+        bench = loaded_cluster(size, root)
+        try:
+            bench.start_role("apiserver")
+            url = bench.api_url(120)
+            import httpx
+
+            deadline = time.monotonic() + 600
+            while httpx.get(f"{url}/readyz", timeout=10).status_code != 200:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the API server was not ready in 600 s")
+                time.sleep(0.2)
+            port = int(url.split(":")[2].split("/")[0])
+            http = RawHttp("127.0.0.1", port, logon(url))
+            out[str(size)] = asyncio.run(_api_figures(http, args.quick))
+            out[str(size)]["rss_mib"] = _rss_mib(bench.roles["apiserver"].pid)
+            log(PART, f"apiserver, {size:,} jobs: {json.dumps(out[str(size)])[:400]}")
+        finally:
+            bench.close()
+    return out
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+# ------------------------------------------------------------------------------ cli_jobs
+def _first_page_wall(config: Path, user: str, *args: str) -> tuple[float, float]:
+    """(seconds to the first page's last line, seconds to exit) of ``xce jobs`` as ``user``."""
+    env = {**os.environ, "LOGNAME": user, "USER": user}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "xcecore", "--config", str(config), "jobs", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    first = None
+    for lines, _ in enumerate(proc.stdout, 1):
+        if lines == 101 and first is None:  # the header and the first page of 100
+            first = time.perf_counter() - t0
+    proc.wait(600)
+    total = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"xce jobs failed: {proc.stderr.read().decode()[-500:] if proc.stderr else ''}")
+    return (first if first is not None else total), total
+
+
+@measurement
+def cli_jobs(args: argparse.Namespace) -> dict[str, Any]:
+    """``xce jobs`` with N jobs in state: the caller's unfinished jobs."""
+    out: dict[str, Any] = {}
+    for size in args.sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"xce-scale-cli-{size}-"))
+        bench = loaded_cluster(size, root, api=False)
+        try:
+            config = bench.cluster.config_path
+            small, big = [], []
+            for _ in range(args.trials):
+                small.append(_first_page_wall(config, SMALL_USER)[1] * 1000)
+                big.append(_first_page_wall(config, BENCH_USER)[0] * 1000)
+            out[str(size)] = {"own_few_jobs_total_ms": stats(small),
+                              "own_many_jobs_first_page_ms": stats(big), "target_ms": 150.0}
+            log(PART, f"xce jobs, {size:,} jobs: {stats(big)['p50']} ms first page")
+        finally:
+            bench.close()
+    return out
+
+
+# ------------------------------------------------------------------------------ results
+def write(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """Merge this run's measurements into ``results/scale.json`` (others' kept)."""
+    path = RESULTS / f"{PART}.json"
+    old: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    merged = dict(old.get("results", {}))
+    runs = dict(old.get("runs", {}))
+    for name, value in results.items():
+        merged[name] = value
+        runs[name] = meta()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta(), "runs": runs, "results": merged}, indent=2) + "\n")
+    log(PART, f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen measurements and merge them into the results file."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="jobs in state, comma-separated")
+    ap.add_argument("--only", default="", help=f"some of: {', '.join(MEASUREMENTS)}")
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="small sizes, few trials")
+    args = ap.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",") if s]
+    if args.quick:
+        args.sizes, args.trials = [s for s in args.sizes if s <= 10_000] or [10_000], 2
+    chosen = [n for n in args.only.split(",") if n] or list(MEASUREMENTS)
+    unknown = [n for n in chosen if n not in MEASUREMENTS]
+    if unknown:
+        ap.error(f"unknown measurement(s) {', '.join(unknown)}; choose from {', '.join(MEASUREMENTS)}")
+    quiet_logs()
+    results = {}
+    for name in chosen:
+        log(PART, f"{name} at {', '.join(f'{s:,}' for s in args.sizes)}")
+        results[name] = MEASUREMENTS[name](args)
+    write(results, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
