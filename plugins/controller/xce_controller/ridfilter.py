@@ -86,7 +86,7 @@ class RidFilter:
             hashes = self._hashes[p]
             keep = [i for i, t in enumerate(times) if t >= cutoff]
             self._hashes[p] = array("q", (hashes[i] for i in keep))
-            self._times[p] = array("L", (times[i] for i in keep))
+            self._times[p] = array("I", (times[i] for i in keep))
             gone += len(times) - len(keep)
         self._n -= gone
         return gone

@@ -152,13 +152,15 @@ def chunks(src: Source, sub: Subscription, p: Plan) -> Iterator[list[Frame]]:
             yield from _hosts(st, sub, lambda h: orjson.dumps(h))
         if "jobs" in kinds:
             yield from _jobs(st, sub, kinds["jobs"])
-    if "resvals" in kinds and (delta or "hosts" not in kinds):
+    # The kinds without revs come whole in every sync, snapshot or delta: the member
+    # replaces what it held of them at sync_begin (docs/protocol.md), even where a host or
+    # job record it is also sent carries the same values.
+    if "resvals" in kinds:
         yield from _hosts(st, sub, lambda h: orjson.dumps({"host": h["name"], "values": h["resvals"]}),
                           kind="resvals")
-    jobs_scope = kinds.get("jobs")
-    if "pend_reasons" in kinds and (delta or jobs_scope is None):
+    if "pend_reasons" in kinds:
         yield from _reasons(st)
-    if "jusage" in kinds and (delta or jobs_scope is None):
+    if "jusage" in kinds:
         yield from _usage(st)
     yield [("sync_end", orjson.dumps({"rev": p.rev}))]
 
