@@ -66,6 +66,8 @@ def full_state(jobs: int = 3, hosts: int = 3) -> dict[str, Any]:
 def load(store: Any, state: dict[str, Any], *, mode: str = "snapshot", rev: int = 1) -> None:
     """Feed ``store`` (anything with ``apply(event, data)``) ``state`` as one state sync:
     each key of ``state`` but ``server`` is a kind (``cluster``: one record)."""
+    if "server" in state and hasattr(store, "server"):
+        store.server = state["server"]  # what the session sets from the join's candidate
     store.apply("sync_begin", {"mode": mode, "store": "test-store", "rev": rev, "since": None})
     for kind, items in state.items():
         if kind == "server":
