@@ -1,0 +1,163 @@
+"""The state model at scale, controller side (issue #17), over real TCP and a real SQLite
+store: a streamed snapshot in bounded frames, a re-join inside the retention window that gets
+only the deltas, paging that lists every job exactly once while jobs come and go, and the
+idempotency filter's memory per remembered write."""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections import Counter
+from typing import Any
+
+import anyio
+import pytest
+from ctl_testlib import RawClient, running
+from xce_controller.ridfilter import RidFilter
+
+pytestmark = pytest.mark.anyio
+
+
+async def _submit_many(cli: RawClient, n: int, **args: Any) -> list[int]:
+    """``n`` pipelined submissions (all sent, then every reply read); their job ids."""
+    ids = [await cli.send("jobsubmit", {"command": "true", "user": "u", **args}) for _ in range(n)]
+    return [(await cli.reply(i, timeout=60))["result"]["jobid"] for i in ids]
+
+
+async def _sync(member: RawClient, args: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Join with ``args``; the reply's ``sync`` and the pushes up to ``sync_end``."""
+    member.pushes.clear()
+    sync = (await member.ok("join", args))["sync"]
+    frames = []
+    while True:
+        p = await member.push(timeout=30)
+        frames.append(p)
+        if p["push"] == "sync_end":
+            return sync, frames
+
+
+def _items(frames: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [it for p in frames if p["push"] == "sync_records" and p["data"]["kind"] == kind
+            for it in p["data"]["items"]]
+
+
+async def test_a_snapshot_in_bounded_frames_then_only_the_deltas_on_a_rejoin(tmp_path):
+    async with running(tmp_path) as ctl:
+        cli = await RawClient.connect(ctl.address, "cli@x")
+        jobids = await _submit_many(cli, 2_300)
+        sub = {"jobs": "all", "queues": "all"}
+        m = await RawClient.connect(ctl.address, "auditor@a")
+        sync, frames = await _sync(m, {"role": "auditor", "subscribe": sub, "since": None})
+        assert sync["mode"] == "snapshot" and frames[0]["push"] == "sync_begin"
+        assert frames[0]["data"]["counts"]["jobs"] == 2_300
+        jobs = _items(frames, "jobs")
+        assert sorted(j["jobid"] for j in jobs) == jobids  # each job exactly once
+        job_frames = [p for p in frames if p["push"] == "sync_records" and p["data"]["kind"] == "jobs"]
+        assert len(job_frames) >= 3 and max(len(p["data"]["items"]) for p in job_frames) <= 1000
+        assert {p["push"] for p in frames} == {"sync_begin", "sync_records", "sync_end"}
+        assert all(j["rev"] <= sync["rev"] for j in jobs) and frames[-1]["data"]["rev"] == sync["rev"]
+        token = {"store": sync["store"], "rev": sync["rev"]}
+        await m.aclose()
+
+        # Missed while away: three submissions and a kill. The re-join gets exactly those.
+        new = await _submit_many(cli, 3)
+        await cli.ok("jobctrl", {"jobid": jobids[10], "action": "kill", "user": "u"})
+        m = await RawClient.connect(ctl.address, "auditor@a")
+        sync, frames = await _sync(m, {"role": "auditor", "subscribe": sub, "since": token})
+        assert sync["mode"] == "delta" and frames[0]["data"]["since"] == token["rev"]
+        jobs = _items(frames, "jobs")
+        assert sorted(j["jobid"] for j in jobs) == sorted([*new, jobids[10]])
+        assert all(j["rev"] > token["rev"] for j in jobs)
+        assert next(j for j in jobs if j["jobid"] == jobids[10])["state"] == "EXIT"
+
+        # Another store's token, or none, is a snapshot again.
+        sync, frames = await _sync(m, {"role": "auditor", "subscribe": sub,
+                                       "since": {"store": "someone-else", "rev": token["rev"]}})
+        assert sync["mode"] == "snapshot" and len(_items(frames, "jobs")) == 2_303
+        # An empty subscription joins without a sync.
+        nothing = await m.ok("join", {"role": "auditor", "subscribe": {}, "since": None})
+        assert nothing["sync"] is None
+        await m.aclose()
+        await cli.aclose()
+
+
+async def test_jobinfo_pages_list_every_job_once_while_jobs_come_and_go(tmp_path):
+    async with running(tmp_path) as ctl:
+        cli = await RawClient.connect(ctl.address, "cli@x")
+        jobids = await _submit_many(cli, 3_000)
+        await _submit_many(cli, 5, user="carol")
+        untouched = set(jobids[::2])
+        killed, added = [], []
+        seen: Counter[int] = Counter()
+        cursor, pages = None, 0
+        while True:
+            args: dict[str, Any] = {"limit": 100, "owner": "u"}
+            if cursor is not None:
+                args["cursor"] = cursor
+            page = await cli.ok("jobinfo", args)
+            seen.update(j["jobid"] for j in page["jobs"])
+            assert len(page["jobs"]) <= 100
+            pages += 1
+            cursor = page["next"]
+            if cursor is None:
+                break
+            # Between pages: kill a job not yet listed (it stays: EXIT) and submit one
+            # (its id is above every listed one: it comes in a later page).
+            victim = jobids[1 + 2 * (pages % 1_500)]
+            await cli.ok("jobctrl", {"jobid": victim, "action": "kill", "user": "u"})
+            killed.append(victim)
+            added += await _submit_many(cli, 1)
+        assert pages >= 30 and max(seen.values()) == 1, "a job listed twice"
+        assert untouched <= set(seen) and set(killed) <= set(seen)
+        assert set(added) <= set(seen), "jobs submitted while paging come in later pages"
+        assert not {j for j in seen if j > max(jobids) and j not in added}, "carol's jobs filtered out"
+        # Only pending ones: the killed jobs are gone from that listing, the rest appear once.
+        pend = Counter(j["jobid"] for j in await cli.jobs({"owner": "u", "state": "PEND"}))
+        assert max(pend.values()) == 1 and untouched <= set(pend) and not set(killed) & set(pend)
+        # Nothing matching: an empty page with no cursor.
+        assert await cli.ok("jobinfo", {"owner": "nobody"}) == {"jobs": [], "next": None}
+        bad = await cli.call("jobinfo", {"cursor": "not-a-cursor"})
+        assert not bad["ok"] and bad["error"]["code"] == "INVALID"
+        await cli.aclose()
+
+
+def test_the_idempotency_filter_keeps_under_100_bytes_a_remembered_write() -> None:
+    f = RidFilter()
+    n = 200_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            f.add(f"client-{i // 1000}:{i}", 1_000.0 + i / 1000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(f) == n
+    assert grown / n <= 100, f"{grown / n:.1f} bytes per remembered write"
+    assert f.nbytes() / n <= 16
+    assert f.may_contain("client-3:3000") and not f.may_contain("client-3:never")
+    f.add("client-3:3000", 5_000.0)  # a repeat keeps one entry, the newer time
+    assert len(f) == n
+    # The sweep forgets what is older than the TTL, a few partitions at a time.
+    gone = sum(f.sweep(1_100.0, 512) for _ in range(8))
+    assert gone == 100_000 - 1 and len(f) == n - gone
+    assert f.may_contain("client-150:150000") and not f.may_contain("client-0:5")
+    assert f.may_contain("client-3:3000")  # re-added later: kept
+
+
+async def test_a_cold_primary_serves_writes_then_every_job(tmp_path):
+    async with running(tmp_path) as ctl:
+        cli = await RawClient.connect(ctl.address, "cli@x")
+        jobids = await _submit_many(cli, 1_500)
+        await cli.aclose()
+        del ctl
+    async with running(tmp_path) as ctl:
+        cli = await RawClient.connect(ctl.address, "cli@x")
+        new = (await cli.ok("jobsubmit", {"command": "true", "user": "u"}))["jobid"]
+        assert new > max(jobids), "ids continue from the store's"
+        with anyio.fail_after(30):
+            while ctl.loading is not None:
+                await anyio.sleep(0.01)
+        listed = [j["jobid"] for j in await cli.jobs({"owner": "u"})]
+        assert listed == [*jobids, new]
+        assert ctl.promotion["how"] == "cold"
+        await cli.aclose()
