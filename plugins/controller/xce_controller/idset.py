@@ -29,24 +29,28 @@ class IdSet:
 
     def __init__(self, ordered: Iterable[int] = ()) -> None:
         """``ordered`` must be strictly ascending (a load's ids, in key order)."""
-        self._blocks: list[array[int]] = []
-        self._maxes: list[int] = []
-        self._len = 0
-        block: array[int] = array("q")
-        last: int | None = None
-        for x in ordered:
-            if last is not None and x <= last:
-                raise ValueError(f"IdSet(ordered): {x} after {last} is not ascending")
-            last = x
-            block.append(x)
-            if len(block) == BLOCK:
-                self._blocks.append(block)
-                self._maxes.append(x)
-                block = array("q")
-        if block:
-            self._blocks.append(block)
-            self._maxes.append(block[-1])
-        self._len = sum(len(b) for b in self._blocks)
+        a = array("q", ordered)
+        for i in range(1, len(a)):
+            if a[i] <= a[i - 1]:
+                raise ValueError(f"IdSet(ordered): {a[i]} after {a[i - 1]} is not ascending")
+        self._fill(a)
+
+    @classmethod
+    def of_ascending(cls, ordered: list[int]) -> IdSet:
+        """An IdSet of ``ordered``, which the caller guarantees strictly ascending (a load
+        builds its indexes from ids in key order: no check, one array copy)."""
+        s = cls.__new__(cls)
+        s._fill(array("q", ordered))
+        return s
+
+    def _fill(self, a: array[int]) -> None:
+        n = len(a)
+        if n <= BLOCK:
+            self._blocks = [a] if n else []
+        else:
+            self._blocks = [a[i:i + BLOCK] for i in range(0, n, BLOCK)]
+        self._maxes = [b[-1] for b in self._blocks]
+        self._len = n
 
     def __len__(self) -> int:
         return self._len

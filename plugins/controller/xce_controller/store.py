@@ -160,17 +160,17 @@ class SQLiteStore:
     def load_window(self, capacity: int, floor: int) -> tuple[list[Change], int]:
         """The last ``capacity`` changes (the retention window), oldest first, and the rev
         at or below which changes may be missing."""
-        with self._reading() as db:
+        with self._loading() as db:
             return storeread.read_changes_window(db, capacity, floor)
 
     def load_jobs(self, upto: int, clean_width: float) -> JobTable:
         """Every job with an id <= ``upto``, indexed (the long part of a load: a thread)."""
-        with self._reading() as db:
+        with self._loading() as db:
             return storeread.read_jobs(db, upto, clean_width)
 
     def load_idem(self, since: float, add: Callable[[str, float], None]) -> int:
         """Call ``add(rid, ts)`` for every idempotency key stored at or after ``since``."""
-        with self._reading() as db:
+        with self._loading() as db:
             return storeread.read_idem(db, since, add)
 
     def snapshot(self, ring_capacity: int, clean_width: float, idem_since: float,
@@ -209,6 +209,22 @@ class SQLiteStore:
         with self._reading() as db:
             row = db.execute("SELECT result FROM idem WHERE rid = ?", (rid,)).fetchone()
         return None if row is None else bytes(row[0])
+
+    @contextlib.contextmanager
+    def _loading(self) -> Any:
+        """A read connection of its own for a cold load's long reads: the shared reader
+        (``lookup``, ``committed``) stays free, so the writes a primary takes while its jobs
+        load are not held behind the load."""
+        if self._reader is None:
+            raise RuntimeError("store is not open")
+        import sqlite3
+
+        db = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, isolation_level=None,
+                             check_same_thread=False)
+        try:
+            yield db
+        finally:
+            db.close()
 
     @contextlib.contextmanager
     def _reading(self) -> Any:
