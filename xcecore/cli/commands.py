@@ -204,12 +204,14 @@ def host(s: Session, ns: Parsed) -> None:
 
 @command("queues", "List queues (like bqueues).", JSON)
 def queues(s: Session, ns: Parsed) -> None:
-    found = s.call("queueinfo")["queues"]
-    jobs_ = s.call("jobinfo", {"states": sorted(UNFINISHED)})["jobs"]
+    info = s.call("queueinfo")
+    found = info["queues"]
     counts: dict[str, dict[str, int]] = {}
-    for j in jobs_:
-        c = counts.setdefault(j["queue"], {"PEND": 0, "RUN": 0, "SUSP": 0})
-        c[j["state"] if j["state"] in ("PEND", "RUN") else "SUSP"] += 1
+    for name, by_state in info.get("counts", {}).items():  # the controller's counts: no listing
+        c = counts.setdefault(name, {"PEND": 0, "RUN": 0, "SUSP": 0})
+        for state, n in by_state.items():
+            if state in UNFINISHED:
+                c[state if state in ("PEND", "RUN") else "SUSP"] += n
     zero = {"PEND": 0, "RUN": 0, "SUSP": 0}
     if ns.as_json:
         emit_json([{**q, **counts.get(q["name"], zero)} for q in found])

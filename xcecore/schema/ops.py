@@ -396,8 +396,9 @@ class HostInfoArgs(TypedDict):
 
 @with_config(_STRICT)
 class QueueInfoArgs(TypedDict):
-    """Result ``{"queues": [queue, ...]}`` by priority, highest first. An unknown name is
-    NOT_FOUND."""
+    """Result ``{"queues": [queue, ...], "counts": {"<queue>": {"<state>": n}}}``: the
+    queues by priority, highest first, and how many jobs each holds in each state (states
+    with none left out). An unknown name is NOT_FOUND."""
 
     queues: NotRequired[Annotated[t.Names, _d("only these queues")]]
     user: NotRequired[User]

@@ -134,10 +134,10 @@ class Embedded:
             st = self.call("status", timeout=2.0)
             members = {m["identity"] for m in st.get("member_list", [])}
             primary = st["primary"]
-            jobs = self.call("jobinfo", timeout=2.0)["jobs"]
+            counts = self.call("queueinfo", timeout=2.0)["counts"]  # per queue and state
             hosts = self.call("hostinfo", timeout=2.0)["hosts"]
         except Exception as exc:  # the table shows the outage rather than dying with it
-            members, primary, jobs, hosts = set(), f"unreachable ({exc})", [], []
+            members, primary, counts, hosts = set(), f"unreachable ({exc})", {}, []
         for ident in sorted(self.expected_members()):
             name = ident.split("@")[0] if not ident.startswith("worker@") else ident.split("@")[1]
             proc = self.roles.get(name)
@@ -147,8 +147,9 @@ class Embedded:
         for h in hosts:
             host_t.add_row(h["name"], h["state"], f"{h['used_slots']}/{h['max_slots']}")
         by_state: dict[str, int] = {}
-        for j in jobs:
-            by_state[j["state"]] = by_state.get(j["state"], 0) + 1
+        for per_state in counts.values():
+            for state, n in per_state.items():
+                by_state[state] = by_state.get(state, 0) + n
         jobs_line = ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none yet"
         return Group(cands, roles, host_t, f"jobs: {jobs_line}", f"API: {self.api_url()}")
 

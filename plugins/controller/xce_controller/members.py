@@ -20,7 +20,11 @@ from xce_controller.subscribe import Subscription
 
 if TYPE_CHECKING:
     from xce_controller.ops import Caller
-    from xce_controller.server import Connection, Controller
+
+# The controller and its connections come in as ``Any``: naming ``xce_controller.server``'s
+# classes here, even for type checking only, would make an import cycle with it.
+Controller = Any
+Connection = Any
 
 
 def subscribe(ctl: Controller, caller: Caller) -> None:
@@ -67,7 +71,7 @@ def _start_sync(ctl: Controller, conn: Connection, member: Subscriber, p: sync.P
     cid = conn.cid
 
     def send(name: str, data: bytes, gate: Any) -> bool:
-        return ctl.fanout.send(cid, member, name, data, gate)
+        return bool(ctl.fanout.send(cid, member, name, data, gate))
 
     async def run() -> None:
         with scope:

@@ -258,7 +258,12 @@ def op_queueinfo(srv: ServerView, caller: Caller, args: dict[str, Any], now: flo
         qs.sort(key=lambda q: (-q["priority"], q["name"]))
     else:
         qs = st.sorted_queues()
-    return Changes(result={"queues": qs})
+    names = {q["name"] for q in qs}
+    counts: dict[str, dict[str, int]] = {}
+    for (queue, state), n in st.jobs.counts.items():  # queues x states entries, not jobs
+        if queue in names:
+            counts.setdefault(queue, {})[state] = n
+    return Changes(result={"queues": qs, "counts": counts})
 
 
 def op_status(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
@@ -308,7 +313,7 @@ OPS: dict[str, OpSpec] = {
     "clusterconf": OpSpec(op_clusterconf, ANY, "read", needs_jobs=False),
     "jobinfo": OpSpec(op_jobinfo, ANY, "read"),
     "hostinfo": OpSpec(op_hostinfo, ANY, "read"),
-    "queueinfo": OpSpec(op_queueinfo, ANY, "read", needs_jobs=False),
+    "queueinfo": OpSpec(op_queueinfo, ANY, "read"),  # its counts need the jobs loaded
     "status": OpSpec(op_status, ANY, "read", needs_jobs=False),
     "shutdown": OpSpec(op_shutdown, FRONT_ENDS, "read", admin_roles=FRONT_ENDS, dedupe=False,
                        needs_jobs=False),
