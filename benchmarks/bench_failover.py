@@ -220,7 +220,14 @@ async def run_kills(bc: BenchCluster, kills: int, seed: int, fault: str = "kill"
                       f"first write {rec['first_write'] * 1e3:.1f} ms, all roles re-joined "
                       f"{(rec['all_rejoined'] or float('nan')) * 1e3:.0f} ms")
         jobs = (await client.call("status"))["jobs"]
-        everything = (await client.call("jobinfo", {"queue": PARKED_QUEUE}))["jobs"]
+        everything = []
+        args: dict[str, Any] = {"queue": PARKED_QUEUE, "limit": 1000}
+        while True:  # the listing is paged
+            page = await client.call("jobinfo", args)
+            everything += page["jobs"]
+            if page["next"] is None:
+                break
+            args["cursor"] = page["next"]
     return records, jobs, everything
 
 

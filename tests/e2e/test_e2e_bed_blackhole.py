@@ -20,7 +20,7 @@ import pytest
 from xcecore.testing.checker import OK, History, check, promotions_in_logs
 from xcecore.testing.cluster import wait_for
 from xcecore.testing.faultbed import FaultBed
-from xcecore.testing.workload import Writers, resolve_unknown
+from xcecore.testing.workload import Writers, all_jobs, resolve_unknown
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 HOLD = 4.0  # longer than the clients' liveness timeout (1.5 s) and hung_timeout (2 s)
@@ -63,7 +63,7 @@ def test_black_holed_clients_of_a_healthy_primary(xce_faultbed: FaultBed) -> Non
     assert "fenced" not in text and text.count("promoted to primary") == 1
     with bed.client(cluster, svc, "cli", name="final") as c:
         resolve_unknown(history, c)
-        jobs = [j for j in c.call("jobinfo", deadline=30)["jobs"] if not j["name"].startswith("svc-")]
+        jobs = [j for j in all_jobs(c) if not j["name"].startswith("svc-")]
     verdict = check(history.snapshot(), jobs, promotions=promotions_in_logs(
         [cluster.root / f"controller{i}.log" for i in range(3)]))
     assert verdict.ok, verdict.summary()

@@ -22,7 +22,7 @@ from xcecore.testing import netns
 from xcecore.testing.checker import OK, History, check, promotions_in_logs
 from xcecore.testing.cluster import LocalCluster, probe, wait_for
 from xcecore.testing.faultbed import FaultBed, Host
-from xcecore.testing.workload import Writers, resolve_unknown
+from xcecore.testing.workload import Writers, all_jobs, resolve_unknown
 from xcecore.wire import RemoteError
 
 pytestmark = pytest.mark.timeout(180)
@@ -90,7 +90,7 @@ def test_a_stopped_primary_is_fenced_and_never_acknowledges_again(xce_faultbed: 
     assert primaries_seen and max(primaries_seen) <= 1, "two candidates answered primary at once"
     with bed.client(cluster, cli, "cli", name="final") as c:
         resolve_unknown(history, c)
-        jobs = c.call("jobinfo", deadline=30)["jobs"]
+        jobs = all_jobs(c)
     verdict = check(history.snapshot(), jobs, promotions=promotions_in_logs(
         [cluster.root / f"controller{i}.log" for i in range(3)]))
     assert verdict.ok, verdict.summary()
@@ -195,7 +195,7 @@ def test_a_primary_woken_after_a_fence_does_not_acknowledge(xce_faultbed: FaultB
         t.join(60)
         assert result, "the write was never acknowledged"
         assert result["server"] != cluster.address(0)
-        jobs = [j for j in c.call("jobinfo")["jobs"] if j["name"] == "woken"]
+        jobs = [j for j in all_jobs(c) if j["name"] == "woken"]
     assert len(jobs) == 1 and jobs[0]["jobid"] == result["ack"]["jobid"]
     text = old.text()
     assert "no longer primary: it was fenced by pid" in text and "not acknowledging" in text

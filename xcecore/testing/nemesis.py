@@ -27,7 +27,7 @@ from loguru import logger
 from xcecore.testing.chaos import PARKED, ChaosCluster
 from xcecore.testing.checker import FAILED, OK, History, Verdict, check, promotions_in_logs, runs_in
 from xcecore.testing.faultbed import FaultBed
-from xcecore.testing.workload import Writers, observing, resolve_unknown
+from xcecore.testing.workload import Writers, all_jobs, observing, resolve_unknown
 
 Undo = Callable[[], None]
 Injected = tuple[str, float, Undo]  # target, time.time() once in effect, how to undo it
@@ -327,7 +327,7 @@ def run(bed: FaultBed, *, seed: int, faults: int, kinds: list[str] | None = None
         seen = observer.snapshot()  # before the final state: nothing it saw may be newer
         with cc.client("final") as c:
             resolve_unknown(history, c)  # "not applied" is final, so the state below holds
-            jobs = c.call("jobinfo", deadline=30)["jobs"]
+            jobs = all_jobs(c)
     nemesis.outages()
     verdict = check(history.snapshot(), jobs, runs=runs_in(cc.markers()), seen=seen,
                     promotions=promotions_in_logs(cc.candidate_logs()),
@@ -344,8 +344,7 @@ def _finish_jobs(cc: ChaosCluster, timeout: float) -> list[dict[str, Any]]:
     left: list[dict[str, Any]] = []
     with cc.client("finisher") as c:
         while time.monotonic() < deadline:
-            jobs = c.call("jobinfo", {"states": ["PEND", "PSUSP", "RUN", "USUSP", "SSUSP"]},
-                          deadline=30)["jobs"]
+            jobs = all_jobs(c, {"states": ["PEND", "PSUSP", "RUN", "USUSP", "SSUSP"]})
             left = [j for j in jobs if j["queue"] != PARKED]
             if not left:
                 return []

@@ -149,6 +149,18 @@ class Writers:
             t.join(10)
 
 
+def all_jobs(c: Any, args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every job ``jobinfo`` with ``args`` lists, page after page (the listing is paged)."""
+    found: list[dict[str, Any]] = []
+    page_args: dict[str, Any] = {**(args or {}), "limit": 1000}
+    while True:
+        page = c.call("jobinfo", page_args, deadline=30)
+        found += page["jobs"]
+        if page["next"] is None:
+            return found
+        page_args["cursor"] = page["next"]
+
+
 def resolve_unknown(history: History, client: Any, deadline: float = 10.0) -> int:
     """Ask the controller (``outcome(rid)``) what became of every unknown write; how many
     were resolved. "not applied" is final (the key can no longer be applied)."""
