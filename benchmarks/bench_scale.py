@@ -6,7 +6,7 @@ Run from the repository root::
 
 One function per measurement (``MEASUREMENTS``); ``--only`` runs some of them. Results go to
 ``benchmarks/results/scale.json``: ``{"meta": {...}, "results": {name: {...}}}``, and a run
-replaces only the measurements it ran (so the controller's and the members' figures, measured
+replaces only the measurements (and sizes) it ran (so the controller's and the members' figures, measured
 at different times, live in one file). Real processes on loopback, real SIGKILL; the jobs of
 a size are parked in an inactive queue (stored and synced like any job, never dispatched),
 filled by pipelined submissions (:func:`fill`).
@@ -29,6 +29,23 @@ Members (branch ``scale-members``):
   p50 alone and while another client pages through every job (<= 1.2x).
 - ``cli_jobs``: ``xce jobs`` (the caller's unfinished jobs, first page) wall time with N
   jobs in state (<= 150 ms at 1,000,000).
+
+Controller (branch ``scale-ctl``):
+
+- ``ctl_failover``: a primary with N jobs and two hot standbys (each has logged that it
+  loaded the state and follows); SIGKILL of the primary -> the first acknowledged write issued
+  after it (p50 <= 100 ms, p99 <= 300 ms at 1,000,000), and what the promotion touched (its
+  ``status`` ``promotion``: hot, the changes caught up).
+- ``ctl_restart``: a lone controller with N jobs, SIGKILLed and started again: start -> the
+  first acknowledged write (<= 3 s at 1,000,000), and start -> every job loaded.
+- ``ctl_memory``: the primary's RSS per job in state (<= 1.5 KB), after N pipelined
+  submissions and after a restart that loaded them; its growth per write over 20,000 more
+  writes (the idempotency memory, <= 100 B a remembered write).
+- ``ctl_queries``: ``jobinfo`` that matches nothing (an unknown owner), a page of the caller's
+  unfinished jobs (100), and a page of a user's few jobs, round trips over a real connection.
+- ``ctl_housekeeping``: in process, a state of N finished jobs and 10,000 hosts: one pass of
+  the finished-job cleaner with nothing due and with a batch due, and one host-expiry pass
+  with nothing due (the loop's cost per timer).
 
 The machine is shared with other work: figures are medians and percentiles of repeated runs.
 """
@@ -531,6 +548,249 @@ def cli_jobs(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# ------------------------------------------------------------------------------ controller
+def _proc_of(bench: BenchCluster, index: int) -> Any:
+    return bench.cluster.candidates[index]
+
+
+def _wait_standbys_loaded(bench: BenchCluster, primary: int, marks: dict[int, int],
+                          timeout: float = 600) -> None:
+    """Until every standby has logged more "standby: loaded" lines than ``marks`` says (its
+    count when it was started: the logs are appended to)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(p.text().count("standby: loaded") > marks.get(i, 0)
+               for i, p in bench.cluster.candidates.items() if i != primary and p.alive()):
+            return
+        time.sleep(0.05)
+    raise RuntimeError("the standbys did not load the state in time")
+
+
+async def _first_write_after(client: Any, name: str) -> float:
+    """Submit one job (retried by the client library across the failover); epoch of its ack."""
+    await client.call("jobsubmit", {"command": "true", "user": BENCH_USER, "queue": PARKED_QUEUE,
+                                    "name": name})
+    return time.time()
+
+
+async def _kill_trials(bench: BenchCluster, cfg: Any, trials: int,
+                       size: int) -> tuple[list[float], list[dict[str, Any]]]:
+    """``trials`` SIGKILLs of the primary, each once its standbys are hot; (first write ms,
+    the new primary's ``promotion``) of each."""
+    from xcecore.client import Client
+
+    firsts: list[float] = []
+    promotions: list[dict[str, Any]] = []
+    marks: dict[int, int] = {}
+    async with Client(cfg, role="cli") as client:
+        await client.connect()
+        for trial in range(trials):
+            old = await anyio.to_thread.run_sync(bench.cluster.wait_primary, 60.0)
+            await anyio.to_thread.run_sync(_wait_standbys_loaded, bench, old, marks)
+            await _first_write_after(client, f"steady-{trial}")
+            await anyio.sleep(0.3)
+            victim = _proc_of(bench, old)
+            t_kill = time.time()
+            victim.kill()
+            acked = await _first_write_after(client, f"after-{trial}")
+            firsts.append((acked - t_kill) * 1000)
+            st = await client.call("status")
+            promotions.append(st.get("promotion", {}))
+            log(PART, f"failover, {size:,} jobs: first write {firsts[-1]:.1f} ms, "
+                      f"promotion {json.dumps(st.get('promotion', {}))}")
+            marks[old] = victim.text().count("standby: loaded")
+            bench.cluster.start_candidate(old)
+            await anyio.to_thread.run_sync(bench.cluster.wait_state, old, "standby", 120.0)
+    return firsts, promotions
+
+
+@measurement
+def ctl_failover(args: argparse.Namespace) -> dict[str, Any]:
+    """SIGKILL of a primary with N jobs -> the first acknowledged write issued after it."""
+    out: dict[str, Any] = {}
+    for size in args.sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"xce-scale-fo-{size}-"))
+        bench = loaded_cluster(size, root, api=False)
+        try:
+            cfg = bench.client_config("cli@bench-failover")
+            firsts, promotions = anyio.run(_kill_trials, bench, cfg, args.trials * 4, size)
+            out[str(size)] = {
+                "first_write_ms": stats(firsts),
+                "promotion_ms": stats(float(p.get("ms", 0)) for p in promotions),
+                "promotion_how": sorted({str(p.get("how")) for p in promotions}),
+                "changes_caught_up_max": max(int(p.get("changes", 0)) for p in promotions),
+                "targets_ms": {"p50": 100.0, "p99": 300.0},
+            }
+        finally:
+            bench.close()
+    return out
+
+
+def _ack_after_start(bench: BenchCluster, cfg: Any, started: float) -> float:
+    """Seconds from ``started`` to the first acknowledged submission (retried until then)."""
+    from xcecore.client import SyncClient
+
+    with SyncClient.open(cfg, role="cli") as cli:
+        cli.call("jobsubmit", {"command": "true", "user": BENCH_USER, "queue": PARKED_QUEUE,
+                               "name": "after-restart"})
+    return time.time() - started
+
+
+@measurement
+def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
+    """A lone controller with N jobs: restart -> first acknowledged write, and -> all loaded."""
+    out: dict[str, Any] = {}
+    for size in args.sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"xce-scale-restart-{size}-"))
+        bench = BenchCluster(root, candidates=1, api=False, hash_iterations=1000)
+        bench.start()
+        firsts: list[float] = []
+        loads: list[float] = []
+        try:
+            took = fill(bench, size)
+            log(PART, f"{size:,} jobs submitted in {took:.1f} s")
+            cfg = bench.client_config("cli@bench-restart")
+            for _ in range(args.trials):
+                proc = _proc_of(bench, 0)
+                proc.kill()
+                seen = proc.text().count("idempotency keys in")
+                started = time.time()
+                bench.cluster.start_candidate(0)
+                firsts.append(_ack_after_start(bench, cfg, started) * 1000)
+                proc = _proc_of(bench, 0)
+                deadline = time.monotonic() + 600
+                while proc.text().count("idempotency keys in") <= seen and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                loads.append((time.time() - started) * 1000)
+                log(PART, f"restart, {size:,} jobs: first write {firsts[-1]:.0f} ms, loaded by "
+                          f"{loads[-1]:.0f} ms")
+            out[str(size)] = {"first_write_ms": stats(firsts), "all_loaded_ms_upper_bound": stats(loads),
+                              "target_ms": 3000.0}
+        finally:
+            bench.close()
+    return out
+
+
+@measurement
+def ctl_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """The primary's RSS per job in state, and its growth per write."""
+    from xcecore.client import SyncClient
+
+    out: dict[str, Any] = {}
+    for size in args.sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"xce-scale-mem-{size}-"))
+        bench = BenchCluster(root, candidates=1, api=False, hash_iterations=1000)
+        bench.start()
+        try:
+            base = _rss_mib(_proc_of(bench, 0).pid)
+            fill(bench, size)
+            after_submit = _rss_mib(_proc_of(bench, 0).pid)
+            _proc_of(bench, 0).kill()
+            bench.cluster.start_candidate(0)
+            cfg = bench.client_config("cli@bench-mem")
+            with SyncClient.open(cfg, role="cli") as cli:
+                deadline = time.monotonic() + 600
+                while cli.call("status").get("loading") and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            time.sleep(1.0)
+            loaded = _rss_mib(_proc_of(bench, 0).pid)
+            more = 20_000
+            fill(bench, more)
+            grown = _rss_mib(_proc_of(bench, 0).pid)
+            out[str(size)] = {
+                "rss_empty_mib": base, "rss_after_submissions_mib": after_submit,
+                "rss_after_restart_mib": loaded,
+                "bytes_per_job_submitted": round((after_submit - base) * 1048576 / size),
+                "bytes_per_job_loaded": round((loaded - base) * 1048576 / size),
+                "growth_bytes_per_write": round((grown - loaded) * 1048576 / more),
+                "note": "growth per write includes the job each write adds (a job record and its indexes)",
+                "target_bytes_per_job": 1536,
+            }
+            log(PART, f"memory, {size:,} jobs: {json.dumps(out[str(size)])}")
+        finally:
+            bench.close()
+    return out
+
+
+@measurement
+def ctl_queries(args: argparse.Namespace) -> dict[str, Any]:
+    """Round trips of paged ``jobinfo`` at N jobs: nothing matching, a page of own jobs."""
+    from xcecore.client import SyncClient
+    from xcecore.protocol import UNFINISHED
+
+    out: dict[str, Any] = {}
+    for size in args.sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"xce-scale-q-{size}-"))
+        bench = BenchCluster(root, candidates=1, api=False, hash_iterations=1000)
+        bench.start()
+        try:
+            fill(bench, size)
+            cfg = bench.client_config("cli@bench-q")
+            figures: dict[str, list[float]] = {"nothing_matching_ms": [], "own_unfinished_page_ms": [],
+                                               "few_own_jobs_ms": [], "status_ms": []}
+            queries: dict[str, dict[str, Any]] = {
+                "nothing_matching_ms": {"owner": "nobody-at-all"},
+                "own_unfinished_page_ms": {"owner": BENCH_USER, "states": list(UNFINISHED), "limit": 100},
+                "few_own_jobs_ms": {"owner": SMALL_USER, "states": list(UNFINISHED), "limit": 100},
+            }
+            with SyncClient.open(cfg, role="cli") as cli:
+                for _ in range(args.trials * 20):
+                    for name, q in queries.items():
+                        t0 = time.perf_counter()
+                        page = cli.call("jobinfo", q)
+                        figures[name].append((time.perf_counter() - t0) * 1000)
+                        assert "jobs" in page
+                    t0 = time.perf_counter()
+                    cli.call("status", {"limit": 100})
+                    figures["status_ms"].append((time.perf_counter() - t0) * 1000)
+            out[str(size)] = {k: stats(v) for k, v in figures.items()}
+            log(PART, f"queries, {size:,} jobs: " + ", ".join(f"{k} p50 {stats(v)['p50']}" for k, v in figures.items()))
+        finally:
+            bench.close()
+    return out
+
+
+@measurement
+def ctl_housekeeping(args: argparse.Namespace) -> dict[str, Any]:
+    """In process: one cleaner pass and one host-expiry pass over a state of N finished jobs."""
+    from xce_controller.settings import ClusterConf
+    from xce_controller.state import ClusterState
+
+    out: dict[str, Any] = {}
+    queues = [{"name": "normal", "priority": 30}]
+    for size in args.sizes:
+        st = ClusterState(ClusterConf(queues=queues, host_timeout=30.0))
+        t0 = 1_000_000.0
+        for h in range(10_000):
+            st.join_worker({"hname": f"h{h:05d}", "max_slots": 4}, t0)
+        gc.disable()
+        try:
+            for i in range(size):
+                jobid = int(st.submit({"command": "true", "user": BENCH_USER}, t0).result["jobid"])
+                st.control(jobid, "kill", t0 + i * 1e-4)
+        finally:
+            gc.enable()
+        idle_clean, due_clean, expire = [], [], []
+        for _ in range(args.trials * 10):
+            t = time.perf_counter()
+            st.clean_finished(t0 + 10.0, 3600.0, 1000)  # nothing is an hour old
+            idle_clean.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            st.expire_hosts(t0 + 1.0)  # every host seen a second ago
+            expire.append((time.perf_counter() - t) * 1e3)
+        for trial in range(args.trials * 2):
+            t = time.perf_counter()
+            ch = st.clean_finished(t0 + 7200.0, 3600.0, 1000)
+            due_clean.append((time.perf_counter() - t) * 1e3)
+            assert len(ch.result) == min(1000, size - trial * 1000) or size < (trial + 1) * 1000
+        out[str(size)] = {"cleaner_nothing_due_ms": stats(idle_clean),
+                          "cleaner_1000_due_ms": stats(due_clean),
+                          "host_expiry_10000_hosts_nothing_due_ms": stats(expire)}
+        log(PART, f"housekeeping, {size:,} jobs: {json.dumps({k: v['p50'] for k, v in out[str(size)].items()})}")
+        del st
+    return out
+
+
 # ------------------------------------------------------------------------------ results
 def write(results: dict[str, Any], args: argparse.Namespace) -> None:
     """Merge this run's measurements into ``results/scale.json`` (others' kept)."""
@@ -539,7 +799,9 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
     merged = dict(old.get("results", {}))
     runs = dict(old.get("runs", {}))
     for name, value in results.items():
-        merged[name] = value
+        before = merged.get(name)
+        # Keyed by size: a run replaces the sizes it measured and keeps the others.
+        merged[name] = {**before, **value} if isinstance(before, dict) else value
         runs[name] = meta()
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"meta": meta(), "runs": runs, "results": merged}, indent=2) + "\n")

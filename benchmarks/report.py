@@ -73,7 +73,7 @@ OTHERS: dict[str, list[tuple[str, str, str]]] = {
     ],
 }
 MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "restfuzz",
-        "failover-stop", "failover-stop-liveness3", "chaos")
+        "failover-stop", "failover-stop-liveness3", "chaos", "scale")
 SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
@@ -488,6 +488,65 @@ def chaos_section(d: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+# The scale figures (bench_scale.py, issue #17): (measurement, key under a size, label, aim).
+SCALE_DISTS: list[tuple[str, str, str, str]] = [
+    ("ctl_failover", "first_write_ms", "SIGKILL -> first acknowledged write (ms)", "p50 ≤ 100, p99 ≤ 300 at 1M"),
+    ("ctl_failover", "promotion_ms", "standby promotion itself (ms, hot)", ""),
+    ("ctl_restart", "first_write_ms", "lone restart: process start -> first acknowledged write (ms)", "≤ 3,000 at 1M"),
+    ("ctl_restart", "all_loaded_ms_upper_bound", "lone restart: process start -> every job loaded (ms)", ""),
+    ("ctl_queries", "nothing_matching_ms", "`jobinfo` matching nothing, round trip (ms)", "cheap at 1M"),
+    ("ctl_queries", "own_unfinished_page_ms", "`jobinfo` a page (100) of the caller's unfinished jobs (ms)", ""),
+    ("ctl_queries", "status_ms", "`status` (a page of members) (ms)", ""),
+    ("ctl_housekeeping", "cleaner_nothing_due_ms", "cleaner pass, nothing due (ms, in process)", "no scan"),
+    ("ctl_housekeeping", "cleaner_1000_due_ms", "cleaner pass removing 1,000 (ms, in process)", ""),
+    ("ctl_housekeeping", "host_expiry_10000_hosts_nothing_due_ms", "host-expiry pass, 10,000 hosts, none due (ms)",
+     "no scan"),
+]
+SCALE_VALUES: list[tuple[str, str, str, str]] = [
+    ("ctl_memory", "bytes_per_job_submitted", "controller RSS per job, after pipelined submissions (B)", "≤ 1,536"),
+    ("ctl_memory", "bytes_per_job_loaded", "controller RSS per job, after a restart's load (B)", "≤ 1,536"),
+    ("ctl_memory", "growth_bytes_per_write", "RSS growth per further write, its new job included (B)", ""),
+    ("ctl_failover", "changes_caught_up_max", "changes a promotion caught up (most)", "the tail only"),
+]
+
+
+def scale_section(d: dict[str, Any] | None) -> list[str]:
+    """The state at scale (``bench_scale.py``): controller and member figures by size."""
+    lines = ["## 11. State at scale (`bench_scale.py`, issue #17)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/scale.json`).", ""]
+    res, runs = d.get("results", {}), d.get("runs", {})
+    lines += ["Jobs parked in an inactive queue, filled by pipelined durable submissions; real "
+              "processes on loopback, real SIGKILL. The machine was shared with other helpers' "
+              "test suites while these ran: the figures are pessimistic. Each measurement's "
+              "command and date:", ""]
+    for name in sorted(res):
+        lines.append(f"- `{name}`: {provenance(runs.get(name, d.get('meta', {})))}")
+    lines += ["", "Controller:", "", "| size | measure | p50 | p90 | p99 | max | min | n | aim |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for name, key, label, aim in SCALE_DISTS:
+        for size, v in sorted(res.get(name, {}).items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            st = v.get(key) if isinstance(v, dict) else None
+            if isinstance(st, dict):
+                cells = [fmt(st.get(k), 2) for k in ("p50", "p90", "p99", "max", "min")]
+                lines.append(f"| {int(size):,} | {label} | " + " | ".join(cells) + f" | {st.get('n', 0)} | {aim} |")
+    lines += ["", "| size | measure | value | aim |", "|---|---|---|---|"]
+    for name, key, label, aim in SCALE_VALUES:
+        for size, v in sorted(res.get(name, {}).items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            if isinstance(v, dict) and key in v:
+                lines.append(f"| {int(size):,} | {label} | {fmt(v[key], 0)} | {aim} |")
+    members = {k: v for k, v in res.items() if not k.startswith("ctl_")}
+    if members:
+        lines += ["", "Members (medians; every figure of `results/scale.json`):", "",
+                  "| measurement | figure | value |", "|---|---|---|"]
+        for name, v in members.items():
+            flat = flatten(v)
+            picks = [k for k in flat if k.endswith((".p50", "_s", "_ms", ".mode", ".rejoins"))
+                     and not isinstance(flat[k], list | dict)][:24]
+            lines += [f"| {name} | {k} | {fmt(flat[k], 3)} |" for k in picks]
+    return [*lines, ""]
+
+
 def others_section() -> list[str]:
     """Headline figures of the other benchmarks, with links to their reports."""
     lines = ["## 8. Other benchmarks' figures (gathered from `results/*.json`)", "",
@@ -540,6 +599,7 @@ def main() -> int:
     lines += others_section()
     lines += hung_section([(n, mine[n]) for n in ("failover-stop", "failover-stop-liveness3")])
     lines += chaos_section(mine["chaos"])
+    lines += scale_section(mine["scale"])
     OUT.write_text("\n".join(lines))
     print(f"[report] wrote {OUT.relative_to(ROOT)}", flush=True)
     return 0
