@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from xce_controller.settings import ClusterConf as ClusterConf  # the state's config; re-exported
 from xce_controller.store import Loaded
+from xcecore.jobspec import ExitReason, describe_exit
 from xcecore.protocol import ACTIVE, FINISHED
 from xcecore.wire import ErrorCode, RemoteError
+
+SUBMIT_LIMITS = ("mem_limit", "run_limit", "stdout", "stderr", "stdin", "exclusive")
 
 Record = dict[str, Any]
 # (table, key, record or None to delete); a ``meta`` row's value is any JSON value.
@@ -291,6 +294,9 @@ class ClusterState:
             "alloc": [], "pid": None, "exit_status": None, "pend_reason": None, "reason": None,
             "signal": None, "attempt": 0, "forced": False, "usage": {},
         }
+        for name in SUBMIT_LIMITS:  # -M, -W, -o/-e/-i, -x: kept for the worker (docs/protocol-ops.md)
+            if name in args:
+                job[name] = args[name]
         self.jobs[jobid] = job
         ch = Changes(result={"jobid": jobid, "queue": qname, "state": "PEND"})
         self._job_changed(ch, job)
@@ -389,16 +395,24 @@ class ClusterState:
         if event in ("finish", "fail") and st in FINISHED:
             ch.result = job
             return ch
+        when = args.get("time", now)  # the worker's clock at the event, if it says
         if event == "start" and st in ACTIVE:
-            job.update(pid=args["pid"], start_time=now)
+            job.update(pid=args["pid"], start_time=when)
         elif event == "finish" and st in ACTIVE:
-            code = args["exit_status"]
-            job.update(state="DONE" if code == 0 else "EXIT", exit_status=code, end_time=now,
-                       signal=None, reason=None if code == 0 else f"exit status {code}")
+            code, why = args["exit_status"], args.get("exit_reason")
+            done = code == 0 and why in (None, "done")
+            reason = (describe_exit(cast(ExitReason, why), code) if why not in (None, "done")
+                      else f"exit status {code}")
+            job.update(state="DONE" if done else "EXIT", exit_status=code, end_time=when,
+                       signal=None, reason=None if done else reason)
+            if "usage" in args:  # the final figures
+                job["usage"] = args["usage"]
             self._release_slots(ch, job)
         elif event == "fail" and st in ACTIVE:
-            job.update(state="EXIT", exit_status=args.get("exit_status"), end_time=now,
+            job.update(state="EXIT", exit_status=args.get("exit_status"), end_time=when,
                        signal=None, reason="failed: " + args.get("reason", "failed"))
+            if "usage" in args:
+                job["usage"] = args["usage"]
             self._release_slots(ch, job)
         elif event == "stop" and st in ACTIVE:
             if st == "RUN":
