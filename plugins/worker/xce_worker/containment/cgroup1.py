@@ -11,7 +11,8 @@
   accounted, so a job cannot swap past its limit); the kernel's OOM killer acts inside the
   group only, and ``memory.oom_control``'s ``oom_kill`` count tells the worker it happened;
   ``memory.max_usage_in_bytes`` is the peak;
-- CPU time: ``cpuacct.usage_user`` / ``usage_sys`` (nanoseconds);
+- CPU time: ``cpuacct.usage`` (nanoseconds, exact), split into user and system time in the
+  proportion of ``cpuacct.stat``'s ticks;
 - cores: ``cpuset.cpus`` (``cpuset.mems`` copied from the parent, as v1 requires before a
   task may join).
 """
@@ -237,14 +238,14 @@ class JobGroupV1(JobGroup):
         acct = self.dirs.get("cpuacct")
         stats = [proc_stat(p) for p in pids] if acct is None or "memory" not in self.dirs else []
         if acct is not None:
-            user, sys_ = acct / "cpuacct.usage_user", acct / "cpuacct.usage_sys"
-            if user.exists():
-                u.utime = (read_int(user) or 0) / 1e9
-                u.stime = (read_int(sys_) or 0) / 1e9
-            else:
-                ticks = parse_flat_keyed(read_text(acct / "cpuacct.stat"))
-                tck = os.sysconf("SC_CLK_TCK")
-                u.utime, u.stime = ticks.get("user", 0) / tck, ticks.get("system", 0) / tck
+            # cpuacct.usage is the scheduler's exact total; the user/system split files are
+            # tick-sampled (measured here: 2.2 s of 3.1 s for two processes on one core), so
+            # they only apportion the total.
+            total = (read_int(acct / "cpuacct.usage") or 0) / 1e9
+            ticks = parse_flat_keyed(read_text(acct / "cpuacct.stat"))
+            user, system = ticks.get("user", 0), ticks.get("system", 0)
+            share = user / (user + system) if user + system else 1.0
+            u.utime, u.stime = total * share, total * (1.0 - share)
         else:  # members only: the time of processes that ended is lost without cpuacct
             u.utime = sum(s.utime + s.cutime for s in stats if s is not None)
             u.stime = sum(s.stime + s.cstime for s in stats if s is not None)
