@@ -36,7 +36,7 @@ DEFAULT_MEM_UNIT: Final = "MB"
 commonly set to MB; Slurm's ``--mem`` defaults to MB)."""
 MAX_MEM: Final = MEM_LIMIT_MAX  # the submission edge's limit (xcecore.schema.limits)
 
-_MEM_RE: Final = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]{0,2})\s*\Z")
+_MEM_RE: Final = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]{0,8})\s*\Z")
 _NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
