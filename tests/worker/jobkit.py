@@ -64,6 +64,14 @@ def ended(pm: ProcessManager, jobid: int, timeout: float = 30) -> dict[str, Any]
     return result
 
 
+def text_of(path: Path) -> str:
+    """The file's text, or "" while the job has not made it yet."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def is_dead(pid: int) -> bool:
     """True if ``pid`` is gone or a zombie."""
     try:

@@ -29,6 +29,7 @@ from jobkit import (
     manager,
     need_root,
     notes,
+    text_of,
 )
 from xce_worker.containment import ContainConfig, ContainmentError, Limits, builtin_specs, select
 from xce_worker.containment.cgroupfs import read_pids, read_text
@@ -246,7 +247,7 @@ def test_concurrent_jobs_get_distinct_cores(tmp_path: Path, kind: str) -> None:
         for i in (1, 2):
             assert pm.start(job(i, "grep Cpus_allowed_list /proc/self/status; sleep 30",
                                 stdout=f"cores{i}", cwd=str(tmp_path)))
-        got = [wait_for(lambda i=i: (tmp_path / f"cores{i}").read_text().split()[-1:], 10,
+        got = [wait_for(lambda i=i: text_of(tmp_path / f"cores{i}").split()[-1:], 10,
                         what="cores")[0] for i in (1, 2)]
         assert got[0] != got[1] and all("," not in g and "-" not in g for g in got)
         for i in (1, 2):
@@ -262,7 +263,7 @@ def test_job_is_in_its_group_and_groups_are_removed(tmp_path: Path, kind: str) -
         rj = pm.running[5]
         dirs = group_dirs(pm.containment)
         assert dirs and all("xce-h1-" in str(d) and d.name == "job-5.0" for d in dirs)
-        wait_for(lambda: "job-5.0" in (tmp_path / "cg").read_text(), 10, what="cgroup line")
+        wait_for(lambda: "job-5.0" in text_of(tmp_path / "cg"), 10, what="cgroup line")
         assert rj.pid in read_pids(dirs[0] / "cgroup.procs")
         pm.signal(5, 0, "kill")
         ended(pm, 5)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobkit import MB, PY, ended, job, manager, need_root
+from jobkit import MB, PY, ended, job, manager, need_root, text_of
 from test_worker_cluster import admin, host_up, job_state, start_worker, wait_log
 from xce_worker import attrs
 from xce_worker.attrs import gpu_facts, join_attributes
@@ -172,7 +172,7 @@ def test_jobs_get_distinct_gpus(tmp_path: Path) -> None:
             assert pm.start(job(i, 'echo "$CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER"; sleep 30',
                                 resreq="select[ngpus>0] rusage[ngpus=1]", cwd=str(tmp_path),
                                 stdout=f"g{i}"))
-        seen = [wait_for(lambda i=i: (tmp_path / f"g{i}").read_text().split(), 10,
+        seen = [wait_for(lambda i=i: text_of(tmp_path / f"g{i}").split(), 10,
                          what="devices") for i in (1, 2)]
         assert sorted(s[0] for s in seen) == ["0", "1"] and seen[0][1] == "PCI_BUS_ID"
         assert not pm.start(job(3, "true", resreq="rusage[ngpus=3]"))

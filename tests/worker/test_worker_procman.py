@@ -217,14 +217,26 @@ def test_shutdown_kills_when_configured(pm: ProcessManager) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root worker")
-def test_run_as_the_submitting_user(tmp_path: Path) -> None:
+def test_run_as_the_submitting_user() -> None:
     import pwd
+    import shutil
+    import tempfile
 
     nobody = pwd.getpwnam("nobody")
+    # The job opens its files as its user, so they must be where that user can reach (pytest's
+    # own temp tree is root's alone).
+    top = Path(tempfile.mkdtemp(prefix="xce-run-as-", dir="/tmp"))
+    top.chmod(0o755)
+    try:
+        _run_as_nobody(top, nobody)
+    finally:
+        shutil.rmtree(top)
+
+
+def _run_as_nobody(tmp_path: Path, nobody: Any) -> None:
     work = tmp_path / "work"
     work.mkdir()
     work.chmod(0o777)
-    tmp_path.chmod(0o755)
     state = tmp_path / "state"
     mgr = ProcessManager("h1", Journal(state / "journal.jsonl"), state, kill_grace=0.5, run_as_user=True)
     assert mgr.start(job(1, "id -un; echo $HOME", user="nobody", cwd=str(work),
@@ -232,6 +244,18 @@ def test_run_as_the_submitting_user(tmp_path: Path) -> None:
     assert ended(mgr, 1)["exit_status"] == 0
     assert (work / "out.txt").read_text().split() == ["nobody", nobody.pw_dir]
     assert (work / "out.txt").stat().st_uid == nobody.pw_uid
+    # The job's files are opened as its user: a file only root may write is not appended to.
+    secret = tmp_path / "root-only"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    assert mgr.start(job(3, "echo pwned", user="nobody", cwd=str(work), stdout=str(secret)))
+    report = ended(mgr, 3)
+    assert report["event"] == "fail" and "cannot be opened by its user" in report["reason"]
+    assert secret.read_text() == "root's\n" and secret.stat().st_uid == 0
+    # Without -o the output goes to the worker's spool, handed over to the user.
+    assert mgr.start(job(4, "id -un", user="nobody", cwd=str(work)))
+    assert ended(mgr, 4)["exit_status"] == 0
+    assert (state / "jobs" / "4.out").read_text().strip() == "nobody"
     # A user this host does not know fails the job with the reason, never runs it as root.
     assert not mgr.start(job(2, "true", user="no-such-user-xce", cwd=str(work)))
     report = ended(mgr, 2)

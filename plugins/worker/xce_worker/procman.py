@@ -59,7 +59,15 @@ from xce_worker.containment import (
 )
 from xce_worker.containment.binding import DevicePool
 from xce_worker.deadlines import Deadlines
-from xce_worker.jobstart import WRAPPER, JobError, JobSpec, job_env, output_paths
+from xce_worker.jobstart import (
+    NO_FILES,
+    NO_FILES_STATUS,
+    WRAPPER,
+    JobError,
+    JobSpec,
+    job_env,
+    output_paths,
+)
 from xce_worker.spool import Journal
 from xcecore.jobspec import ExitReason, describe_exit
 
@@ -90,6 +98,7 @@ class RunningJob:
     mem_limit: int | None = None
     run_left: float | None = None  # seconds of run limit left (None: no limit)
     run_since: float = 0.0  # monotonic start of the current running stretch
+    files: str = "files"  # its input and output paths, for a report that names them
 
     @property
     def key(self) -> str:
@@ -251,7 +260,7 @@ class ProcessManager:
         thread that reports its end)."""
         started = time.time()
         rj = RunningJob(spec.jobid, spec.attempt, popen.pid, status, group, popen,
-                        mem_limit=spec.mem_limit,
+                        mem_limit=spec.mem_limit, files=_files(*paths),
                         run_left=float(spec.run_limit) if spec.run_limit else None,
                         run_since=time.monotonic())
         with self._lock:
@@ -296,22 +305,24 @@ class ProcessManager:
         if owner is not None:
             identity = {"user": owner.pw_uid, "group": owner.pw_gid,
                         "extra_groups": os.getgrouplist(owner.pw_name, owner.pw_gid)}
-        if in_path is not None and not os.access(in_path, os.R_OK):
-            raise JobError(f"cannot start on {self.hname}: input file {str(in_path)!r} cannot "
-                           "be read")
+        if in_path is not None and not in_path.is_file():
+            raise JobError(f"cannot start on {self.hname}: input file {str(in_path)!r} does "
+                           "not exist")
+        if owner is not None:  # the default files are in the worker's spool: give them over
+            for path in {out_path, err_path}:
+                if path.parent == self.jobs_dir:
+                    path.touch()
+                    os.chown(path, owner.pw_uid, owner.pw_gid)
         gate_r, gate_w = os.pipe()
         try:
             try:
-                with open(out_path, "ab") as out, \
-                        (open(err_path, "ab") if err_path != out_path else _Same(out)) as err:
-                    if owner is not None:
-                        os.fchown(out.fileno(), owner.pw_uid, owner.pw_gid)
-                        os.fchown(err.fileno(), owner.pw_uid, owner.pw_gid)
-                    popen = subprocess.Popen(
-                        ["/bin/sh", "-c", WRAPPER, f"xce-job-{spec.jobid}", spec.command,
-                         str(status), str(in_path) if in_path is not None else os.devnull],
-                        cwd=spec.cwd, env=env, stdin=gate_r, stdout=out, stderr=err,
-                        start_new_session=True, close_fds=True, **identity)
+                popen = subprocess.Popen(
+                    ["/bin/sh", "-c", WRAPPER, f"xce-job-{spec.jobid}", spec.command,
+                     str(status), str(in_path) if in_path is not None else os.devnull,
+                     str(out_path), str(err_path)],
+                    cwd=spec.cwd, env=env, stdin=gate_r, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                    **identity)
             finally:
                 os.close(gate_r)
         except BaseException as exc:
@@ -438,6 +449,9 @@ class ProcessManager:
         if status is None and cause is None:
             self._report_fail(rj.jobid, rj.attempt, "the worker restarted while the job ran; "
                               "its exit status is unknown", time_=ended)
+        elif cause is None and status == NO_FILES_STATUS and _no_files(rj.status_file):
+            self._report_fail(rj.jobid, rj.attempt, f"cannot start on {self.hname}: the job's "
+                              f"{rj.files} cannot be opened by its user", status, time_=ended)
         elif cause is None and status in (126, 127):
             what = "not found" if status == 127 else "not executable"
             self._report_fail(rj.jobid, rj.attempt,
@@ -645,17 +659,21 @@ def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class _Same:
-    """``open()``'s context for stderr when it is the stdout file: the same file object."""
+def _files(out: Path, err: Path, stdin: Path | None) -> str:
+    names = [f"output file {str(out)!r}"]
+    if err != out:
+        names.append(f"error file {str(err)!r}")
+    if stdin is not None:
+        names.append(f"input file {str(stdin)!r}")
+    return " or ".join(names)
 
-    def __init__(self, fh: Any) -> None:
-        self.fh = fh
 
-    def __enter__(self) -> Any:
-        return self.fh
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+def _no_files(status_file: Path) -> bool:
+    """True if the wrapper said it could not open the job's files."""
+    try:
+        return status_file.read_text().strip() == NO_FILES
+    except OSError:
+        return False
 
 
 def _await_command(rj: RunningJob, timeout: float = 1.0) -> None:
