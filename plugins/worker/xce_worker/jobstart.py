@@ -21,25 +21,27 @@ from typing import Any
 
 from xcecore.jobspec import JobSpecError, expand_path
 
-# The wrapper: $1 is the command, $2 the status file, $3 the job's input (a file or
-# /dev/null), $4 and $5 its output and error files. Its stdin starts as the gate: it waits
-# for one line there (the worker writes it once the wrapper is in the job's group, bound to
-# its cores, with its rlimits: nothing of the job runs outside of them). (The gate is stdin,
-# not a descriptor of its own, because dash takes only descriptors 0-9 in redirections.)
-# Then it opens the job's files itself, as the user the job runs as, so a job can read and
-# write only what its user may (a root worker opening them would let a job append to any
-# file); if it cannot, it writes NO_FILES as its status and exits 124 without running the
-# command. Trapping TERM/INT/HUP (with a handler, not "ignore", so the command does not
-# inherit an ignored signal) keeps the wrapper alive long enough to record how the command
-# ended. The status is written in place with a builtin: a wrapper killed mid-write leaves an
-# empty or missing file, read as "exit status unknown".
+# The wrapper: $1 is the command, $2 the job's input (a file or /dev/null), $3 and $4 its
+# output and error files; its stdout is the status file, opened by the worker (so the wrapper
+# can write it whoever it runs as and wherever the worker's spool is). Its stdin starts as the
+# gate: it waits for one line there (the worker writes it once the wrapper is in the job's
+# group, bound to its cores, with its rlimits: nothing of the job runs outside of them). (The
+# gate and the status are stdin and stdout, not descriptors of their own, because dash takes
+# only descriptors 0-9 in redirections.) It keeps the status file as descriptor 3, which the
+# command does not inherit. Then it opens the job's files itself, as the user the job runs
+# as, so a job can read and write only what its user may (a root worker opening them would
+# let a job append to any file); if it cannot, it writes NO_FILES as its status and exits 124
+# without running the command. Trapping TERM/INT/HUP (with a handler, not "ignore", so the
+# command does not inherit an ignored signal) keeps the wrapper alive long enough to record
+# how the command ended. The status is one write of a builtin: a wrapper killed before it
+# leaves an empty file, read as "exit status unknown".
 NO_FILES = "no-files"
 NO_FILES_STATUS = 124
-WRAPPER = ('read _ || exit 125; '
-           '{ true <"$3" && true >>"$4" && true 2>>"$5"; } 2>/dev/null || '
-           f'{{ echo {NO_FILES} > "$2"; exit {NO_FILES_STATUS}; }}; '
-           'exec <"$3" >>"$4" 2>>"$5"; trap : TERM INT HUP; '
-           '/bin/sh -c "$1"; s=$?; printf "%s\\n" "$s" > "$2"; exit "$s"')
+WRAPPER = ('read _ || exit 125; exec 3>&1 >/dev/null; '
+           '{ true <"$2" && true >>"$3" && true 2>>"$4"; } 2>/dev/null || '
+           f'{{ echo {NO_FILES} >&3; exit {NO_FILES_STATUS}; }}; '
+           'exec <"$2" >>"$3" 2>>"$4"; trap : TERM INT HUP; '
+           '/bin/sh -c "$1" 3>&-; s=$?; printf "%s\\n" "$s" >&3; exit "$s"')
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 

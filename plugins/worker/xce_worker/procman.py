@@ -214,14 +214,7 @@ class ProcessManager:
             raise JobError(f"working directory {spec.cwd!r} does not exist on {self.hname}")
         paths = output_paths(spec, self.jobs_dir)
         owner = self._owner(spec)
-        status = self.jobs_dir / f"{spec.key}.status"
-        if owner is not None:
-            # The wrapper, running as the user, writes its status where that user may write.
-            rundir = self.jobs_dir / f"{spec.key}.d"
-            rundir.mkdir(exist_ok=True)
-            os.chown(rundir, owner.pw_uid, owner.pw_gid)
-            status = rundir / "status"
-        status.unlink(missing_ok=True)
+        status = self.jobs_dir / f"{spec.key}.status"  # the wrapper's stdout: opened here
         cpus, gpus = self._devices(spec)
         try:
             extra = {"XCE_CPUS": ",".join(map(str, cpus))} if cpus else {}
@@ -316,13 +309,14 @@ class ProcessManager:
         gate_r, gate_w = os.pipe()
         try:
             try:
-                popen = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, f"xce-job-{spec.jobid}", spec.command,
-                     str(status), str(in_path) if in_path is not None else os.devnull,
-                     str(out_path), str(err_path)],
-                    cwd=spec.cwd, env=env, stdin=gate_r, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                    **identity)
+                with open(status, "wb") as status_fh:  # truncated: empty means "unknown"
+                    popen = subprocess.Popen(
+                        ["/bin/sh", "-c", WRAPPER, f"xce-job-{spec.jobid}", spec.command,
+                         str(in_path) if in_path is not None else os.devnull,
+                         str(out_path), str(err_path)],
+                        cwd=spec.cwd, env=env, stdin=gate_r, stdout=status_fh,
+                        stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                        **identity)
             finally:
                 os.close(gate_r)
         except BaseException as exc:
