@@ -37,12 +37,11 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
 from typing import Any, Final, ParamSpec, TypeVar
 
+from xcecore.jobenv import EnvOption
 from xcecore.jobspec import (
     DEFAULT_MEM_UNIT,
-    EnvOption,
     JobSpecError,
     parse_env_option,
     parse_exclusive,
@@ -55,29 +54,39 @@ MAX_SCRIPT: Final = 1 << 20  # directives are read from the first MiB only
 _SLURM_PATTERNS: Final = {"j": "%J", "a": "%I", "A": "%J", "%": "%%"}
 
 
-@dataclass(slots=True)
 class Directives:
-    """What a script's directives ask for; None (or empty) where they say nothing."""
+    """What a script's directives ask for; None where they say nothing. (A plain class, not
+    a dataclass: ``xce submit script.sh`` imports this module, and ``dataclasses`` would cost
+    it ~10 ms.)"""
 
-    queue: str | None = None
-    name: str | None = None
-    ntasks: int | None = None
-    resreq: str | None = None
-    mem_limit: int | None = None
-    run_limit: int | None = None
-    stdout: str | None = None
-    stderr: str | None = None
-    stdin: str | None = None
-    exclusive: bool | None = None
-    project: str | None = None
-    cwd: str | None = None
-    env: EnvOption | None = None
-    warnings: list[str] = field(default_factory=list)
+    FIELDS: Final = ("queue", "name", "ntasks", "resreq", "mem_limit", "run_limit", "stdout",
+                     "stderr", "stdin", "exclusive", "project", "cwd", "env")
+    __slots__ = (*FIELDS, "warnings")
+
+    queue: str | None
+    name: str | None
+    ntasks: int | None
+    resreq: str | None
+    mem_limit: int | None
+    run_limit: int | None
+    stdout: str | None
+    stderr: str | None
+    stdin: str | None
+    exclusive: bool | None
+    project: str | None
+    cwd: str | None
+    env: EnvOption | None
+    warnings: list[str]
+
+    def __init__(self) -> None:
+        for name in self.FIELDS:
+            setattr(self, name, None)
+        self.warnings = []
 
     def given(self) -> dict[str, Any]:
         """The fields a directive set (warnings excluded)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "warnings" and getattr(self, f.name) is not None}
+        return {name: getattr(self, name) for name in self.FIELDS
+                if getattr(self, name) is not None}
 
 
 class _Line:

@@ -7,8 +7,8 @@ Pure functions shared by whoever submits a job (the CLI, REST) and the worker th
 - :func:`parse_run_limit` — LSF's ``-W [hours:]minutes`` (also xce's ``--time``), and
   :func:`parse_slurm_time` — Slurm's ``--time`` forms; both in seconds;
 - :func:`parse_exclusive` — ``-x`` / ``--exclusive[=...]``;
-- :func:`parse_env_option` / :func:`resolve_env` — ``--env none|all|VAR,...`` (LSF ``bsub
-  -env``; Slurm's ``--export`` maps to the same record);
+- :func:`parse_env_option` — ``--env none|all|VAR,...`` (LSF ``bsub -env``; Slurm's
+  ``--export`` maps to the same :class:`xcecore.jobenv.EnvOption`);
 - :func:`expand_path` — ``%J`` (job id), ``%I`` (array index, 0 for a job that is not in an
   array, as LSF does) and ``%A`` (the attempt) in ``-o``/``-e``/``-i`` paths;
 - :data:`EXIT_REASONS` and :func:`describe_exit` — how a job ended, as the worker reports it.
@@ -21,10 +21,9 @@ Nothing here imports anything heavy or names a role.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from xcecore.jobenv import EnvMode, EnvOption
 from xcecore.schema.limits import MEM_LIMIT_MAX, RUN_LIMIT_MAX
 
 MEM_UNITS: Final[dict[str, int]] = {
@@ -44,7 +43,9 @@ class JobSpecError(ValueError):
     """A submission option's value is malformed; the message names the option and why."""
 
 
-def _unit(text: str, what: str) -> int:
+def mem_unit(text: str, *, what: str) -> int:
+    """The bytes in a memory unit: ``B``, ``KB`` or ``K``, ``MB`` or ``M``, ... ``EB``
+    (case-insensitive, binary); anything else is a :class:`JobSpecError` naming ``what``."""
     word = text.upper()
     if word.endswith("B") and len(word) == 2:
         word = word[0]
@@ -63,7 +64,8 @@ def parse_mem(text: str, default_unit: str = DEFAULT_MEM_UNIT, *, what: str = "-
     if m is None:
         raise JobSpecError(f"{what}: {text!r} is not a memory amount (e.g. 64MB, 2G, 512)")
     number, unit = m.groups()
-    scale = _unit(unit, what) if unit else _unit(default_unit, f"{what} default unit")
+    scale = (mem_unit(unit, what=what) if unit else
+             mem_unit(default_unit, what=f"{what} default unit"))
     value = float(number) * scale if "." in number else int(number) * scale
     if value < 1:
         raise JobSpecError(f"{what}: {text!r} must be at least one byte")
@@ -164,22 +166,6 @@ def parse_exclusive(value: str | bool | None, *, what: str = "--exclusive") -> b
 
 # ----------------------------------------------------------------------------- environment
 
-EnvMode = Literal["all", "none", "list"]
-NOT_PROPAGATED: Final = frozenset({"_", "PWD", "OLDPWD", "SHLVL"})
-"""Shell bookkeeping that would be wrong on another host or in another directory."""
-
-
-@dataclass(frozen=True, slots=True)
-class EnvOption:
-    """What ``--env`` asks for: every variable (less ``exclude``), none, or the ``names``
-    listed; ``assign`` sets variables to given values on top."""
-
-    mode: EnvMode = "all"
-    names: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    assign: Mapping[str, str] = field(default_factory=dict)
-
-
 def _env_name(name: str, what: str) -> str:
     if not _NAME_RE.match(name):
         raise JobSpecError(f"{what}: {name!r} is not a variable name")
@@ -216,19 +202,6 @@ def parse_env_option(text: str, *, what: str = "--env") -> EnvOption:
         else:
             names.append(_env_name(item, what))
     return EnvOption(mode, tuple(names), tuple(exclude), assign)
-
-
-def resolve_env(option: EnvOption, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables a job gets from its submitter's ``environ`` under ``option``."""
-    if option.mode == "none":
-        picked: dict[str, str] = {}
-    elif option.mode == "all":
-        skip = NOT_PROPAGATED | set(option.exclude)
-        picked = {k: v for k, v in environ.items() if k not in skip}
-    else:
-        picked = {k: environ[k] for k in option.names if k in environ}
-    picked.update(option.assign)
-    return picked
 
 
 # ----------------------------------------------------------------------------- output paths

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from xcecore.jobenv import EnvOption, resolve_env, submittable
 from xcecore.jobscript import parse_script
 from xcecore.jobspec import (
     MEM_UNITS,
-    EnvOption,
     JobSpecError,
     describe_exit,
     expand_path,
@@ -22,7 +22,6 @@ from xcecore.jobspec import (
     parse_mem,
     parse_run_limit,
     parse_slurm_time,
-    resolve_env,
 )
 
 MB = 1 << 20
@@ -140,6 +139,33 @@ def test_resolve_env(environ: dict[str, str], names: list[str]) -> None:
     excluded = resolve_env(EnvOption("all", exclude=tuple(names), assign={"XCE_T": "1"}),
                            environ)
     assert not set(excluded) & (set(names) - {"XCE_T"}) and excluded["XCE_T"] == "1"
+
+
+ENV_TEXT = st.text(st.sampled_from("aZ_9 =%\t\n\r\x00\x1b\x7f\x85é"), max_size=6)
+
+
+@given(st.dictionaries(ENV_TEXT, ENV_TEXT, max_size=8))
+def test_submittable_keeps_exactly_what_the_edge_accepts(environ: dict[str, str]) -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    from xcecore.schema import types as t
+
+    edge = TypeAdapter(t.Env)
+    kept, dropped = submittable(environ)
+    assert edge.validate_python(kept) == kept
+    assert len(kept) + len(dropped) == len(environ)
+    for name in set(environ) - set(kept):
+        with pytest.raises(ValidationError):
+            edge.validate_python({name: environ[name]})
+        assert any(d.startswith(f"{name[:64]} (") for d in dropped)
+
+
+def test_submittable_bounds_the_count_and_the_values() -> None:
+    many = {f"V{i:05d}": "x" for i in range(1100)}
+    kept, dropped = submittable({**many, "LONG": "y" * 40_000})
+    assert len(kept) == 1024 and kept["V00000"] == "x" and "LONG" not in kept
+    assert "LONG (a value longer than 32,768 characters)" in dropped
+    assert sum("more than 1,024 variables" in d for d in dropped) == 1100 - 1024
 
 
 def test_expand_path() -> None:

@@ -16,8 +16,8 @@ from test_worker_cluster import admin, host_up, job_state, start_worker, wait_lo
 from xce_worker import attrs
 from xce_worker.attrs import gpu_facts, join_attributes
 
+from xcecore.jobenv import resolve_env
 from xcecore.jobscript import parse_script
-from xcecore.jobspec import resolve_env
 from xcecore.testing import LocalCluster, wait_for
 
 pytestmark = pytest.mark.timeout(120)
