@@ -90,6 +90,9 @@ def run(argv: list[str]) -> int:
         session = Session(opts)
         try:
             return cmd.run(session, ns) or 0
+        except ArgError as exc:  # an option's value the command itself found malformed
+            sys.stderr.write(f"{usage(cmd)}\nTry 'xce {name} --help' for help.\n\nError: {exc}\n")
+            return 2
         finally:
             session.close()
     except CommandError as exc:
