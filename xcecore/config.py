@@ -43,6 +43,9 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 def _check_cluster(values: dict[str, Any]) -> None:
     _check_site_resources(values["resources"])
+    from xcecore.jobspec import mem_unit
+
+    mem_unit(values["unit_for_limits"], what="unit_for_limits")  # a JobSpecError: ValueError
     if values["event_loop"] not in EVENT_LOOPS:
         raise ValueError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, "
                          f"got {values['event_loop']!r}")

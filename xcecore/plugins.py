@@ -17,21 +17,21 @@ import importlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from xcecore import __version__, hookspecs
-from xcecore.records import ConfigSection
-from xcecore.role import RoleContext, RoleSpec
+from xcecore.entrypoints import EntryPoint, scan
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: `xce --help` imports this module for its names only
     import click
 
     from xcecore.candidates import Candidate
     from xcecore.config import Config
+    from xcecore.records import ConfigSection
+    from xcecore.role import RoleSpec
 
 ENTRY_POINT_GROUP = "xce.plugins"
 ENV_NO_AUTOLOAD = "XCE_DISABLE_PLUGIN_AUTOLOAD"
@@ -61,9 +61,10 @@ class PluginInfo:
     hooks: tuple[str, ...]
 
 
-def _installed() -> dict[str, EntryPoint]:
+def installed_plugins() -> dict[str, EntryPoint]:
+    """The installed entry-point plugins by name; a name declared twice is an error."""
     found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in scan(ENTRY_POINT_GROUP):
         if ep.name in found or ep.name in BUILTINS:
             raise PluginError(
                 f"plugin name {ep.name!r} is declared twice ({ep.value} and "
@@ -136,7 +137,7 @@ class PluginManager:
     def load(cls, plugins_section: Mapping[str, Any] | None = None) -> PluginManager:
         """Build a manager from the installed plugins, selected by ``[plugins]`` and the env."""
         self = cls()
-        installed = _installed()
+        installed = installed_plugins()
         autoload = os.environ.get(ENV_NO_AUTOLOAD, "") not in ("1", "true", "yes")
         section = plugins_section or {}
         chosen = select_plugins(section, installed, autoload=autoload)
@@ -177,8 +178,8 @@ class PluginManager:
         for name, plugin in self.pm.list_name_plugin():
             hooks = tuple(sorted(c.name for c in self.pm.get_hookcallers(plugin) or ()))
             ep = self._entry_points.get(name)
-            if ep is not None and ep.dist is not None:  # parsing METADATA costs: only here
-                dist, version = ep.dist.name, ep.dist.version
+            if ep is not None:  # reading METADATA costs: only here
+                dist, version = ep.distribution()
             else:
                 dist, version = self._dists.get(name, ("-", "-"))
             out.append(PluginInfo(name, dist, version, hooks))
@@ -187,6 +188,8 @@ class PluginManager:
     # ---------------------------------------------------------------- registration hooks
     def roles(self) -> dict[str, RoleSpec]:
         """Every registered role by name; a name registered twice is an error naming both."""
+        from xcecore.role import RoleSpec
+
         roles: dict[str, RoleSpec] = {}
         for specs in self.pm.hook.xce_roles():
             for spec in specs or ():
@@ -224,6 +227,8 @@ class PluginManager:
         Builds the role's object for a fresh context (no connection) and asks it, as ``xce
         run`` does: for unit tests and tools. Raises what the role's factory raises.
         """
+        from xcecore.role import RoleContext
+
         spec = self.roles().get(role)
         if spec is None:
             return None

@@ -31,9 +31,9 @@ sys.exit(code)
 """
 
 
-def _run(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(config: Path, *args: str, names: tuple[str, ...] = HEAVY) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "XCE_CONFIG": str(config)}
-    return subprocess.run([sys.executable, "-c", PROBE.format(names=repr(set(HEAVY))), *args],
+    return subprocess.run([sys.executable, "-c", PROBE.format(names=repr(set(names))), *args],
                           capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -55,6 +55,19 @@ def test_one_shot_commands_load_no_plugin_no_event_loop(cluster: LocalCluster) -
         assert _heavy(res) == [], (args, _heavy(res))
     jobs = orjson.loads(_run(cluster.config_path, "jobs", "--json").stdout)
     assert [j["command"] for j in jobs] == ["true"]
+
+
+def test_submit_loads_the_job_parsers_only_when_used(cluster: LocalCluster, tmp_path: Path) -> None:
+    parsers = ("xcecore.jobspec", "xcecore.jobscript", "shlex")
+    plain = _run(cluster.config_path, "submit", "--", "true", names=parsers)
+    assert plain.returncode == 0 and _heavy(plain) == [], (plain.stderr, _heavy(plain))
+    limited = _run(cluster.config_path, "submit", "-M", "64MB", "-W", "10", "--env", "none", "-x",
+                   "-o", "o.%J", "--", "true")
+    assert limited.returncode == 0 and _heavy(limited) == [], (limited.stderr, _heavy(limited))
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#BSUB -J scripted -M 8MB\ntrue\n")
+    scripted = _run(cluster.config_path, "submit", str(script))
+    assert scripted.returncode == 0 and _heavy(scripted) == [], (scripted.stderr, _heavy(scripted))
 
 
 def test_outcome_command(cluster: LocalCluster) -> None:

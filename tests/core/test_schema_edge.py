@@ -55,10 +55,46 @@ def _invalid(op: str, args: dict[str, Any]) -> RemoteError:
     ({"command": "x", "user": "u", "ntasks": 2**31}, "ntasks", "<= 2147483647"),
     ({"command": "x" * (lim.COMMAND_MAX + 1), "user": "u"}, "command", "at most 32,768 characters"),
     ({"command": "x", "user": "u", "queue": "q" * 256}, "queue", "at most 255 characters"),
+    ({"command": "x", "user": "u", "mem_limit": 0}, "mem_limit", ">= 1, got 0"),
+    ({"command": "x", "user": "u", "mem_limit": 2**62 + 1}, "mem_limit", f"<= {2**62}"),
+    ({"command": "x", "user": "u", "mem_limit": 1.5}, "mem_limit", "must be int, got float"),
+    ({"command": "x", "user": "u", "run_limit": True}, "run_limit", "must be int, got bool"),
+    ({"command": "x", "user": "u", "run_limit": lim.RUN_LIMIT_MAX + 1}, "run_limit", "<= 3153600000"),
+    ({"command": "x", "user": "u", "stdout": "out.%x"}, "stdout", "unknown pattern %x (use %J, %I, %A)"),
+    ({"command": "x", "user": "u", "stdout": "out.%"}, "stdout", "a lone % at the end"),
+    ({"command": "x", "user": "u", "stderr": "a\nb"}, "stderr", "found U+000A at position 1"),
+    ({"command": "x", "user": "u", "stdin": ""}, "stdin", "is empty"),
+    ({"command": "x", "user": "u", "stdin": "i" * (lim.PATH_MAX + 1)}, "stdin", "at most 4,096 characters"),
+    ({"command": "x", "user": "u", "exclusive": "yes"}, "exclusive", "must be bool, got str"),
 ])
 def test_violations_name_the_field_and_the_limit(args: dict[str, Any], path: str, words: str) -> None:
     err = _invalid("jobsubmit", args)
     assert err.data["arg"] == path and words in err.message and f"'{path}'" in err.message, err.message
+
+
+def test_the_job_execution_fields_are_taken_within_their_limits() -> None:
+    args = {"command": "x", "user": "u", "mem_limit": 64 * 2**20, "run_limit": 5400,
+            "stdout": "out.%J.%I", "stderr": "err.%A%%", "stdin": "in", "exclusive": True}
+    assert SCHEMAS["jobsubmit"].check(args) == args
+    report = {"jobid": 1, "event": "finish", "exit_status": 137, "attempt": 0, "time": 1.7e9,
+              "usage": {"cputime": 1.25, "max_mem": 64.0, "pids": [1, 2]}, "exit_reason": "mem_limit"}
+    assert SCHEMAS["notify_job"].check(report) == report
+    assert SCHEMAS["notify_job"].check({"jobid": 1, "event": "start", "pid": 7, "time": 0})["time"] == 0
+
+
+@pytest.mark.parametrize(("args", "path", "words"), [
+    ({"time": -1}, "time", ">= 0"),
+    ({"time": 1e300}, "time", "<= 253402300799"),
+    ({"time": float("nan")}, "time", "finite number"),
+    ({"time": "now"}, "time", "must be float, got str"),
+    ({"exit_reason": "oom"}, "exit_reason", "must be one of 'done', 'exit_code', 'signal', "
+                                            "'mem_limit', 'run_limit', 'killed' or 'no_start'"),
+    ({"usage": {"cpu": float("inf")}}, "usage.cpu", "finite number"),
+    ({"usage": [1]}, "usage", "must be object, got list"),
+])
+def test_worker_reports_are_bounded(args: dict[str, Any], path: str, words: str) -> None:
+    err = _invalid("notify_job", {"jobid": 1, "event": "finish", "exit_status": 0, **args})
+    assert err.data["arg"] == path and words in err.message, err.message
 
 
 def test_free_form_values_are_bounded() -> None:
@@ -97,7 +133,9 @@ def test_the_wire_bounds_every_request_whatever_the_op() -> None:
 
 
 @pytest.mark.parametrize("bad", [{"env": {"A": "v\x00"}}, {"ntasks": 0}, {"cwd": "\x07"},
-                                 {"queue": "a b"}, {"command": " "}])
+                                 {"queue": "a b"}, {"command": " "}, {"mem_limit": 0},
+                                 {"run_limit": 2**40}, {"stdout": "o.%q"}, {"stdin": ""},
+                                 {"exclusive": 1}])
 def test_rest_and_wire_refuse_the_same_value_in_the_same_words(bad: dict[str, Any]) -> None:
     from pydantic import ValidationError
     from xce_apiserver import models as m

@@ -147,11 +147,15 @@ def test_reports_survive_a_worker_restart(
         xce_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
     cl = xce_cluster(1)
     state = tmp_path / "w3"
+    release = tmp_path / "release"
     w = start_worker(cl, "n3", state, "w3-first")
     with admin(cl) as c:
         wait_for(lambda: host_up(c, "n3"), 20, what="host n3")
         short = run_job(c, "n3", "sleep 0.5; exit 3")
-        long = run_job(c, "n3", "sleep 3; exit 4")
+        # The long job runs until the test releases it (not a fixed sleep: a loaded machine
+        # took over 3 s to restart the controller and the worker, and the job ended first).
+        long = run_job(c, "n3", f"for i in $(seq 1200); do [ -e {release} ] && exit 4; "
+                                "sleep 0.05; done; exit 9")
     wait_log(w, f"reported job {long} start")
     wait_log(w, f"reported job {short} start")
     cl.candidates[0].kill()  # outage: one job ends, then the worker stops with one running
@@ -163,6 +167,7 @@ def test_reports_survive_a_worker_restart(
     cl.wait_primary()
     w2 = start_worker(cl, "n3", state, "w3-second")
     wait_log(w2, f"re-adopted job {long}")
+    release.touch()
     with admin(cl) as c:
         for jobid, status in ((short, 3), (long, 4)):  # long: from the wrapper's status file
             job = wait_for(lambda j=jobid: (r := job_state(c, j))["state"] == "EXIT" and r,

@@ -59,7 +59,11 @@ def test_shell_status() -> None:
 def test_exit_codes_and_reports_in_order(pm: ProcessManager) -> None:
     assert pm.start(job(1, "exit 0"))
     assert pm.start(job(2, "echo out; echo err >&2; exit 3"))
-    assert ended(pm, 1) == {"jobid": 1, "event": "finish", "exit_status": 0, "attempt": 0}
+    report = ended(pm, 1)
+    assert {k: report[k] for k in ("jobid", "event", "exit_status", "attempt", "exit_reason")} \
+        == {"jobid": 1, "event": "finish", "exit_status": 0, "attempt": 0, "exit_reason": "done"}
+    assert abs(report["time"] - time.time()) < 30 and "cputime" in report["usage"]
+    assert ended(pm, 2)["exit_reason"] == "exit_code"
     assert ended(pm, 2)["exit_status"] == 3
     events = [a["event"] for a in notes(pm, 2)]
     assert events == ["start", "finish"]
@@ -79,9 +83,9 @@ def test_cwd_env_and_named_output(pm: ProcessManager, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     pm.start(job(7, 'pwd; echo "$GREETING $XCE_JOBID $XCE_HOSTS"', cwd=str(work),
-                 env={"GREETING": "hi", "XCE_STDOUT": "job-%J.txt"}))
+                 env={"GREETING": "hi"}, stdout="job-%J.%I.txt"))
     ended(pm, 7)
-    assert (work / "job-7.txt").read_text() == f"{work}\nhi 7 h1\n"
+    assert (work / "job-7.0.txt").read_text() == f"{work}\nhi 7 h1\n"
 
 
 def test_bad_cwd_is_a_clear_failure(pm: ProcessManager, tmp_path: Path) -> None:
@@ -99,7 +103,7 @@ def test_command_not_found_is_a_clear_failure(pm: ProcessManager) -> None:
 
 
 def test_unwritable_output_cannot_start(pm: ProcessManager, tmp_path: Path) -> None:
-    pm.start(job(5, "true", env={"XCE_STDOUT": str(tmp_path / "no" / "dir" / "out")}))
+    pm.start(job(5, "true", stdout=str(tmp_path / "no" / "dir" / "out")))
     report = ended(pm, 5)
     assert report["event"] == "fail" and "cannot start" in report["reason"]
 
@@ -164,11 +168,12 @@ def test_signals_for_ended_or_unknown_jobs(pm: ProcessManager) -> None:
 def test_usage_reported(pm: ProcessManager) -> None:
     pm.start(job(15, "sleep 60"))
     wait_for(lambda: len(psutil.Process(pm.running[15].pid).children()) > 0, 5, what="child")
-    pm.sample_usage()
+    pm.sample_jobs()
     key, op, args = pm.posts[-1]  # type: ignore[attr-defined]
     assert (key, op) == ("jusage:15", "update_jusage")
     usage = args["usage"]
-    assert usage["mem"] > 0 and len(usage["pids"]) >= 2 and usage["nthreads"] >= 2
+    assert usage["mem"] > 0 and usage["max_mem"] >= usage["mem"] and len(usage["pids"]) >= 2
+    assert usage["nprocs"] == len(usage["pids"]) and usage["swap"] >= 0  # VmSwap, summed
     pm.signal(15, 0, "kill")
     ended(pm, 15)
 
@@ -212,21 +217,45 @@ def test_shutdown_kills_when_configured(pm: ProcessManager) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root worker")
-def test_run_as_the_submitting_user(tmp_path: Path) -> None:
+def test_run_as_the_submitting_user() -> None:
     import pwd
+    import shutil
+    import tempfile
 
     nobody = pwd.getpwnam("nobody")
+    # The job opens its files as its user, so they must be where that user can reach (pytest's
+    # own temp tree is root's alone).
+    top = Path(tempfile.mkdtemp(prefix="xce-run-as-", dir="/tmp"))
+    top.chmod(0o755)
+    try:
+        _run_as_nobody(top, nobody)
+    finally:
+        shutil.rmtree(top)
+
+
+def _run_as_nobody(tmp_path: Path, nobody: Any) -> None:
     work = tmp_path / "work"
     work.mkdir()
     work.chmod(0o777)
-    tmp_path.chmod(0o755)
     state = tmp_path / "state"
     mgr = ProcessManager("h1", Journal(state / "journal.jsonl"), state, kill_grace=0.5, run_as_user=True)
     assert mgr.start(job(1, "id -un; echo $HOME", user="nobody", cwd=str(work),
-                         env={"XCE_STDOUT": "out.txt"}))
+                         stdout="out.txt", stderr="err.txt"))
     assert ended(mgr, 1)["exit_status"] == 0
     assert (work / "out.txt").read_text().split() == ["nobody", nobody.pw_dir]
     assert (work / "out.txt").stat().st_uid == nobody.pw_uid
+    # The job's files are opened as its user: a file only root may write is not appended to.
+    secret = tmp_path / "root-only"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    assert mgr.start(job(3, "echo pwned", user="nobody", cwd=str(work), stdout=str(secret)))
+    report = ended(mgr, 3)
+    assert report["event"] == "fail" and "cannot be opened by its user" in report["reason"]
+    assert secret.read_text() == "root's\n" and secret.stat().st_uid == 0
+    # Without -o the output goes to the worker's spool, handed over to the user.
+    assert mgr.start(job(4, "id -un", user="nobody", cwd=str(work)))
+    assert ended(mgr, 4)["exit_status"] == 0
+    assert (state / "jobs" / "4.out").read_text().strip() == "nobody"
     # A user this host does not know fails the job with the reason, never runs it as root.
     assert not mgr.start(job(2, "true", user="no-such-user-xce", cwd=str(work)))
     report = ended(mgr, 2)
@@ -242,19 +271,21 @@ def test_without_run_as_user_jobs_run_as_the_worker(pm: ProcessManager, tmp_path
     assert out.read_text().strip() == getpass.getuser()
 
 
-def test_job_usage_reports_swap_as_swap_not_the_virtual_size() -> None:
+def test_job_usage_reports_swap_as_swap_not_the_virtual_size(pm: ProcessManager) -> None:
     """``swap`` is what the kernel swapped out (VmSwap), not the virtual memory size."""
-    from xce_worker.procman import job_usage, swapped_bytes
+    from xce_worker.containment.cgroupfs import proc_memory
 
-    usage = job_usage(os.getpid())
-    assert usage is not None
-    me = psutil.Process()
-    own = [me, *me.children(recursive=True)]
-    assert usage["vmem"] >= me.memory_info().vms / (1024 * 1024) * 0.9
-    swapped = sum(swapped_bytes(p.pid) for p in own) / (1024 * 1024)
-    assert abs(usage["swap"] - swapped) < max(1.0, swapped * 0.1)
-    assert usage["swap"] < usage["vmem"]  # a Python process maps far more than it swaps
+    pm.start(job(40, "sleep 60"))
+    rj = pm.running[40]
+    wait_for(lambda: len(rj.group.pids()) >= 2, 5, what="the job's processes")
+    usage = rj.group.usage()
+    swapped = sum(proc_memory(p)[1] for p in usage.pids)
+    assert usage.swap == swapped  # the members' VmSwap, summed
+    vsize = sum(psutil.Process(p).memory_info().vms for p in usage.pids)
+    assert usage.swap is not None and usage.swap < vsize  # far less than the address space
     status = Path(f"/proc/{os.getpid()}/status").read_text()
     line = next(x for x in status.splitlines() if x.startswith("VmSwap:"))
-    assert swapped_bytes(os.getpid()) == int(line.split()[1]) * 1024
-    assert swapped_bytes(2**22 + 12345) == 0  # no such process
+    assert proc_memory(os.getpid())[1] == int(line.split()[1]) * 1024
+    assert proc_memory(2**22 + 12345) == (0, 0)  # no such process
+    pm.signal(40, 0, "kill")
+    ended(pm, 40)

@@ -13,6 +13,8 @@ from typing import Any
 
 import psutil
 import pytest
+from jobkit import ended, group_dirs, manager, need_root
+from xce_worker.containment.binding import DevicePool
 from xce_worker.procman import ProcessManager
 from xce_worker.spool import Journal
 
@@ -22,6 +24,7 @@ from xcecore.testing import LocalCluster, wait_for
 from xcecore.wire import RemoteError
 
 pytestmark = pytest.mark.timeout(90)
+CONTAINED = ["cgroup1", "cgroup2", "fallback"]
 
 
 def needs_root(what: str) -> None:
@@ -101,10 +104,141 @@ def test_a_job_that_cannot_be_recorded_is_killed_and_reported(
         real(started[0]).status()  # killed and reaped: it does not run on unrecorded
 
 
+# -- contained starts: the group, its limits, the gate ----------------------------------------
+
+
+def job_processes(jobid: int) -> list[psutil.Process]:
+    """This test process's children that are job ``jobid``'s wrapper (``xce-job-<id>``)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if f"xce-job-{jobid}" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def left_nothing(pm: ProcessManager, jobid: int) -> None:
+    """Nothing of a job that failed to start is left: no process, group, cores or timers."""
+    assert not pm.running and not job_processes(jobid)
+    assert not group_dirs(pm.containment)
+    assert not pm.cores.held() and not pm.gpus.held()
+    assert not (pm.jobs_dir / f"{jobid}.0.json").exists()
+
+
+@pytest.mark.parametrize("kind", CONTAINED)
+def test_a_core_gone_offline_fails_the_start_and_frees_everything(tmp_path: Path, kind: str) -> None:
+    """A core the worker would bind the job to went offline: the kernel refuses it (cgroup1:
+    writing ``cpuset.cpus`` while making the group; cgroup2 here and the fallback: the CPU
+    affinity of the gated wrapper). The job fails with the reason; the next one runs."""
+    need_root()
+    with manager(tmp_path, kind, sample=None) as pm:
+        real = pm.cores
+        pm.cores = DevicePool([4095])  # no such CPU on this machine
+        assert not pm.start(job(1, "touch ran", cwd=str(tmp_path)))
+        r = report(pm, 1)
+        assert r["event"] == "fail" and r["exit_reason"] == "no_start", r
+        assert r["reason"].startswith("cannot contain the job on h1: "), r
+        # A cpuset refuses the CPU (ERANGE: cgroup1 here, cgroup2 where it has the cpuset
+        # controller), else sched_setaffinity does (EINVAL: this machine's cgroup2, fallback).
+        assert ("cpuset.cpus: Numerical result out of range" in r["reason"]
+                or "Invalid argument" in r["reason"]), r
+        if kind == "cgroup1":
+            assert "cpuset.cpus" in r["reason"], r
+        assert not (tmp_path / "ran").exists()  # the command never ran
+        pm.cores = real
+        left_nothing(pm, 1)
+        assert pm.start(job(2, "touch ran", cwd=str(tmp_path)))
+        assert ended(pm, 2)["event"] == "finish" and (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("kind", CONTAINED)
+def test_a_wrapper_killed_at_the_gate_fails_the_start(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gated wrapper is SIGKILLed (by an operator, the OOM killer) after it was put in its
+    group and before the worker opens the gate: the gate's write gets EPIPE, the job fails
+    with the reason, nothing of it ran."""
+    need_root()
+    with manager(tmp_path, kind, sample=None) as pm:
+        create = pm.containment.create
+
+        def create_then_kill(key: str, limits: Any) -> Any:
+            group = create(key, limits)
+            attach = group.attach
+
+            def attach_and_die(pid: int) -> None:
+                attach(pid)
+                os.kill(pid, 9)
+                wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10,
+                         what="the wrapper dead")
+
+            group.attach = attach_and_die  # type: ignore[method-assign]
+            return group
+
+        monkeypatch.setattr(pm.containment, "create", create_then_kill)
+        assert not pm.start(job(3, "touch ran", cwd=str(tmp_path)))
+        r = report(pm, 3)
+        assert r["event"] == "fail" and "wrapper ended before it was let run" in r["reason"], r
+        assert not (tmp_path / "ran").exists()
+        left_nothing(pm, 3)
+
+
+@pytest.mark.parametrize("kind", CONTAINED)
+def test_a_defect_in_a_containment_fails_the_start(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A containment plugin whose ``attach`` raises something unexpected: the job fails with
+    the error's name and words, the gated wrapper is reaped, its group removed."""
+    need_root()
+    with manager(tmp_path, kind, sample=None) as pm:
+        create = pm.containment.create
+
+        def create_broken(key: str, limits: Any) -> Any:
+            group = create(key, limits)
+
+            def attach(pid: int) -> None:
+                raise RuntimeError("the plugin's own bug")
+
+            group.attach = attach  # type: ignore[method-assign]
+            return group
+
+        monkeypatch.setattr(pm.containment, "create", create_broken)
+        assert not pm.start(job(4, "touch ran", cwd=str(tmp_path)))
+        r = report(pm, 4)
+        assert r["event"] == "fail" and r["reason"] == (
+            "cannot start on h1: RuntimeError: the plugin's own bug"), r
+        assert not (tmp_path / "ran").exists()
+        left_nothing(pm, 4)
+
+
+@pytest.mark.parametrize("kind", CONTAINED)
+def test_a_contained_job_that_cannot_be_recorded_is_killed_with_its_group(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job runs, in its group, but its re-adoption record cannot be written (a full
+    disk): it is killed with everything it forked, its group removed, its cores freed."""
+    need_root()
+    with manager(tmp_path, kind, sample=None) as pm:
+        def write_info(*args: Any, **kw: Any) -> None:
+            wait_for(lambda: (tmp_path / "forked").exists(), 10, what="the job running")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(pm, "_write_info", write_info)
+        assert not pm.start(job(5, "sleep 300 & touch forked; wait", cwd=str(tmp_path)))
+        r = report(pm, 5)
+        assert r["event"] == "fail" and "No space left on device" in r["reason"], r
+        assert "killed it" in r["reason"]
+        wait_for(lambda: not any("sleep 300" in " ".join(p.cmdline())
+                                 for p in psutil.Process().children(recursive=True)
+                                 if p.status() != psutil.STATUS_ZOMBIE), 10,
+                 what="the forked sleep killed too")
+        left_nothing(pm, 5)
+
+
 # -- end to end ------------------------------------------------------------------------------
 
 
 EDGE_MAY_REFUSE = {"NUL command", "NUL cwd", "NUL env", "bad env name", "exec error"}
+EDGE_REFUSES = {"bad output pattern", "zero memory limit"}
 
 
 def host_used(c: SyncClient, hname: str) -> int:
@@ -115,6 +249,24 @@ def host_used(c: SyncClient, hname: str) -> int:
 def test_jobs_that_cannot_start_exit_with_their_reasons_and_free_their_slots(
         xce_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
     needs_root("a worker that runs jobs as their users")
+    import shutil
+    import tempfile
+
+    # A file only root may write, where nobody can reach it (pytest's temp tree is root's).
+    top = Path(tempfile.mkdtemp(prefix="xce-startfail-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        secret = top / "root-only"
+        secret.write_text("root's\n")
+        secret.chmod(0o600)
+        _cannot_start_end_to_end(xce_cluster, tmp_path, secret)
+        assert secret.read_text() == "root's\n"  # the job's user could not append to it
+    finally:
+        shutil.rmtree(top)
+
+
+def _cannot_start_end_to_end(xce_cluster: Callable[..., LocalCluster], tmp_path: Path,
+                             secret: Path) -> None:
     cl = xce_cluster(1)
     cl.start_role("worker", 'worker.hname="n1"', f'worker.state_dir="{tmp_path / "w1"}"',
                   "worker.slots=2", "worker.run_as_user=true",
@@ -128,6 +280,12 @@ def test_jobs_that_cannot_start_exit_with_their_reasons_and_free_their_slots(
         "NUL cwd": ({"command": "true", "cwd": "/tmp\0x"}, "NUL byte"),
         "NUL env": ({"command": "true", "env": {"A": "x\0"}}, "NUL byte"),
         "bad env name": ({"command": "true", "env": {"A=B": "x"}}, "not a variable name"),
+        "output not the user's": ({"command": "echo pwned", "user": "nobody", "cwd": "/tmp",
+                                   "stdout": str(secret)}, "cannot be opened by its user"),
+        "no input file": ({"command": "cat", "stdin": "/nonexistent/xce-in"},
+                          "input file '/nonexistent/xce-in' does not exist"),
+        "bad output pattern": ({"command": "true", "stdout": "out.%x"}, ""),
+        "zero memory limit": ({"command": "true", "mem_limit": 0}, ""),
     }
     _, cfg = load(cl.config_path)
     with SyncClient.open(client_config(cfg, "admin@test"), role="admin") as c:
@@ -140,7 +298,8 @@ def test_jobs_that_cannot_start_exit_with_their_reasons_and_free_their_slots(
                 ids[name] = c.call("jobsubmit", {"user": "root", "ntasks": 2, **args})["jobid"]
             except RemoteError as exc:  # the validation edge may refuse these before they land
                 refused[name] = exc.code
-        assert set(refused) <= EDGE_MAY_REFUSE and set(refused.values()) <= {"INVALID"}, refused
+        assert EDGE_REFUSES <= set(refused) <= EDGE_MAY_REFUSE | EDGE_REFUSES, refused
+        assert set(refused.values()) <= {"INVALID"}, refused
         for jobid in ids.values():  # one at a time, on a host with two slots: each frees them
             c.call("jobdispatch", {"jobid": jobid, "alloc": [{"host": "n1", "ntasks": 2}], "force": True})
             wait_for(lambda j=jobid: c.call("jobinfo", {"jobids": [j]})["jobs"][0]["state"] == "EXIT",

@@ -11,7 +11,7 @@ found by name before anything heavy is imported:
 - any **other name** is a plugin command, added through ``xce_cli_commands`` as a click
   command (:mod:`xcecore.cli.plugins`): only then are the plugins loaded.
 
-``xce --help`` lists both (it loads the plugins to find theirs). Global options come before
+``xce --help`` lists both (the plugins' from a cache, see :mod:`xcecore.cli.plugins`). Global options come before
 the command name.
 """
 
@@ -39,10 +39,9 @@ def main_help(opts: Options) -> str:
     found: list[tuple[str, str]] = []
     problem = ""
     try:
-        from xcecore.cli.plugins import plugin_group
+        from xcecore.cli.plugins import plugin_listing
 
-        group, _ = plugin_group(opts, listing=True)
-        found = [(n, c.get_short_help_str(limit=200)) for n, c in sorted(group.commands.items())]
+        found = plugin_listing(opts)
     except Exception as exc:  # a broken plugin must not hide the built-in commands
         problem = f"unavailable ({exc})"
     width = max(len(n) for n in [*COMMANDS, *(n for n, _ in found)]) + 2
@@ -91,6 +90,9 @@ def run(argv: list[str]) -> int:
         session = Session(opts)
         try:
             return cmd.run(session, ns) or 0
+        except ArgError as exc:  # an option's value the command itself found malformed
+            sys.stderr.write(f"{usage(cmd)}\nTry 'xce {name} --help' for help.\n\nError: {exc}\n")
+            return 2
         finally:
             session.close()
     except CommandError as exc:

@@ -44,35 +44,44 @@ def host_view(h: dict[str, Any]) -> dict[str, Any]:
 
 
 @command(
-    "submit", "Submit COMMAND as a job (like bsub); prints the job id.",
+    "submit", "Submit COMMAND as a job (like bsub), or a job script whose #XCE, #BSUB or "
+              "#SBATCH directives say how (like sbatch); prints the job id.",
     arg("-q", "--queue", help="queue to submit to (default: the cluster's default queue)"),
-    arg("-R", "--resreq", default="", help='resource requirement, e.g. "select[mem>4G] order[r1m]"'),
-    arg("-J", "--name", default="", help="job name"),
-    arg("-n", "--ntasks", default=1, type=int, help="number of tasks (>= 1)"),
-    arg("-P", "--project", default=None, help="project name"),
-    arg("--cwd", default=None, help="working directory (default: the current one)"),
+    arg("-R", "--resreq", help='resource requirement, e.g. "select[mem>4G] order[r1m]"'),
+    arg("-J", "--name", help="job name"),
+    arg("-n", "--ntasks", type=int, help="number of tasks (>= 1; default 1)"),
+    arg("-P", "--project", help="project name"),
+    arg("--cwd", help="working directory (default: the current one)"),
+    arg("-M", "--mem", metavar="LIMIT", help="memory limit of the job on each host: 64MB, 2G, "
+        "1.5GB, or a bare number in [cluster] unit_for_limits (default MB)"),
+    arg("-W", "--time", metavar="[HOURS:]MINUTES", help="run limit: SIGTERM when it is reached, "
+        "SIGKILL after the worker's kill_grace (time stopped does not count)"),
+    arg("-o", "--output", dest="stdout", metavar="FILE", help="append the job's output to FILE "
+        "(%J job id, %I array index, %A attempt; relative to the job's cwd); the errors too "
+        "unless -e"),
+    arg("-e", "--error", dest="stderr", metavar="FILE", help="append the job's errors to FILE"),
+    arg("-i", "--input", dest="stdin", metavar="FILE", help="the job's input (default /dev/null)"),
+    arg("-x", "--exclusive", action="store_true",
+        help="the hosts to itself (recorded; not yet enforced by the scheduler)"),
+    arg("--env", metavar="WHICH", help="variables the job gets from here: all (the default, as "
+        "LSF), none, 'all,~VAR,VAR=value' or 'VAR,VAR=value,...'"),
     JSON,
-    arg("command", nargs="...", help="the command and its arguments (after --)"),
+    arg("command", nargs="...", help="the command and its arguments (after --), or a job script"),
+    epilog="A job script is a COMMAND whose first word is a file starting with '#' (a #! line or\n"
+           "a directive): its #XCE / #BSUB / #SBATCH lines at the top are read (see the operator's\n"
+           "guide, 'Job scripts'); options given here override them. The job gets your\n"
+           "environment (less variables the controller cannot take, named in a warning).",
 )
 def submit(s: Session, ns: Parsed) -> None:
     import os
-    import shlex
 
-    words = list(ns.command)
-    if not words:
-        raise CommandError("submit: name the command to run, e.g. xce submit -- ./job.sh")
-    if ns.ntasks < 1:
-        raise CommandError(f"submit: -n/--ntasks must be >= 1, got {ns.ntasks}")
-    args: dict[str, Any] = {
-        "command": shlex.join(words) if len(words) > 1 else words[0],
-        "resreq": ns.resreq, "name": ns.name, "ntasks": ns.ntasks, "cwd": ns.cwd or os.getcwd(),
-    }
-    if ns.queue:
-        args["queue"] = ns.queue
-    if ns.project:
-        args["project"] = ns.project
-    if ns.resreq:  # like bsub: a bad requirement is refused here, with its position
-        _select(s, ns.resreq, [], s.call("clusterconf").get("resources", []))
+    from xcecore.cli.submission import build
+
+    args, warnings = build(ns, s.sections()[0], os.environ, os.getcwd())
+    for text in warnings:
+        echo(f"xce submit: {text}", err=True)
+    if args["resreq"]:  # like bsub: a bad requirement is refused here, with its position
+        _select(s, args["resreq"], [], s.call("clusterconf").get("resources", []))
     res = s.call("jobsubmit", args)
     if ns.as_json:
         emit_json(res)

@@ -51,18 +51,31 @@ class Session:
         self.user = user_name()
         self._clients: dict[str, OneShotClient] = {}
         self._loaded: tuple[PluginManager, Config] | None = None
+        self._sections: tuple[dict[str, Any], dict[str, Any]] | None = None
+
+    def sections(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``[cluster]`` (its client keys) and ``[client]``, read and checked once."""
+        if self._sections is None:
+            from xcecore.client.settings import read_sections
+
+            try:
+                _, cluster, tuning = read_sections(self.opts.config)
+            except ValueError as exc:  # SettingsError
+                raise CommandError(str(exc)) from None
+            self._sections = cluster, tuning
+        return self._sections
 
     def client(self, role: str = "cli") -> OneShotClient:
         """The command's client, as ``role@<this host>`` (made on first use)."""
         found = self._clients.get(role)
         if found is None:
             from xcecore.client.oneshot import OneShotClient, stderr_logger
-            from xcecore.client.settings import client_config, read_sections
+            from xcecore.client.settings import client_config
 
+            cluster, tuning = self.sections()
             try:
-                _, cluster, tuning = read_sections(self.opts.config)
                 cfg = client_config(cluster, tuning, f"{role}@{socket.gethostname()}")
-            except ValueError as exc:  # SettingsError, CandidateError, AuthError, bad tuning
+            except ValueError as exc:  # CandidateError, AuthError, bad tuning
                 raise CommandError(str(exc)) from None
             found = self._clients[role] = OneShotClient(
                 cfg, role=role, log=stderr_logger(self.opts.log_level or "WARNING"))

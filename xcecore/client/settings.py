@@ -45,8 +45,13 @@ CLUSTER_KEYS: dict[str, KeySpec] = {
     "key_file": ((str,), None, "file holding the cluster key"),
     "max_frame": ((int,), wire.DEFAULT_MAX_FRAME, "largest accepted wire frame, bytes"),
     "allow_unlisted_redirect": ((bool,), False, "follow redirects to unlisted hosts"),
+    "unit_for_limits": ((str,), "MB", "unit of a bare number in a memory limit (`xce submit -M "
+                                      "512`, `#BSUB -M 512`): KB, MB, GB, TB, PB or EB (LSF's "
+                                      "LSF_UNIT_FOR_LIMITS)"),
 }
-"""The keys of ``[cluster]`` a client reads (the section has others, for the controller)."""
+"""The keys of ``[cluster]`` a client reads (the section has others, for the controller);
+``unit_for_limits`` is the submitting commands' (its value is checked by the loader, and by
+``xce submit`` when it needs it)."""
 
 
 class SettingsError(ValueError):

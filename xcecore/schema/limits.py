@@ -28,6 +28,13 @@ PATH_MAX: Final = 4096
 """A working directory (Linux ``PATH_MAX``)."""
 RESREQ_MAX: Final = 8192
 """A resource requirement string."""
+MEM_LIMIT_MAX: Final = 1 << 62
+"""A job's memory limit, in bytes (4 EiB: beyond any machine, and a 64-bit integer)."""
+RUN_LIMIT_MAX: Final = 100 * 365 * 86400
+"""A job's run limit, in seconds (a century: beyond it a limit means nothing)."""
+EPOCH_MAX: Final = 253402300799.0
+"""A time a worker reports, in seconds since the epoch (the end of year 9999: anything later
+cannot be shown as a date)."""
 ENV_MAX_ITEMS: Final = 1024
 ENV_VALUE_MAX: Final = 32768
 RID_MAX: Final = 128

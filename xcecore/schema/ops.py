@@ -151,6 +151,18 @@ class JobSubmitArgs(TypedDict):
     cwd: NotRequired[Annotated[t.WorkDir, _d('working directory; default `""` (the worker\'s)')]]
     env: NotRequired[Annotated[t.Env, _d("environment variables; default `{}`")]]
     ntasks: NotRequired[Annotated[t.Count, _d("tasks (slots); default 1")]]
+    mem_limit: NotRequired[Annotated[t.MemLimit, _d("memory limit of the job's group on each host, "
+                                                    "bytes (`-M`); default none")]]
+    run_limit: NotRequired[Annotated[t.RunLimit, _d("seconds the job may run, time stopped not "
+                                                    "counted (`-W`); then SIGTERM, SIGKILL after "
+                                                    "`kill_grace`; default none")]]
+    stdout: NotRequired[Annotated[t.JobPath, _d("output file, appended to, relative to `cwd` "
+                                                "(`-o`); default the worker's spool")]]
+    stderr: NotRequired[Annotated[t.JobPath, _d("error file (`-e`); default: with `stdout` if "
+                                                "given, else the worker's spool")]]
+    stdin: NotRequired[Annotated[t.JobPath, _d("input file (`-i`); default `/dev/null`")]]
+    exclusive: NotRequired[Annotated[bool, _d("hosts to itself (`-x`); default false (recorded; "
+                                              "not yet enforced by the scheduler)")]]
 
 
 JobAction = Literal["kill", "stop", "resume", "checkpoint", "requeue"]
@@ -298,6 +310,14 @@ class NotifyJobFields(TypedDict):
     | `stop` | — | RUN -> SSUSP (USUSP stays) |
     | `resume` | — | USUSP, SSUSP -> RUN |
 
+    Every report may carry ``time``, the worker's clock when it happened (it becomes the
+    job's ``start_time`` / ``end_time``, so a report delivered after an outage keeps the true
+    time). ``finish`` and ``fail`` may carry the final ``usage`` and an ``exit_reason``
+    (``xcecore.jobspec.EXIT_REASONS``); a ``finish`` whose reason is not ``done`` is EXIT
+    whatever its status, with the reason in words: ``memory limit exceeded``, ``run limit
+    reached``, ``killed``, ``killed by signal 9``, ``exit code 3`` (without a reason, a
+    non-zero status reads ``exit status 3``).
+
     If ``attempt`` is given and is not the job's current ``attempt``: CONFLICT (a report
     about a run that was requeued). ``finish``/``fail`` of a job already DONE or EXIT returns
     the record unchanged (a completion re-delivered after a failover). Any other state
@@ -310,6 +330,14 @@ class NotifyJobFields(TypedDict):
     exit_status: NotRequired[Annotated[t.ExitStatus, _d("required for `finish`")]]
     reason: NotRequired[Annotated[t.Label, _d("for `fail`")]]
     attempt: NotRequired[Annotated[t.Attempt, _d("the run this report is about")]]
+    time: NotRequired[Annotated[t.Epoch, _d("the worker's clock when it happened: the job's "
+                                            "`start_time` / `end_time` (default: the "
+                                            "controller's clock on arrival)")]]
+    usage: NotRequired[Annotated[t.JsonObject, _d("`finish`, `fail`: the final usage, kept as the "
+                                                  "job's `usage`")]]
+    exit_reason: NotRequired[Annotated[t.ExitReason, _d("`finish`, `fail`: how it ended; a `finish` "
+                                                        "with a reason other than `done` is EXIT "
+                                                        "with the reason in words")]]
     user: NotRequired[User]
 
 
@@ -328,7 +356,9 @@ class UpdateJusageArgs(TypedDict):
     """Worker only, job on its host. Result: ``{"jobid"}``. Pushes ``jusage``."""
 
     jobid: Annotated[t.JobId, _d("the job")]
-    usage: Annotated[t.JsonObject, _d("e.g. `mem`, `swap`, `utime`, `stime`, `nthreads`, `pids`")]
+    usage: Annotated[t.JsonObject, _d("the worker sends `utime`, `stime`, `cputime` (s), `mem`, "
+                                      "`max_mem` (MB, the peak so far), `swap` where accounted, "
+                                      "`nprocs`, `pids`")]
     user: NotRequired[User]
 
 

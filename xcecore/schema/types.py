@@ -12,9 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PlainValidator, StringConstraints, WithJsonSchema
+from pydantic import AfterValidator, Field, PlainValidator, StringConstraints, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from xcecore import jobspec
 from xcecore.protocol import JOB_STATES
 from xcecore.schema import limits as lim
 
@@ -47,6 +48,12 @@ Attempt = Annotated[int, _int(0, lim.INT32_MAX), Shape("int >= 0", "a run attemp
 NonNegative = Annotated[int, _int(0, lim.INT64_MAX), Shape("int >= 0", "a 64-bit integer >= 0")]
 Amount = Annotated[float, Field(ge=0, allow_inf_nan=False),
                    Shape("number >= 0", "an integer or a finite float >= 0")]
+MemLimit = Annotated[int, _int(1, lim.MEM_LIMIT_MAX),
+                     Shape("bytes", f"a memory limit in bytes, 1 to {lim.MEM_LIMIT_MAX:,} (4 EiB)")]
+RunLimit = Annotated[int, _int(1, lim.RUN_LIMIT_MAX),
+                     Shape("seconds", f"a run limit in seconds, 1 to {lim.RUN_LIMIT_MAX:,} (a century)")]
+Epoch = Annotated[float, Field(ge=0, le=lim.EPOCH_MAX, allow_inf_nan=False),
+                  Shape("time", "seconds since the epoch (integer or float), 0 to the end of year 9999")]
 
 # ------------------------------------------------------------------------------- strings
 
@@ -59,6 +66,19 @@ Command = Annotated[str, _str(1, lim.COMMAND_MAX, lim.COMMAND_PATTERN),
                                      "control character but TAB and LF (no NUL)")]
 WorkDir = Annotated[str, _str(0, lim.PATH_MAX, lim.NO_CONTROL),
                     Shape("path", f"at most {lim.PATH_MAX:,} characters, no control character")]
+
+
+def _check_job_path(text: str) -> str:
+    """Only the patterns the worker expands (``%J``, ``%I``, ``%A``, ``%%``): a typo is refused
+    at submission, not found when the job starts."""
+    jobspec.expand_path(text, 1)  # a JobSpecError is a ValueError: pydantic's value_error
+    return text
+
+
+JobPath = Annotated[str, _str(1, lim.PATH_MAX, lim.NO_CONTROL), AfterValidator(_check_job_path),
+                    Shape("job path", f"1 to {lim.PATH_MAX:,} characters, no control character; "
+                                      "`%J` job id, `%I` array index, `%A` attempt, `%%` a `%` "
+                                      "(any other `%` pattern is refused)")]
 ResReq = Annotated[str, _str(0, lim.RESREQ_MAX, lim.NO_CONTROL),
                    Shape("resreq", f"a resource requirement: at most {lim.RESREQ_MAX:,} "
                                    "characters, no control character")]
@@ -77,6 +97,8 @@ Cursor = Annotated[str, _str(1, lim.CURSOR_MAX, lim.NAME_PATTERN),
                    Shape("cursor", f"a page's `next`, as given (1 to {lim.CURSOR_MAX} characters)")]
 PageLimit = Annotated[int, _int(1, lim.PAGE_MAX), Shape("int >= 1", f"1 to {lim.PAGE_MAX:,}")]
 
+ExitReason = jobspec.ExitReason
+"""How a job ended, as its worker knows it (:data:`xcecore.jobspec.EXIT_REASONS`)."""
 JobState = Literal[JOB_STATES]  # type: ignore[valid-type]
 """One of the job states of :mod:`xcecore.protocol` (PEND, PSUSP, RUN, ...)."""
 

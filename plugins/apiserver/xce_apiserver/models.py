@@ -87,6 +87,12 @@ class SubmitBody(_Body):
     cwd: t.WorkDir | None = None
     env: t.Env | None = None
     ntasks: t.Count | None = None
+    mem_limit: t.MemLimit | None = Field(None, description="memory limit in bytes (bsub -M)")
+    run_limit: t.RunLimit | None = Field(None, description="run limit in seconds (bsub -W)")
+    stdout: t.JobPath | None = Field(None, description="output file; %J job id, %I index, %A attempt (bsub -o)")
+    stderr: t.JobPath | None = Field(None, description="error file (bsub -e); default: with stdout")
+    stdin: t.JobPath | None = Field(None, description="input file (bsub -i)")
+    exclusive: bool | None = Field(None, description="hosts to itself (bsub -x); recorded, not yet enforced")
 
 
 class Submitted(BaseModel):
@@ -176,6 +182,12 @@ class Job(BaseModel):
     attempt: int = 0
     forced: bool = False
     usage: dict[str, Any] = {}
+    mem_limit: int | None = Field(None, description="bytes, if submitted with one")
+    run_limit: int | None = Field(None, description="seconds, if submitted with one")
+    stdout: str | None = None
+    stderr: str | None = None
+    stdin: str | None = None
+    exclusive: bool | None = None
 
 
 JobOrFields = Job | dict[str, Any]

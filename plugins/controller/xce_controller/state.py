@@ -17,11 +17,12 @@ import bisect
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from xce_controller.buckets import TimeBuckets
 from xce_controller.jobs import EMPTY, Job, JobTable, make_alloc, new_spec
 from xce_controller.settings import ClusterConf as ClusterConf  # the state's config; re-exported
+from xcecore.jobspec import ExitReason, describe_exit
 from xcecore.protocol import ACTIVE, FINISHED, PENDING, UNFINISHED
 from xcecore.wire import ErrorCode, RemoteError
 
@@ -467,16 +468,24 @@ class ClusterState:
             ch.result = job
             return ch
         keys = self.jobs.keys(job)
+        when = args.get("time", now)  # the worker's clock at the event, if it says
         if event == "start" and st in ACTIVE:
-            job.pid, job.start_time = args["pid"], now
+            job.pid, job.start_time = args["pid"], when
         elif event == "finish" and st in ACTIVE:
-            code = args["exit_status"]
-            job.state, job.exit_status, job.end_time = ("DONE" if code == 0 else "EXIT"), code, now
-            job.signal, job.reason = None, None if code == 0 else f"exit status {code}"
+            code, why = args["exit_status"], args.get("exit_reason")
+            done = code == 0 and why in (None, "done")
+            reason = (describe_exit(cast(ExitReason, why), code) if why not in (None, "done")
+                      else f"exit status {code}")
+            job.state, job.exit_status, job.end_time = ("DONE" if done else "EXIT"), code, when
+            job.signal, job.reason = None, None if done else reason
+            if "usage" in args:  # the final figures
+                job.usage = args["usage"]
             self._release_slots(ch, job)
         elif event == "fail" and st in ACTIVE:
-            job.state, job.exit_status, job.end_time = "EXIT", args.get("exit_status"), now
+            job.state, job.exit_status, job.end_time = "EXIT", args.get("exit_status"), when
             job.signal, job.reason = None, "failed: " + args.get("reason", "failed")
+            if "usage" in args:
+                job.usage = args["usage"]
             self._release_slots(ch, job)
         elif event == "stop" and st in ACTIVE:
             if st == "RUN":

@@ -4,15 +4,24 @@ The attributes describe the member, not a moment: they are asked once at start a
 every join and re-join (protocol-ops.md, ``join``). ``hname`` and ``max_slots`` are always
 present; the site's boolean resources go in ``resources`` and its string and numeric
 resources become attributes of their own name.
+
+GPUs: where NVIDIA's management library answers (NVML, through ``nvidia-ml-py``'s
+``pynvml``), the host reports ``ngpus``, and with GPUs ``gpu_model`` (the first device's
+name) and ``gpu_mem`` (the smallest device's memory, MB); with no library or no driver,
+``ngpus`` is 0. :func:`gpus` lists the devices, which the process manager binds to jobs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
 import tempfile
+from dataclasses import dataclass
 from typing import Any
+
+from loguru import logger
 
 MB = 1024 * 1024
 
@@ -28,6 +37,61 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One NVIDIA device as NVML enumerates it (PCI bus order)."""
+
+    index: int
+    uuid: str
+    name: str
+    mem_mb: int
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+_nvml_said: set[str] = set()
+
+
+def gpus() -> list[Gpu]:
+    """The host's NVIDIA GPUs, or none where NVML (the library or the driver) is absent."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        if str(exc) not in _nvml_said:  # once per process: the monitor asks again and again
+            _nvml_said.add(str(exc))
+            logger.debug("NVML is not usable here ({}); reporting no GPUs", exc)
+        return []
+    try:
+        out = []
+        for i in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            out.append(Gpu(i, _text(pynvml.nvmlDeviceGetUUID(handle)),
+                           _text(pynvml.nvmlDeviceGetName(handle)),
+                           int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // MB))
+        return out
+    except pynvml.NVMLError as exc:
+        logger.warning("NVML failed while listing GPUs ({}); reporting none", exc)
+        return []
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def gpu_facts(devices: list[Gpu]) -> dict[str, Any]:
+    """``ngpus`` and, with GPUs, ``gpu_model`` and ``gpu_mem`` (MB)."""
+    facts: dict[str, Any] = {"ngpus": len(devices)}
+    if devices:
+        facts["gpu_model"] = devices[0].name
+        facts["gpu_mem"] = min(d.mem_mb for d in devices)
+    return facts
 
 
 def host_facts() -> dict[str, Any]:
@@ -49,6 +113,7 @@ def host_facts() -> dict[str, Any]:
         "maxmem": int(psutil.virtual_memory().total // MB),
         "maxswp": int(psutil.swap_memory().total // MB),
         "maxtmp": int(maxtmp),
+        **gpu_facts(gpus()),
     }
 
 
@@ -69,6 +134,9 @@ def host_view(section: dict[str, Any], facts: dict[str, Any] | None = None) -> d
         view[key] = value if value is not None else facts[key]
     if section.get("ncpus") is not None and section.get("nthreads") is None:
         view["nthreads"] = max(1, view["ncpus"] // max(1, view["ncores"]))
+    for key in ("ngpus", "gpu_model", "gpu_mem"):  # from NVML; nothing to configure
+        if key in facts:
+            view[key] = facts[key]
     return view
 
 

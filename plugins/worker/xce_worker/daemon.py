@@ -14,8 +14,10 @@ from typing import Any
 import anyio
 from loguru import logger
 
-from xce_worker.attrs import host_view, join_attributes
-from xce_worker.monitors import ResvalBoard, hardware_monitor, system_monitor
+from xce_worker.attrs import gpus, host_view, join_attributes
+from xce_worker.containment import ContainConfig, instance_of, select
+from xce_worker.hookspecs import containments
+from xce_worker.monitors import ResvalBoard, hardware_monitor, jobs_monitor, system_monitor
 from xce_worker.notifier import Notifier
 from xce_worker.procman import ProcessManager
 from xce_worker.pushes import SUBSCRIPTION, PushHandler, PushInbox
@@ -39,9 +41,19 @@ class Worker:
         s.state_dir.mkdir(parents=True, exist_ok=True)
         post = ctx.client.post_latest if ctx.client is not None else None
         self.journal = Journal(s.state_dir / "journal.jsonl")
+        containment = select(containments(ctx.pm.hook), s.containment,
+                             ContainConfig(s.hname, s.cgroup_parent, s.freezer,
+                                           instance_of(s.state_dir)))
+        # Where this worker's job groups are, for operators (and for tests to clean up).
+        (s.state_dir / "cgroups").write_text("".join(f"{b}\n" for b in containment.bases()))
+        ngpus = len(gpus())
+        logger.info("worker {}: job containment {}; {} core(s) to bind{}", s.hname,
+                    containment.describe(), len(containment.cpus()) if s.bind_cores else "no",
+                    f", {ngpus} GPU(s)" if ngpus else "")
         self.procman = ProcessManager(s.hname, self.journal, s.state_dir,
                                       kill_grace=s.kill_grace, post=post,
-                                      run_as_user=s.run_as_user)
+                                      run_as_user=s.run_as_user, containment=containment,
+                                      bind_cores=s.bind_cores, gpus=ngpus)
         self.board = ResvalBoard(post, s.state_dir)
         self.pushes = PushHandler(s.hname, self.procman)
         # ctx.call gives up (ClientClosed) once the worker stops, so a report waiting through an
@@ -63,7 +75,8 @@ class Worker:
                 facts=lambda: host_view(section))),
             Monitor("system", lambda stop: system_monitor(
                 self.board, s.hname, s.monitor_interval, stop)),
-            Monitor("jobs", lambda stop: self.procman.usage_loop(s.monitor_interval, stop)),
+            Monitor("jobs", lambda stop: jobs_monitor(
+                self.procman, s.hname, s.monitor_interval, stop)),
             Monitor("pushes", lambda stop: self.pushes.run(self.inbox, stop)),
             Monitor("notifier", lambda stop: self.notifier.run(stop)),
         ]

@@ -1,4 +1,4 @@
-"""The worker's monitors: hardware facts and load indices, each sampled on its own thread.
+"""The worker's monitors: hardware facts, load indices and job usage, each on its own thread.
 
 ``update_resvals`` replaces a host's values as a whole, so both monitors write their part to
 one :class:`ResvalBoard`, which posts the merged values with ``post_latest``: the send never
@@ -10,6 +10,13 @@ Load indices, in LSF's names and units: ``r15s``, ``r1m``, ``r15m`` (run-queue l
 averaged over 15 s, 1 min, 15 min), ``ut`` (CPU utilisation, 0..1), ``pg`` (paging, pages/s),
 ``io`` (disk I/O, KB/s), ``ls`` (login sessions), ``it`` (idle time of the most recently used
 terminal, minutes), ``mem``, ``swp``, ``tmp`` (available memory, swap, temp space, MB).
+
+Job usage (``update_jusage``, newest value kept per job) comes from each job's group
+(:meth:`xce_worker.containment.JobGroup.usage`): cumulative CPU time (``utime``, ``stime``,
+``cputime``, s), memory now and at its peak so far (``mem``, ``max_mem``, MB), ``swap`` where
+the group accounts it, ``nprocs`` and ``pids``. The same sample enforces memory limits the
+kernel does not (:meth:`xce_worker.procman.ProcessManager.sample_jobs`). Final figures are
+not sampled: they come with the job's end report.
 """
 
 from __future__ import annotations
@@ -21,12 +28,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from loguru import logger
 
 from xce_worker.attrs import MB, host_facts
+
+if TYPE_CHECKING:
+    from xce_worker.procman import ProcessManager
 
 PostFn = Callable[[str, str, dict[str, Any]], None]
 
@@ -173,3 +183,9 @@ def system_monitor(board: ResvalBoard, hname: str, interval: float,
     """Load indices every ``interval`` seconds."""
     sampler = sampler or LoadSampler()
     _loop("system", hname, interval, stop, lambda: board.update("load", sampler.sample()))
+
+
+def jobs_monitor(procman: ProcessManager, hname: str, interval: float,
+                 stop: threading.Event) -> None:
+    """Each running job's usage every ``interval`` seconds (and the sampled memory limits)."""
+    _loop("jobs", hname, interval, stop, procman.sample_jobs)

@@ -16,12 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from xce_worker import hookspecs
 from xce_worker.settings import SECTION
-from xcecore.hookspecs import hookimpl
+from xcecore.hookspecs import HookAdder, hookimpl
 from xcecore.records import ConfigSection
 from xcecore.role import RoleSpec
 
 if TYPE_CHECKING:
+    from xce_worker.containment import ContainmentSpec
     from xcecore.role import Role, RoleContext
 
 ROLE = "worker"
@@ -38,6 +40,20 @@ def worker_role(ctx: RoleContext) -> Role:
 def xce_roles() -> Iterable[RoleSpec]:
     """The worker role."""
     return [RoleSpec(ROLE, worker_role, "runs jobs on this host and reports its load")]
+
+
+@hookimpl
+def xce_addhooks(pluginmanager: HookAdder) -> None:
+    """Add ``xce_worker_containments``."""
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+@hookimpl(trylast=True)
+def xce_worker_containments() -> Iterable[ContainmentSpec]:
+    """The built-in containments: cgroup2, cgroup1, fallback (see xce_worker.containment)."""
+    from xce_worker.containment import builtin_specs
+
+    return builtin_specs()
 
 
 @hookimpl

@@ -1,30 +1,36 @@
-"""The process manager: dispatched jobs as real child processes, and their signals.
+"""The process manager: dispatched jobs as real child processes, contained, limited, reported.
 
-Each job attempt runs as ``/bin/sh -c <command>`` under a tiny wrapper shell, in a new session
-(``start_new_session=True``), so the wrapper's pid is also the job's process group: kill, stop
-and resume go to ``killpg`` and reach every process of the job. The wrapper writes the
-command's exit status to ``<state_dir>/jobs/<jobid>.<attempt>.status`` before it exits, so a
-worker that restarts while a job runs still learns how the job ended.
+Each job attempt runs as ``/bin/sh -c <command>`` under a tiny wrapper shell
+(:data:`xce_worker.jobstart.WRAPPER`) in a new session. The wrapper waits on a pipe until the
+worker has put it in the job's group (:mod:`xce_worker.containment`: a cgroup, or the
+fallback's session), bound it to its cores and set its limits; only then does the command
+run, so every process the job makes is in the group. The wrapper writes the command's exit
+status to ``<state_dir>/jobs/<jobid>.<attempt>.status`` before it exits, so a worker that
+restarts while a job runs still learns how it ended; ``<jobid>.<attempt>.json`` beside it
+keeps the start time, run limit and devices for re-adoption.
 
 - working directory: the job's ``cwd`` (default: the worker's home directory);
-- environment: the worker's environment, then the job's ``env``, then ``XCE_JOBID``,
-  ``XCE_ATTEMPT``, ``XCE_HOSTS``, ``XCE_NTASKS``, ``XCE_QUEUE``, ``XCE_USER``;
-- output: stdout/stderr are appended to the files the job's env names in ``XCE_STDOUT`` /
-  ``XCE_STDERR`` (relative to the cwd; ``%J`` is the job id, ``%A`` the attempt), by default
-  ``<state_dir>/jobs/<jobid>.out`` and ``.err``; stdin is ``/dev/null``;
-- reports (spooled in the journal, delivered in order): ``start`` with the pid, ``finish``
-  with a shell-style exit status (128+N for a job killed by signal N), ``fail`` with a reason
-  when the job cannot start or its command is not found/executable (exit status 127/126).
-  *Anything* that goes wrong between the claim of an attempt and its process running (a
-  bad record, a NUL byte in its command, cwd or environment, a missing or inaccessible cwd,
-  an unwritable output file, an unknown user, a failed ``exec``, even an unexpected error
-  here) ends the attempt with ``fail`` and the reason, so the controller marks it EXIT and
-  frees its slots: no job stays RUN without a process;
-- kill: SIGTERM (and SIGCONT, so a stopped job can act on it), SIGKILL after ``kill_grace``
-  seconds; stop: SIGSTOP; resume: SIGCONT; checkpoint: not supported (logged).
+- environment, output, input: :mod:`xce_worker.jobstart` (a clean base, the submitter's
+  variables, ``XCE_*``; ``stdout``/``stderr``/``stdin`` with ``%J``/``%I``/``%A``);
+- limits: ``mem_limit`` (bytes) by the group (an OOM kill in it, or a sample over the limit
+  where the kernel does not enforce it: reason ``mem_limit``); ``run_limit`` (seconds of
+  running, time stopped not counted): SIGTERM, SIGKILL after ``kill_grace``, reason
+  ``run_limit``; cores: as many distinct ones as the job has slots here; GPUs:
+  ``rusage[ngpus=N]`` gets ``CUDA_VISIBLE_DEVICES`` with N distinct devices;
+- reports (spooled in the journal, delivered in order), each with the worker's ``time`` of
+  the event: ``start`` with the pid; ``finish`` with a shell-style exit status (128+N for
+  death by signal N), an ``exit_reason`` (:data:`xcecore.jobspec.EXIT_REASONS`) and the final
+  ``usage``; ``fail`` with a reason when the job cannot start (bad cwd, unwritable output,
+  no input file, cannot be contained) or its command is not found/executable (127/126);
+- when the job's command ends, whatever it left behind in its group is killed (as Slurm
+  does), the final usage is read, and the group is removed;
+- kill: SIGTERM (and SIGCONT/thaw, so a stopped job can act on it) to every member,
+  SIGKILL of the whole group after ``kill_grace``; stop/resume: the freezer where the
+  containment has one, else SIGSTOP/SIGCONT to every member.
 
-Jobs run as the worker's own user. A job allocated to several hosts runs on the first one
-(like LSF, which starts the job on the first host and lists all of them in ``LSB_HOSTS``).
+Jobs run as the worker's own user unless ``run_as_user``. A job allocated to several hosts
+runs on the first one (like LSF, which starts the job on the first host and lists all of
+them in ``LSB_HOSTS``).
 """
 
 from __future__ import annotations
@@ -40,23 +46,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+import orjson
 from loguru import logger
 
+from xce_worker.containment import (
+    ContainConfig,
+    Containment,
+    ContainmentError,
+    EndedGroup,
+    JobGroup,
+    Limits,
+)
+from xce_worker.containment.binding import DevicePool
+from xce_worker.deadlines import Deadlines
+from xce_worker.jobstart import (
+    NO_FILES,
+    NO_FILES_STATUS,
+    WRAPPER,
+    JobError,
+    JobSpec,
+    job_env,
+    output_paths,
+)
 from xce_worker.spool import Journal
+from xcecore.jobspec import ExitReason, describe_exit
 
-# The wrapper: $1 is the command, $2 the status file. Trapping TERM/INT/HUP (with a handler,
-# not "ignore", so the command does not inherit an ignored signal) keeps the wrapper alive
-# long enough to record how the command ended. The status is written in place with a shell
-# builtin (no temp file + /bin/mv: that fork+exec was half the wrapper's cost): the file is
-# only read once the wrapper is gone, and a wrapper killed mid-write leaves an empty or
-# missing file, both read as "exit status unknown", as before.
-WRAPPER = 'trap : TERM INT HUP; /bin/sh -c "$1"; s=$?; printf "%s\\n" "$s" > "$2"; exit "$s"'
-SIGNALS = {"kill": signal.SIGTERM, "stop": signal.SIGSTOP, "resume": signal.SIGCONT}
 PostFn = Callable[[str, str, dict[str, Any]], None]
 
-
-class JobError(Exception):
-    """A job that cannot be started; the message is the reason reported to the controller."""
+__all__ = ["JobError", "ProcessManager", "RunningJob", "shell_status"]
 
 
 def shell_status(returncode: int) -> int:
@@ -72,63 +89,30 @@ class RunningJob:
     attempt: int
     pid: int
     status_file: Path
+    group: JobGroup
     popen: subprocess.Popen[bytes] | None = None  # None when adopted after a restart
     done: threading.Event = field(default_factory=threading.Event)
     killing: bool = False
     stopped: bool = False
+    cause: ExitReason | None = None  # why the worker ended it, if it did
+    mem_limit: int | None = None
+    run_left: float | None = None  # seconds of run limit left (None: no limit)
+    run_since: float = 0.0  # monotonic start of the current running stretch
+    files: str = "files"  # its input and output paths, for a report that names them
 
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What starting one job attempt needs, checked from a job record."""
-
-    jobid: int
-    attempt: int
-    command: str
-    cwd: str
-    env: dict[str, str]
-    hosts: list[str]
-    ntasks: int
-    queue: str
-    user: str
-
-    @classmethod
-    def from_record(cls, job: Mapping[str, Any]) -> JobSpec:
-        """Check a job record; :class:`JobError` names the first bad field."""
-        command = job.get("command")
-        if not isinstance(command, str) or not command.strip():
-            raise JobError("bad dispatch: the job has no command")
-        if "\0" in command:
-            raise JobError("bad dispatch: the command holds a NUL byte")
-        env = job.get("env") or {}
-        if not isinstance(env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise JobError("bad dispatch: env must map strings to strings")
-        for k, v in env.items():
-            if not k or "=" in k or "\0" in k:
-                raise JobError(f"bad dispatch: env name {k[:64]!r} is not a variable name")
-            if "\0" in v:
-                raise JobError(f"bad dispatch: env {k[:64]} holds a NUL byte")
-        cwd = job.get("cwd") or ""
-        if not isinstance(cwd, str):
-            raise JobError("bad dispatch: cwd must be a string")
-        if "\0" in cwd:
-            raise JobError("bad dispatch: cwd holds a NUL byte")
-        alloc = job.get("alloc") or []
-        return cls(
-            jobid=int(job["jobid"]), attempt=int(job.get("attempt") or 0), command=command,
-            cwd=os.path.expanduser(cwd or "~"), env=dict(env),
-            hosts=[str(a.get("host")) for a in alloc if isinstance(a, dict)],
-            ntasks=int(job.get("ntasks") or 1), queue=str(job.get("queue") or ""),
-            user=str(job.get("user") or ""),
-        )
+    @property
+    def key(self) -> str:
+        """``<jobid>.<attempt>``."""
+        return f"{self.jobid}.{self.attempt}"
 
 
 class ProcessManager:
     """Starts, watches, signals and reports this host's jobs."""
 
     def __init__(self, hname: str, journal: Journal, state_dir: Path, *, kill_grace: float,
-                 post: PostFn | None = None, run_as_user: bool = False) -> None:
+                 post: PostFn | None = None, run_as_user: bool = False,
+                 containment: Containment | None = None, bind_cores: bool = True,
+                 gpus: int = 0) -> None:
         self.hname = hname
         self.run_as_user = run_as_user
         self.journal = journal
@@ -136,6 +120,15 @@ class ProcessManager:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.kill_grace = kill_grace
         self.post = post
+        if containment is None:
+            from xce_worker.containment.fallback import Fallback
+
+            containment = Fallback(ContainConfig(hname))
+        self.containment = containment
+        self.bind_cores = bind_cores
+        self.cores = DevicePool(containment.cpus())
+        self.gpus = DevicePool(range(gpus))
+        self.timers = Deadlines(f"xce-timers-{hname}")
         self._lock = threading.Lock()
         self.running: dict[int, RunningJob] = {}
 
@@ -143,8 +136,9 @@ class ProcessManager:
     def start(self, job: Mapping[str, Any]) -> bool:
         """Start a dispatched job unless its attempt was ever claimed here; True if started.
 
-        Never raises for a bad job: once its attempt is claimed, any failure to start it is
-        reported as ``fail`` with the reason, and logged.
+        Never raises for a bad job: once its attempt is claimed, any failure to start it
+        (the record, its group, its limits, its files, the exec, recording it) is reported
+        as ``fail`` with the reason, and logged.
         """
         jobid, attempt = job.get("jobid"), job.get("attempt") or 0
         if not _is_int(jobid) or not _is_int(attempt):
@@ -156,7 +150,7 @@ class ProcessManager:
                          self.hname, jobid, attempt)
             return False
         try:
-            spec = JobSpec.from_record(job)
+            spec = JobSpec.from_record(job, self.hname)
             rj = self._spawn(spec)
         except JobError as exc:
             self._report_fail(jobid, attempt, str(exc))
@@ -167,19 +161,13 @@ class ProcessManager:
             self._report_fail(jobid, attempt,
                               f"cannot start on {self.hname}: {type(exc).__name__}: {exc}")
             return False
-        logger.info("worker {}: started job {} (attempt {}) as pid {} in {}: {:.120}",
-                    self.hname, jobid, attempt, rj.pid, spec.cwd, spec.command)
+        logger.info("worker {}: started job {} (attempt {}) as pid {} in {} (group {}{}{}): "
+                    "{:.120}", self.hname, jobid, attempt, rj.pid, spec.cwd, rj.group.name,
+                    f", mem limit {spec.mem_limit} B" if spec.mem_limit else "",
+                    f", run limit {spec.run_limit} s" if spec.run_limit else "", spec.command)
         if job.get("state") == "USUSP" or job.get("signal") == "stop":
             self.signal(jobid, attempt, "stop")  # stopped before it started: start it stopped
         return True
-
-    def _paths(self, spec: JobSpec) -> tuple[Path, Path]:
-        def named(var: str, default: str) -> Path:
-            text = spec.env.get(var) or default
-            text = text.replace("%J", str(spec.jobid)).replace("%A", str(spec.attempt))
-            return Path(spec.cwd, os.path.expanduser(text))
-        return (named("XCE_STDOUT", str(self.jobs_dir / f"{spec.jobid}.out")),
-                named("XCE_STDERR", str(self.jobs_dir / f"{spec.jobid}.err")))
 
     def _owner(self, spec: JobSpec) -> Any:
         """The passwd entry to run the job as (``run_as_user``), or None for the worker's own.
@@ -203,67 +191,82 @@ class ProcessManager:
                            "(set worker.run_as_user = false to run jobs as the worker's user)")
         return owner
 
+    def _devices(self, spec: JobSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Bind the job to cores and GPUs (released by :meth:`_release`)."""
+        ngpus = spec.gpus_wanted()
+        if ngpus > len(self.gpus.items):
+            raise JobError(f"the job asks for {ngpus} GPU(s); {self.hname} has "
+                           f"{len(self.gpus.items)}")
+        cpus = self.cores.take(spec.key, spec.slots) if self.bind_cores else ()
+        gpus = self.gpus.take(spec.key, ngpus) if ngpus else ()
+        return cpus, gpus
+
+    def _release(self, key: str) -> None:
+        self.cores.give(key)
+        self.gpus.give(key)
+        self.timers.cancel(f"run:{key}")
+        self.timers.cancel(f"kill:{key}")
+
     def _spawn(self, spec: JobSpec) -> RunningJob:
+        """Start ``spec`` contained; every failure is a :class:`JobError` (or an unexpected
+        exception) that leaves nothing behind: no process, no group, no cores or GPUs held."""
         if not os.path.isdir(spec.cwd):
             raise JobError(f"working directory {spec.cwd!r} does not exist on {self.hname}")
+        paths = output_paths(spec, self.jobs_dir)
         owner = self._owner(spec)
+        status = self.jobs_dir / f"{spec.key}.status"  # the wrapper's stdout: opened here
+        cpus, gpus = self._devices(spec)
         try:
-            popen, status = self._popen(spec, owner)
-        except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
-            filename = getattr(exc, "filename", None)
-            raise JobError(f"cannot start on {self.hname}: "
-                           f"{getattr(exc, 'strerror', None) or exc}"
-                           f"{f' ({filename})' if filename else ''}") from None
+            extra = {"XCE_CPUS": ",".join(map(str, cpus))} if cpus else {}
+            if gpus:
+                extra.update(CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
+                             CUDA_DEVICE_ORDER="PCI_BUS_ID", XCE_GPUS=",".join(map(str, gpus)))
+            env = job_env(spec, owner, extra)
+            group = self._group(spec, cpus)
+            try:
+                popen = self._popen(spec, env, paths, status, owner, group, cpus)
+            except BaseException:
+                group.destroy()
+                raise
+        except BaseException:
+            self._release(spec.key)
+            raise
         try:
-            return self._watch(spec, popen, status)
+            return self._watch(spec, popen, status, group, paths, (cpus, gpus))
         except Exception as exc:
             # It runs but cannot be recorded or watched: its end would never be reported.
-            with contextlib.suppress(OSError):
-                os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
+            self._abandon(spec.key, popen, group)
             raise JobError(f"cannot watch the job on {self.hname} ({type(exc).__name__}: "
                            f"{exc}); killed it") from None
 
-    def _popen(self, spec: JobSpec, owner: Any) -> tuple[subprocess.Popen[bytes], Path]:
-        """Start the job's wrapper: its process and the file its exit status goes to."""
-        out_path, err_path = self._paths(spec)
-        status = self.jobs_dir / f"{spec.jobid}.{spec.attempt}.status"
-        if owner is not None:
-            # The wrapper, running as the user, writes its status where that user may write.
-            rundir = self.jobs_dir / f"{spec.jobid}.{spec.attempt}.d"
-            rundir.mkdir(exist_ok=True)
-            os.chown(rundir, owner.pw_uid, owner.pw_gid)
-            status = rundir / "status"
-        status.unlink(missing_ok=True)
-        env = {**os.environ, **spec.env, "XCE_JOBID": str(spec.jobid),
-               "XCE_ATTEMPT": str(spec.attempt), "XCE_HOSTS": " ".join(spec.hosts),
-               "XCE_NTASKS": str(spec.ntasks), "XCE_QUEUE": spec.queue, "XCE_USER": spec.user}
-        identity: dict[str, Any] = {}
-        if owner is not None:
-            env.update(HOME=owner.pw_dir, USER=owner.pw_name, LOGNAME=owner.pw_name)
-            identity = {"user": owner.pw_uid, "group": owner.pw_gid,
-                        "extra_groups": os.getgrouplist(owner.pw_name, owner.pw_gid)}
-        with open(out_path, "ab") as out, open(err_path, "ab") as err:
-            if owner is not None:
-                os.fchown(out.fileno(), owner.pw_uid, owner.pw_gid)
-                os.fchown(err.fileno(), owner.pw_uid, owner.pw_gid)
-            popen = subprocess.Popen(
-                ["/bin/sh", "-c", WRAPPER, f"xce-job-{spec.jobid}", spec.command,
-                 str(status)],
-                cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                start_new_session=True, close_fds=True, **identity)
-        return popen, status
+    def _group(self, spec: JobSpec, cpus: tuple[int, ...]) -> JobGroup:
+        """The job's new, empty group with its limits."""
+        try:
+            return self.containment.create(spec.key, Limits(spec.mem_limit, cpus))
+        except (ContainmentError, OSError) as exc:
+            raise JobError(f"cannot contain the job on {self.hname}: {exc}") from None
 
-    def _watch(self, spec: JobSpec, popen: subprocess.Popen[bytes], status: Path) -> RunningJob:
-        """Record a started job (journal) and watch it (a thread reports its end)."""
-        rj = RunningJob(spec.jobid, spec.attempt, popen.pid, status, popen)
+    def _watch(self, spec: JobSpec, popen: subprocess.Popen[bytes], status: Path,
+               group: JobGroup, paths: tuple[Path, Path, Path | None],
+               devices: tuple[tuple[int, ...], tuple[int, ...]]) -> RunningJob:
+        """Record a started job (journal, re-adoption info) and watch it (its run limit, a
+        thread that reports its end)."""
+        started = time.time()
+        rj = RunningJob(spec.jobid, spec.attempt, popen.pid, status, group, popen,
+                        mem_limit=spec.mem_limit, files=_files(*paths),
+                        run_left=float(spec.run_limit) if spec.run_limit else None,
+                        run_since=time.monotonic())
         with self._lock:
             self.running[spec.jobid] = rj
         try:
+            self._write_info(rj, started, *devices)
             # The run record and the start report: one journal write, one fsync.
-            self.journal.record_run(spec.jobid, spec.attempt, popen.pid, _create_time(popen.pid),
-                                    str(status), note={"jobid": spec.jobid, "event": "start",
-                                                       "pid": popen.pid, "attempt": spec.attempt})
+            self.journal.record_run(spec.jobid, spec.attempt, popen.pid,
+                                    _create_time(popen.pid), str(status),
+                                    note={"jobid": spec.jobid, "event": "start",
+                                          "pid": popen.pid, "attempt": spec.attempt,
+                                          "time": round(started, 6)})
+            self._arm_run_limit(rj)
             threading.Thread(target=self._wait_child, args=(rj,), daemon=True,
                              name=f"xce-job-{spec.jobid}").start()
         except BaseException:
@@ -273,42 +276,205 @@ class ProcessManager:
             raise
         return rj
 
+    def _abandon(self, key: str, popen: subprocess.Popen[bytes], group: JobGroup) -> None:
+        """Kill a started job that cannot be watched, everything it made, and its group."""
+        with contextlib.suppress(OSError):
+            group.kill()
+        with contextlib.suppress(OSError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
+        with contextlib.suppress(OSError):
+            group.wait_empty(5.0)
+            group.destroy()
+        self._release(key)
+        self._info_path(key).unlink(missing_ok=True)
+
+    def _popen(self, spec: JobSpec, env: dict[str, str], paths: tuple[Path, Path, Path | None],
+               status: Path, owner: Any, group: JobGroup,
+               cpus: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        """Start the wrapper gated, contain it, then open the gate."""
+        out_path, err_path, in_path = paths
+        identity: dict[str, Any] = {}
+        if owner is not None:
+            identity = {"user": owner.pw_uid, "group": owner.pw_gid,
+                        "extra_groups": os.getgrouplist(owner.pw_name, owner.pw_gid)}
+        if in_path is not None and not in_path.is_file():
+            raise JobError(f"cannot start on {self.hname}: input file {str(in_path)!r} does "
+                           "not exist")
+        if owner is not None:  # the default files are in the worker's spool: give them over
+            for path in {out_path, err_path}:
+                if path.parent == self.jobs_dir:
+                    path.touch()
+                    os.chown(path, owner.pw_uid, owner.pw_gid)
+        gate_r, gate_w = os.pipe()
+        try:
+            try:
+                with open(status, "wb") as status_fh:  # truncated: empty means "unknown"
+                    popen = subprocess.Popen(
+                        ["/bin/sh", "-c", WRAPPER, f"xce-job-{spec.jobid}", spec.command,
+                         str(in_path) if in_path is not None else os.devnull,
+                         str(out_path), str(err_path)],
+                        cwd=spec.cwd, env=env, stdin=gate_r, stdout=status_fh,
+                        stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                        **identity)
+            finally:
+                os.close(gate_r)
+        except BaseException as exc:
+            os.close(gate_w)
+            if isinstance(exc, OSError | ValueError | TypeError | subprocess.SubprocessError):
+                raise JobError(self._cannot_start(exc)) from None
+            raise
+        return self._contain(popen, gate_w, group, cpus)
+
+    def _contain(self, popen: subprocess.Popen[bytes], gate_w: int, group: JobGroup,
+                 cpus: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        """Put the gated wrapper in its group, bound to its cores, then let it run."""
+        try:
+            try:
+                group.attach(popen.pid)
+                if cpus:
+                    os.sched_setaffinity(popen.pid, cpus)
+            except BaseException as exc:
+                os.close(gate_w)  # the wrapper reads EOF and exits 125 without running anything
+                gate_w = -1
+                popen.wait()
+                if isinstance(exc, ContainmentError | OSError):
+                    raise JobError(f"cannot contain the job on {self.hname}: {exc}") from None
+                raise
+            try:
+                os.write(gate_w, b"go\n")
+            except OSError as exc:  # the wrapper is gone (EPIPE): nothing of the job ran
+                popen.wait()
+                raise JobError(f"cannot start on {self.hname}: the job's wrapper ended before "
+                               f"it was let run ({exc.strerror or exc})") from None
+        finally:
+            if gate_w >= 0:
+                os.close(gate_w)
+        return popen
+
+    def _cannot_start(self, exc: BaseException) -> str:
+        """The reason for an exec (or Popen) error: its words and the file it names."""
+        filename = getattr(exc, "filename", None)
+        return (f"cannot start on {self.hname}: {getattr(exc, 'strerror', None) or exc}"
+                f"{f' ({filename})' if filename else ''}")
+
+    def _info_path(self, key: str) -> Path:
+        return self.jobs_dir / f"{key}.json"
+
+    def _write_info(self, rj: RunningJob, started: float, cpus: tuple[int, ...],
+                    gpus: tuple[int, ...]) -> None:
+        """What re-adoption needs besides the journal (not fsynced: a machine crash ends the
+        job anyway; a worker crash leaves it in the page cache)."""
+        info = {"started": started, "run_limit": rj.run_left, "mem_limit": rj.mem_limit,
+                "cpus": list(cpus), "gpus": list(gpus)}
+        self._info_path(rj.key).write_bytes(orjson.dumps(info))
+
+    def _read_info(self, key: str) -> dict[str, Any]:
+        try:
+            info = orjson.loads(self._info_path(key).read_bytes())
+            return info if isinstance(info, dict) else {}
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+
+    # ------------------------------------------------------------------ limits
+    def _arm_run_limit(self, rj: RunningJob) -> None:
+        if rj.run_left is None:
+            return
+        rj.run_since = time.monotonic()
+        self.timers.after(f"run:{rj.key}", max(0.0, rj.run_left),
+                          lambda: self._limit_reached(rj, "run_limit"))
+
+    def _pause_run_limit(self, rj: RunningJob) -> None:
+        """Stopped time does not count against the run limit."""
+        if rj.run_left is not None and self.timers.pending(f"run:{rj.key}"):
+            self.timers.cancel(f"run:{rj.key}")
+            rj.run_left -= time.monotonic() - rj.run_since
+
+    def _limit_reached(self, rj: RunningJob, cause: ExitReason) -> None:
+        if rj.done.is_set() or rj.killing:
+            return
+        rj.cause = cause
+        logger.warning("worker {}: job {} (attempt {}): {}; ending it", self.hname, rj.jobid,
+                       rj.attempt, describe_exit(cause))
+        if cause == "mem_limit":
+            rj.killing = True
+            rj.group.kill()  # at once: memory beyond the limit hurts the host's other jobs
+        else:
+            self._kill(rj)
+
     # ------------------------------------------------------------------ ending
     def _wait_child(self, rj: RunningJob) -> None:
         assert rj.popen is not None
-        self._finished(rj, shell_status(rj.popen.wait()))
+        try:
+            _, wstatus, rusage = os.wait4(rj.pid, 0)
+        except ChildProcessError:  # reaped by another waiter in this process: ask its file
+            rj.popen.returncode = 0
+            self._finished(rj, _read_status(rj.status_file), None, time.time())
+            return
+        ended = time.time()
+        rj.popen.returncode = os.waitstatus_to_exitcode(wstatus)
+        self._finished(rj, shell_status(rj.popen.returncode), rusage, ended)
 
-    def _finished(self, rj: RunningJob, status: int | None) -> None:
+    def _finished(self, rj: RunningJob, status: int | None, rusage: Any, ended: float) -> None:
+        group = rj.group
+        try:
+            if group.pids():  # what the job left behind ends with it
+                group.kill()
+                group.wait_empty(5.0)
+            usage = group.final_usage(rusage)
+            oom = group.oom_killed()
+            if not group.destroy():
+                logger.warning("worker {}: job {}'s group {} could not be removed (a process "
+                               "is stuck); the next start cleans it", self.hname, rj.jobid,
+                               group.name)
+        except OSError as exc:
+            logger.error("worker {}: job {}'s group {}: {}; its usage is not final",
+                         self.hname, rj.jobid, group.name, exc)
+            usage, oom = group.final_usage(rusage), False
+        self._release(rj.key)
+        self._info_path(rj.key).unlink(missing_ok=True)
         with self._lock:
             if self.running.get(rj.jobid) is rj:
                 del self.running[rj.jobid]
         rj.done.set()
-        if status is None:
+        cause = rj.cause or ("mem_limit" if oom else None)
+        base = {"jobid": rj.jobid, "attempt": rj.attempt, "time": round(ended, 6),
+                "usage": usage.report()}
+        if status is None and cause is None:
             self._report_fail(rj.jobid, rj.attempt, "the worker restarted while the job ran; "
-                              "its exit status is unknown")
-        elif status in (126, 127):
+                              "its exit status is unknown", time_=ended)
+        elif cause is None and status == NO_FILES_STATUS and _no_files(rj.status_file):
+            self._report_fail(rj.jobid, rj.attempt, f"cannot start on {self.hname}: the job's "
+                              f"{rj.files} cannot be opened by its user", status, time_=ended)
+        elif cause is None and status in (126, 127):
             what = "not found" if status == 127 else "not executable"
             self._report_fail(rj.jobid, rj.attempt,
-                              f"command {what} (exit status {status})", status)
+                              f"command {what} (exit status {status})", status, time_=ended)
         else:
-            logger.info("worker {}: job {} (attempt {}) finished with exit status {}",
-                        self.hname, rj.jobid, rj.attempt, status)
-            self.journal.notify({"jobid": rj.jobid, "event": "finish", "exit_status": status,
-                                 "attempt": rj.attempt})
+            code = status if status is not None else 128 + signal.SIGKILL
+            reason: ExitReason = cause or ("done" if code == 0 else
+                                           "signal" if code > 128 else "exit_code")
+            logger.info("worker {}: job {} (attempt {}) finished with exit status {} ({}; cpu "
+                        "{:.2f} s, peak mem {:.1f} MB)", self.hname, rj.jobid, rj.attempt, code,
+                        describe_exit(reason, code), usage.utime + usage.stime,
+                        usage.max_mem / 2**20)
+            self.journal.notify({**base, "event": "finish", "exit_status": code,
+                                 "exit_reason": reason})
 
-    def _report_fail(self, jobid: int, attempt: int, reason: str,
-                     status: int | None = None) -> None:
+    def _report_fail(self, jobid: int, attempt: int, reason: str, status: int | None = None,
+                     time_: float | None = None) -> None:
         logger.warning("worker {}: job {} (attempt {}) failed: {}", self.hname, jobid, attempt,
                        reason)
         args: dict[str, Any] = {"jobid": jobid, "event": "fail", "reason": reason,
-                                "attempt": attempt}
+                                "attempt": attempt, "exit_reason": "no_start",
+                                "time": round(time_ if time_ is not None else time.time(), 6)}
         if status is not None:
             args["exit_status"] = status
         self.journal.notify(args)
 
     # ------------------------------------------------------------------ signals
     def signal(self, jobid: int, attempt: int | None, name: str) -> None:
-        """Apply ``kill``/``stop``/``resume``/``checkpoint`` to a job's process group.
+        """Apply ``kill``/``stop``/``resume``/``checkpoint`` to a job's group.
 
         A signal for a job this worker does not run is logged and, for a kill of a job that
         never started here, reported as ``fail`` so the job does not stay RUN forever.
@@ -322,20 +488,33 @@ class ProcessManager:
             logger.warning("worker {}: checkpoint of job {} is not supported; ignored",
                            self.hname, jobid)
             return
-        sig = SIGNALS.get(name)
-        if sig is None:
+        if name == "kill":
+            rj.cause = rj.cause or "killed"
+            self._kill(rj)
+            return
+        if name not in ("stop", "resume"):
             logger.error("worker {}: unknown signal {!r} for job {}; ignored", self.hname, name,
                          jobid)
             return
-        if name == "kill":
-            self._kill(rj)
-            return
         if (name == "stop" and rj.stopped) or (name == "resume" and not rj.stopped):
             return  # a repeated signal (e.g. re-sent in a state push): nothing to do
-        rj.stopped = name == "stop"
-        self._killpg(rj, sig)
-        logger.info("worker {}: {} job {} (process group {})", self.hname,
-                    "stopped" if name == "stop" else "resumed", jobid, rj.pid)
+        self._stop_or_resume(rj, name == "stop")
+        logger.info("worker {}: {} job {} ({})", self.hname,
+                    "stopped" if name == "stop" else "resumed", jobid,
+                    "freezer" if rj.group.freezer else "SIGSTOP/SIGCONT")
+
+    def _stop_or_resume(self, rj: RunningJob, stop: bool) -> None:
+        rj.stopped = stop
+        try:
+            if stop:
+                self._pause_run_limit(rj)
+                rj.group.freeze() if rj.group.freezer else rj.group.signal(signal.SIGSTOP)
+            else:
+                rj.group.thaw() if rj.group.freezer else rj.group.signal(signal.SIGCONT)
+                self._arm_run_limit(rj)
+        except OSError as exc:
+            logger.error("worker {}: cannot {} job {}: {}", self.hname,
+                         "stop" if stop else "resume", rj.jobid, exc)
 
     def _signal_not_running(self, jobid: int, attempt: int | None, name: str) -> None:
         entry = self.journal.known(jobid, attempt or 0) if attempt is not None else None
@@ -350,52 +529,66 @@ class ProcessManager:
             logger.warning("worker {}: {} for job {} (attempt {}), which does not run here; "
                            "ignored", self.hname, name, jobid, attempt)
 
-    def _killpg(self, rj: RunningJob, sig: int) -> None:
-        try:
-            os.killpg(rj.pid, sig)
-        except ProcessLookupError:
-            logger.info("worker {}: job {} has no processes left to signal", self.hname,
-                        rj.jobid)
-        except PermissionError as exc:
-            logger.error("worker {}: cannot signal job {}: {}", self.hname, rj.jobid, exc)
-
     def _kill(self, rj: RunningJob) -> None:
         if rj.killing:
             return
         rj.killing = True
-        logger.info("worker {}: killing job {} (process group {}): SIGTERM, SIGKILL after "
-                    "{:g} s", self.hname, rj.jobid, rj.pid, self.kill_grace)
-        _await_command(rj)
-        self._killpg(rj, signal.SIGTERM)
-        self._killpg(rj, signal.SIGCONT)
+        logger.info("worker {}: killing job {} (group {}): SIGTERM, SIGKILL after {:g} s",
+                    self.hname, rj.jobid, rj.group.name, self.kill_grace)
+        try:
+            if rj.stopped:
+                self._stop_or_resume(rj, stop=False)
+            _await_command(rj)
+            rj.group.signal(signal.SIGTERM)
+            rj.group.signal(signal.SIGCONT)
+        except OSError as exc:
+            logger.error("worker {}: cannot signal job {}: {}", self.hname, rj.jobid, exc)
 
         def escalate() -> None:
-            if not rj.done.wait(self.kill_grace):
-                logger.warning("worker {}: job {} outlived SIGTERM by {:g} s; SIGKILL",
-                               self.hname, rj.jobid, self.kill_grace)
-                self._killpg(rj, signal.SIGKILL)
+            if not rj.done.is_set():
+                logger.warning("worker {}: job {} outlived SIGTERM by {:g} s; SIGKILL of its "
+                               "group", self.hname, rj.jobid, self.kill_grace)
+                rj.group.kill()
 
-        threading.Thread(target=escalate, daemon=True, name=f"xce-kill-{rj.jobid}").start()
+        self.timers.after(f"kill:{rj.key}", self.kill_grace, escalate)
 
     # ------------------------------------------------------------------ restart
     def adopt(self) -> None:
         """After a restart: watch the journal's jobs that still run, report those that are
-        gone (with the status their wrapper recorded, if any)."""
+        gone (with the status their wrapper recorded, if any), then remove every group of
+        this worker that no running job owns."""
         for entry in self.journal.active():
+            key = f"{entry.jobid}.{entry.attempt}"
             status_file = Path(entry.status_file or self.jobs_dir / "none")
-            if entry.pid is not None and _same_process(entry.pid, entry.create_time):
-                rj = RunningJob(entry.jobid, entry.attempt, entry.pid, status_file)
+            info = self._read_info(key)
+            group = self.containment.adopt(key, entry.pid) or EndedGroup(key)
+            alive = entry.pid is not None and _same_process(entry.pid, entry.create_time)
+            rj = RunningJob(entry.jobid, entry.attempt, entry.pid or 0, status_file, group,
+                            mem_limit=info.get("mem_limit"))
+            if alive:
+                limit = info.get("run_limit")
+                if isinstance(limit, int | float):
+                    rj.run_left = float(limit) - (time.time() - float(info.get("started", 0)))
+                self.cores.hold(key, info.get("cpus") or ())
+                self.gpus.hold(key, info.get("gpus") or ())
                 with self._lock:
                     self.running[entry.jobid] = rj
-                logger.info("worker {}: re-adopted job {} (attempt {}, pid {}) after a restart",
-                            self.hname, entry.jobid, entry.attempt, entry.pid)
+                logger.info("worker {}: re-adopted job {} (attempt {}, pid {}, group {}) after "
+                            "a restart", self.hname, entry.jobid, entry.attempt, entry.pid,
+                            group.name)
+                self._arm_run_limit(rj)
                 threading.Thread(target=self._watch_adopted, args=(rj,), daemon=True,
                                  name=f"xce-job-{entry.jobid}").start()
             else:
-                rj = RunningJob(entry.jobid, entry.attempt, entry.pid or 0, status_file)
                 logger.info("worker {}: job {} (attempt {}) ended while the worker was down",
                             self.hname, entry.jobid, entry.attempt)
-                self._finished(rj, _read_status(status_file))
+                self._finished(rj, _read_status(status_file), None, time.time())
+        with self._lock:
+            keep = {rj.key for rj in self.running.values()}
+        removed = self.containment.cleanup_stale(keep)
+        if removed:
+            logger.info("worker {}: removed {} stale job group(s) of a previous run: {}",
+                        self.hname, len(removed), ", ".join(removed))
 
     def _watch_adopted(self, rj: RunningJob) -> None:
         import psutil
@@ -410,29 +603,27 @@ class ProcessManager:
                     continue
         except psutil.Error:
             pass
-        self._finished(rj, _read_status(rj.status_file))
+        self._finished(rj, _read_status(rj.status_file), None, time.time())
 
     # ------------------------------------------------------------------ usage
-    def sample_usage(self) -> None:
-        """Post each running job's resource usage (``update_jusage``, newest value kept)."""
-        if self.post is None:
-            return
+    def sample_jobs(self) -> None:
+        """Post each running job's usage (``update_jusage``, newest kept) and enforce the
+        memory limits the kernel does not (a sample over the limit, or an OOM kill that left
+        part of the job running, ends the job with reason ``mem_limit``)."""
         with self._lock:
             jobs = list(self.running.values())
         for rj in jobs:
-            usage = job_usage(rj.pid)
-            if usage is not None:
-                self.post(f"jusage:{rj.jobid}", "update_jusage",
-                          {"jobid": rj.jobid, "usage": usage})
-
-    def usage_loop(self, interval: float, stop: threading.Event) -> None:
-        """The process manager's update loop (a monitor thread)."""
-        while not stop.wait(interval):
             try:
-                self.sample_usage()
-            except Exception:
-                logger.opt(exception=True).error("worker {}: job usage sample failed",
-                                                 self.hname)
+                usage = rj.group.usage()
+                oom = rj.group.oom_killed()
+            except OSError:
+                continue  # ending right now: the final figures come with its end report
+            if rj.mem_limit is not None and not rj.killing and (
+                    oom or (not rj.group.kernel_mem_limit and usage.mem > rj.mem_limit)):
+                self._limit_reached(rj, "mem_limit")
+            if self.post is not None and not rj.done.is_set():
+                self.post(f"jusage:{rj.jobid}", "update_jusage",
+                          {"jobid": rj.jobid, "usage": usage.report()})
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, keep_jobs: bool, timeout: float | None = None) -> None:
@@ -440,6 +631,7 @@ class ProcessManager:
         with self._lock:
             jobs = list(self.running.values())
         if not jobs:
+            self.containment.close()
             return
         names = ", ".join(f"{rj.jobid} (pid {rj.pid})" for rj in jobs)
         if keep_jobs:
@@ -449,61 +641,33 @@ class ProcessManager:
         logger.info("worker {}: killing {} running job(s) before stopping: {}", self.hname,
                     len(jobs), names)
         for rj in jobs:
+            rj.cause = rj.cause or "killed"
             self._kill(rj)
         deadline = time.monotonic() + (timeout if timeout is not None else self.kill_grace + 5)
         for rj in jobs:
             rj.done.wait(max(0.0, deadline - time.monotonic()))
+        self.containment.close()
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def swapped_bytes(pid: int) -> int:
-    """How much of process ``pid`` is swapped out (``VmSwap`` in ``/proc/<pid>/status``);
-    0 where the kernel does not say (not Linux, or the process is gone)."""
+def _files(out: Path, err: Path, stdin: Path | None) -> str:
+    names = [f"output file {str(out)!r}"]
+    if err != out:
+        names.append(f"error file {str(err)!r}")
+    if stdin is not None:
+        names.append(f"input file {str(stdin)!r}")
+    return " or ".join(names)
+
+
+def _no_files(status_file: Path) -> bool:
+    """True if the wrapper said it could not open the job's files."""
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("VmSwap:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def job_usage(pid: int) -> dict[str, Any] | None:
-    """Resource usage of the process tree under ``pid`` (None if it is gone).
-
-    ``mem`` is the resident size, ``swap`` what is swapped out, ``vmem`` the virtual size
-    (MB each): the virtual size is address space, not swap, and is reported on its own.
-    """
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return None
-    mem = swap = vmem = utime = stime = 0.0
-    nthreads, pids = 0, []
-    for p in procs:
-        try:
-            with p.oneshot():
-                m, t = p.memory_info(), p.cpu_times()
-                mem += m.rss
-                vmem += m.vms
-                swap += swapped_bytes(p.pid)
-                utime += t.user + t.children_user
-                stime += t.system + t.children_system
-                nthreads += p.num_threads()
-                pids.append(p.pid)
-        except psutil.Error:
-            continue
-    mb = 1024 * 1024
-    return {"mem": round(mem / mb, 3), "swap": round(swap / mb, 3), "vmem": round(vmem / mb, 3),
-            "utime": round(utime, 3),
-            "stime": round(stime, 3), "nthreads": nthreads, "pids": pids}
+        return status_file.read_text().strip() == NO_FILES
+    except OSError:
+        return False
 
 
 def _await_command(rj: RunningJob, timeout: float = 1.0) -> None:

@@ -22,7 +22,7 @@ _S, _I, _F, _B, _L, _D = (str,), (int,), (float, int), (bool,), (list,), (dict,)
 # Names a site may not reuse for its own strings/numbers: the join attributes themselves.
 RESERVED = frozenset({
     "hname", "type", "model", "cpuf", "ncpus", "ncores", "nthreads", "maxmem", "maxswp",
-    "maxtmp", "max_slots", "resources",
+    "maxtmp", "max_slots", "resources", "ngpus", "gpu_model", "gpu_mem",
 })
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -43,6 +43,11 @@ def _check(section: dict[str, Any]) -> None:
     for key in ("monitor_interval", "hello_interval", "cpuf"):
         if section[key] <= 0:
             raise ValueError(f"{key} must be > 0, got {section[key]}")
+    parent = section["cgroup_parent"]
+    if parent and (not parent.startswith("/") or ".." in parent.split("/")):
+        raise ValueError(f"cgroup_parent {parent!r}: must be an absolute cgroup path without ..")
+    if not section["containment"]:
+        raise ValueError("containment must name a containment (or be 'auto')")
     if section["kill_grace"] < 0:
         raise ValueError(f"kill_grace must be >= 0, got {section['kill_grace']}")
     seen: dict[str, str] = {}
@@ -88,6 +93,14 @@ SECTION = ConfigSection(
         "keep_jobs_on_shutdown": Field(_B, True, "leave running jobs running when stopping"),
         "run_as_user": Field(_B, False, "start each job as its submitting user (the worker must "
                              "run as root); off: jobs run as the worker's own user"),
+        "containment": Field(_S, "auto", "job containment: auto (the best available), cgroup2, "
+                             "cgroup1, fallback, or a plugin's"),
+        "cgroup_parent": Field(_S, "", "cgroup under which the worker's xce-<host> group goes "
+                               "(default: the worker's own cgroup)"),
+        "bind_cores": Field(_B, True, "bind each job to as many distinct cores as it has "
+                            "slots here (cpuset, else CPU affinity)"),
+        "freezer": Field(_B, True, "stop/resume jobs through the cgroup freezer where there is "
+                         "one (off: SIGSTOP/SIGCONT)"),
     },
     "the worker daemon of one compute host",
     check=_check,
@@ -105,6 +118,10 @@ class WorkerSettings:
     hello_interval: float
     keep_jobs_on_shutdown: bool
     run_as_user: bool
+    containment: str = "auto"
+    cgroup_parent: str = ""
+    bind_cores: bool = True
+    freezer: bool = True
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> WorkerSettings:
@@ -119,6 +136,10 @@ class WorkerSettings:
             hello_interval=float(section.get("hello_interval", 5.0)),
             keep_jobs_on_shutdown=bool(section.get("keep_jobs_on_shutdown", True)),
             run_as_user=bool(section.get("run_as_user", False)),
+            containment=str(section.get("containment") or "auto"),
+            cgroup_parent=str(section.get("cgroup_parent") or ""),
+            bind_cores=bool(section.get("bind_cores", True)),
+            freezer=bool(section.get("freezer", True)),
         )
 
 
