@@ -608,6 +608,9 @@ class Controller:
                     rec.rev = rev
                 elif isinstance(rec, dict) and table in KINDS:
                     rec["rev"] = rev
+            for ev in ch.events:  # a removal's push carries the rev of the write (protocol.md)
+                if ev.name == "job_removed" and isinstance(ev.data, dict):
+                    ev.data["rev"] = rev
             result = encode(ch.result)
             rows = encode_rows(ch.rows, encoded)
         events = encode_events(ch.events, encoded) if ch.events else []
