@@ -58,6 +58,7 @@ class ErrorCode(StrEnum):
     DENIED = "DENIED"  # the caller's role or identity may not do this
     CONFLICT = "CONFLICT"  # the state forbids it (job not pending, queue closed, ...)
     STORAGE = "STORAGE"  # the store cannot commit (disk full, I/O error): not applied; retry
+    UNAVAILABLE = "UNAVAILABLE"  # a delegated op: no member serves it, or it did not answer; retry
     INTERNAL = "INTERNAL"
 
 

@@ -14,9 +14,10 @@ from fastapi.responses import JSONResponse
 from xcecore.wire import RemoteError
 
 STATUS = {"NOT_FOUND": 404, "DENIED": 403, "CONFLICT": 409, "INVALID": 422, "INTERNAL": 500,
-          "STORAGE": 503}
+          "STORAGE": 503, "UNAVAILABLE": 503}
 """Controller error code -> HTTP status. ``STORAGE``: the controller refused the write (its
-store cannot write now), nothing was applied: retry later. Any other code is 502."""
+store cannot write now), nothing was applied: retry later. ``UNAVAILABLE``: no member serves
+a delegated op (history), or it did not answer. Any other code is 502."""
 
 
 def dumps(value: Any) -> bytes:

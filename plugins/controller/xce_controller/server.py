@@ -37,6 +37,7 @@ from loguru import logger
 
 from xce_controller import members, sync
 from xce_controller.changes import ChangeRing
+from xce_controller.delegate import Delegates
 from xce_controller.election import Election, FileLockElection
 from xce_controller.framing import FrameReader
 from xce_controller.isolation import check_encodable, label, request_id
@@ -164,6 +165,8 @@ class Controller:
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer_done = anyio.Event()
         self._fenced: str | None = None  # why this primary may no longer acknowledge
+        self.delegates = Delegates(self.conns, lambda role, user: self.state.is_admin(role, user),
+                                   lambda: self.settings.max_frame, self.spawn, lambda: self.address)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -717,6 +720,7 @@ class Controller:
             finally:
                 self.conns.pop(conn.cid, None)
                 self.fanout.remove(conn.cid)
+                self.delegates.left(conn.cid)
                 if caller.joined and self.role == "primary" and not self.still_joined(caller):
                     self.apply_internal(self.state.remove_member(caller.identity), "member left")
                 logger.debug("controller {}: {} ({}) disconnected", self.address, caller.identity, peer)
@@ -928,6 +932,9 @@ class Controller:
                 err = wire.reply_error(req.id, ErrorCode.REDIRECT, f"standby; primary is {primary}", primary=primary)
             conn.outbox.reply(wire.encode(err), None)
             return
+        if self.delegates.handles(req.op):  # answered by a member (xce_controller.delegate)
+            self.delegates.call(conn, req)
+            return
         if req.rid is not None:
             stored = self._stored(req.rid)
             if stored == LOOKUP_FAILED:
@@ -961,6 +968,8 @@ class Controller:
             self._reply_error(conn, req.id, RemoteError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
             return
         self._finish(conn, req, spec, args, ch)
+        if req.op == "join":
+            self.delegates.joined(conn, args.get("attrs"))
 
     def _finish(self, conn: Connection, req: wire.Request, spec: OpSpec, args: dict[str, Any],
                 ch: Changes) -> None:

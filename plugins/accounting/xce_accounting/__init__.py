@@ -1,0 +1,1 @@
+"""The accounting role: finished job attempts and their timelines, recorded once."""
