@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -44,7 +44,7 @@ def parse_time(text: str, now: float | None = None) -> float:
                            "date or time (2026-11-30, 2026-11-30T08:00), or epoch seconds") from None
     if stamp.tzinfo is None:
         stamp = stamp.astimezone()  # local time, as bacct -C reads it
-    return stamp.astimezone(timezone.utc).timestamp()
+    return stamp.astimezone(UTC).timestamp()
 
 
 def _session(ctx: click.Context) -> Session:

@@ -194,10 +194,9 @@ def observe(prev: View | None, job: Record, now: float, *, synced: bool) -> Outc
 def _end_attempt(b: _Builder, prev: View, now: float, attempt: int) -> None:
     """The job moved to a later attempt: the earlier one was requeued."""
     job = b.job
-    if prev.state not in FINISHED:  # a run (or a pending attempt) ended by requeue
-        if prev.state in ACTIVE or prev.hosts:
-            b.out.attempts.append(attempt_row(job, prev.attempt, REQUEUED, prev.hosts,
-                                              prev.start_time, now, "requeued", None))
+    if prev.state not in FINISHED and (prev.state in ACTIVE or prev.hosts):  # a run ended by requeue
+        b.out.attempts.append(attempt_row(job, prev.attempt, REQUEUED, prev.hosts,
+                                          prev.start_time, now, "requeued", None))
     b.event("requeued", now, attempt=attempt, previous=prev.attempt)
     b.move(attempt=attempt, state="PEND", reason=None, hosts=(), start_time=None)
 

@@ -15,6 +15,7 @@ thread: the role's writer thread owns one, its query threads one each.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -90,7 +91,8 @@ class Filters:
 
     def where(self) -> tuple[str, list[Any]]:
         """The WHERE clause (without the keyword; ``1=1`` when empty) and its parameters."""
-        parts, params = [], []
+        parts: list[str] = []
+        params: list[Any] = []
         for col, value in (('"user"', self.owner), ("queue", self.queue),
                            ("project", self.project), ("state", self.state)):
             if value is not None:
@@ -186,10 +188,8 @@ class Store:
         self.conn.execute("COMMIT")
 
     def _rollback(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the connection is gone: the next use says so
             self.conn.execute("ROLLBACK")
-        except Exception:  # the connection is gone: the next use says so
-            pass
 
     def migrate(self) -> int:
         """Apply every migration not applied yet, in order, each in its own transaction;
