@@ -37,6 +37,7 @@ from xce_apiserver.envelope import (
 )
 from xce_apiserver.envelope import dumps as _dumps
 from xce_apiserver.health import BackendHealth
+from xce_apiserver.history import history_router
 from xce_apiserver.hosts import evaluator_host, lsf_host
 from xce_apiserver.idempotency import HEADER as IDEMPOTENCY_HEADER
 from xce_apiserver.idempotency import Idempotent, Memory, parse_key
@@ -374,6 +375,8 @@ def create_app(
 
     def once(idem: Idempotent, user: str, handle: Callable[[], Awaitable[Response]]) -> Awaitable[Response]:
         return idem.run(user, handle)
+
+    app.include_router(history_router(PREFIX, session, forward))  # GET /history/... (accounting)
 
     # ------------------------------------------------------------------ auth routes
     @app.post(f"{PREFIX}/auth/logon", response_model=m.Envelope[m.Token], tags=["auth"],
