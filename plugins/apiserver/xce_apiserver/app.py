@@ -376,7 +376,8 @@ def create_app(
     def once(idem: Idempotent, user: str, handle: Callable[[], Awaitable[Response]]) -> Awaitable[Response]:
         return idem.run(user, handle)
 
-    app.include_router(history_router(PREFIX, session, forward))  # GET /history/... (accounting)
+    app.include_router(history_router(PREFIX, session, forward,  # GET /history/... (accounting)
+                                      _responses(*READ, 403, 404, 503, 504)))
 
     # ------------------------------------------------------------------ auth routes
     @app.post(f"{PREFIX}/auth/logon", response_model=m.Envelope[m.Token], tags=["auth"],

@@ -29,9 +29,11 @@ Cursor = Annotated[str | None, Query(min_length=1, max_length=256, pattern=r"^[0
 Limit = Annotated[int, Query(ge=1, le=PAGE_MAX, description=f"rows per page, 1 to {PAGE_MAX}")]
 
 
-def history_router(prefix: str, session: SessionDep, forward: Forward) -> APIRouter:
-    """The history routes under ``prefix``, calling the controller through ``forward``."""
-    router = APIRouter(prefix=f"{prefix}/history", tags=["history"])
+def history_router(prefix: str, session: SessionDep, forward: Forward,
+                   responses: dict[int | str, dict[str, Any]]) -> APIRouter:
+    """The history routes under ``prefix``, calling the controller through ``forward``;
+    ``responses``: the failures they document."""
+    router = APIRouter(prefix=f"{prefix}/history", tags=["history"], responses=responses)
     User = Annotated[Session, Depends(session)]
 
     async def call(s: Session, op: str, args: dict[str, Any], what: str) -> Any:
