@@ -155,3 +155,39 @@ def test_every_attempt_once_across_primary_and_accounting_kills(xce_cluster: Any
         paged = [r["jobid"] for r in page1["rows"] + page2["rows"]]
         assert sorted(paged) == sorted(every) and page2["next"] is None
     assert acct.alive(), acct.text()[-3000:]
+
+
+def test_the_role_on_postgresql_records_once_across_its_own_sigkill(xce_cluster: Any, tmp_path: Path,
+                                                                   pg_dsn: str) -> None:
+    import psycopg
+
+    cl: LocalCluster = xce_cluster(1, extra_config=ADMINS)
+    start_rest(cl, tmp_path)
+    opts = ['accounting.backend="postgresql"', f'accounting.dsn="{pg_dsn}"', "accounting.flush_interval=0.02"]
+    acct = cl.start_role("accounting", *opts, name="accounting")
+
+    def count() -> tuple[int, int]:
+        with psycopg.connect(pg_dsn) as conn:
+            try:
+                a = conn.execute("SELECT count(*), count(DISTINCT jobid) FROM attempts").fetchone()
+            except psycopg.errors.UndefinedTable:
+                return (0, 0)
+        assert a is not None
+        return int(a[0]), int(a[1])
+
+    with cli(cl) as c:
+        wait_for(lambda: serves(c), 60, what="the accounting role serves history")
+        first = submit(c, "alice", "true", 8)
+        wait_for(lambda: finished(c, first), 60, what="jobs finished")
+        wait_for(lambda: count()[0] >= 8, 60, what="jobs recorded in PostgreSQL")
+        acct.kill()
+        second = submit(c, "alice", "exit 1", 4)
+        wait_for(lambda: finished(c, second), 60, what="jobs finished while accounting was down")
+        acct = cl.start_role("accounting", *opts, name="accounting")
+        wait_for(lambda: count()[0] >= 12, 60, what="every job recorded after the restart")
+        assert count() == (12, 12), "one row per finished attempt, none twice"
+        s = c.call("history.summary", {"user": "alice"}, deadline=30)
+        assert (s["jobs"], s["done"], s["exit"]) == (12, 8, 4), s
+        hist = c.call("history.job", {"jobid": second[0], "user": "alice"}, deadline=30)
+        assert hist["gaps"] >= 1, "a job run while accounting was down says so"
+    assert acct.alive(), acct.text()[-3000:]

@@ -17,8 +17,8 @@ events derived from it are preceded by a ``gap`` event saying so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from xcecore.protocol import ACTIVE, FINISHED, PENDING
 
@@ -34,8 +34,7 @@ ATTEMPT_COLUMNS = (
 """The columns of a finished attempt, in the order of :class:`AttemptRow`'s values."""
 
 
-@dataclass(frozen=True, slots=True)
-class View:
+class View(NamedTuple):
     """What the role remembers of a job between two of its versions."""
 
     attempt: int
@@ -46,7 +45,7 @@ class View:
     seq: int = 0  # the last event's seq
 
     def to_json(self) -> list[Any]:
-        """A compact JSON form (stored with every event)."""
+        """A compact JSON form (stored with the last event of each observation)."""
         return [self.attempt, self.state, self.reason, list(self.hosts), self.start_time, self.seq]
 
     @classmethod
@@ -56,9 +55,10 @@ class View:
         return cls(int(attempt), str(state), reason, tuple(hosts), start, int(seq))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EventRow:
-    """One timeline event: key ``(jobid, seq)``."""
+    """One timeline event: key ``(jobid, seq)``. ``view`` (the job's view after it) is kept
+    on the last event of an observation only: where a restarted role continues from."""
 
     jobid: int
     seq: int
@@ -67,7 +67,7 @@ class EventRow:
     time: float
     user: str
     detail: dict[str, Any]
-    view: View
+    view: View | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,24 +138,30 @@ def attempt_row(job: Record, attempt: int, state: str, hosts: tuple[str, ...],
 
 
 class _Builder:
-    """Appends events for one job, numbering them and advancing the view."""
+    """Appends events for one job, numbering them and advancing the view (mutable fields:
+    building a frozen view per step costs more than the rest of the core)."""
+
+    __slots__ = ("attempt", "hosts", "job", "out", "reason", "seq", "start_time", "state")
 
     def __init__(self, job: Record, view: View) -> None:
         self.job = job
-        self.view = view
+        self.attempt, self.state, self.reason, self.hosts, self.start_time, self.seq = view
         self.out = Outcome(view)
 
-    def event(self, kind: str, when: float, **detail: Any) -> None:
-        self.view = replace(self.view, seq=self.view.seq + 1)
-        self.out.events.append(EventRow(self.job["jobid"], self.view.seq, self.view.attempt, kind,
-                                        when, self.job.get("user") or "", detail, self.view))
+    def view(self) -> View:
+        return View(self.attempt, self.state, self.reason, self.hosts, self.start_time, self.seq)
 
-    def move(self, **changes: Any) -> None:
-        """Change the view without an event (the next event carries it)."""
-        self.view = replace(self.view, **changes)
-        if self.out.events:  # the last event's view must be the latest
-            last = self.out.events[-1]
-            self.out.events[-1] = replace(last, view=self.view)
+    def event(self, kind: str, when: float, **detail: Any) -> None:
+        self.seq += 1
+        self.out.events.append(EventRow(self.job["jobid"], self.seq, self.attempt, kind, when,
+                                        self.job.get("user") or "", detail))
+
+    def done(self) -> Outcome:
+        """The outcome, the last event carrying the final view."""
+        view = self.out.view = self.view()
+        if self.out.events:
+            self.out.events[-1].view = view
+        return self.out
 
 
 def observe(prev: View | None, job: Record, now: float, *, synced: bool) -> Outcome:
@@ -176,8 +182,7 @@ def observe(prev: View | None, job: Record, now: float, *, synced: bool) -> Outc
                                      "events before this point may be missing")
         b.event("submitted", submit, queue=job.get("queue"), user=job.get("user"),
                 project=job.get("project"), ntasks=job.get("ntasks"), resreq=job.get("resreq"))
-        if attempt:
-            b.move(attempt=attempt)
+        b.attempt = attempt
     else:
         b = _Builder(job, prev)
         changed = (prev.attempt, prev.state, prev.hosts, prev.start_time) != (attempt, state, hosts, start)
@@ -187,8 +192,7 @@ def observe(prev: View | None, job: Record, now: float, *, synced: bool) -> Outc
         if attempt != prev.attempt:
             _end_attempt(b, prev, now, attempt)
     _advance(b, job, now, attempt, state, hosts, start)
-    b.out.view = b.view
-    return b.out
+    return b.done()
 
 
 def _end_attempt(b: _Builder, prev: View, now: float, attempt: int) -> None:
@@ -198,44 +202,41 @@ def _end_attempt(b: _Builder, prev: View, now: float, attempt: int) -> None:
         b.out.attempts.append(attempt_row(job, prev.attempt, REQUEUED, prev.hosts,
                                           prev.start_time, now, "requeued", None))
     b.event("requeued", now, attempt=attempt, previous=prev.attempt)
-    b.move(attempt=attempt, state="PEND", reason=None, hosts=(), start_time=None)
+    b.attempt, b.state, b.reason, b.hosts, b.start_time = attempt, "PEND", None, (), None
 
 
 def _advance(b: _Builder, job: Record, now: float, attempt: int, state: str,
              hosts: tuple[str, ...], start: float | None) -> None:
     """Events from ``b.view`` (same attempt) to the record's state."""
-    v = b.view
     reason = job.get("pend_reason")
     if state in PENDING:
-        if v.state == "PEND" and state == "PSUSP":
+        if b.state == "PEND" and state == "PSUSP":
             b.event("stopped", now, by="user", state=state)
-        elif v.state == "PSUSP" and state == "PEND":
+        elif b.state == "PSUSP" and state == "PEND":
             b.event("resumed", now, state=state)
-        b.move(state=state)
-        if reason != b.view.reason and reason is not None:
+        b.state = state
+        if reason != b.reason and reason is not None:
             b.event("pending", now, reason=reason)
-        b.move(reason=reason)
+        b.reason = reason
         return
-    if hosts and not v.hosts:
+    if hosts and not b.hosts:
         b.event("dispatched", now, hosts=list(hosts), alloc=job.get("alloc"),
                 forced=bool(job.get("forced")))
-        b.move(hosts=hosts, state="RUN")
-    if start is not None and b.view.start_time is None:
+        b.hosts, b.state = hosts, "RUN"
+    if start is not None and b.start_time is None:
         b.event("started", start, pid=job.get("pid"))
-        b.move(start_time=start)
-    if state in ACTIVE and state != b.view.state:
+        b.start_time = start
+    if state in ACTIVE and state != b.state:
         if state == "RUN":
             b.event("resumed", now, state=state)
-        elif b.view.state in ("RUN", "PEND"):
+        else:
             b.event("stopped", now, by="user" if state == "USUSP" else "system", state=state)
-        else:  # USUSP <-> SSUSP
-            b.event("stopped", now, by="user" if state == "USUSP" else "system", state=state)
-        b.move(state=state)
-    if state in FINISHED and b.view.state not in FINISHED:
+        b.state = state
+    if state in FINISHED and b.state not in FINISHED:
         end = _num(job.get("end_time")) or now
         b.event("finished", end, state=state, exit_status=job.get("exit_status"),
                 reason=job.get("reason"), usage=job.get("usage") or {})
-        b.out.attempts.append(attempt_row(job, attempt, state, hosts or b.view.hosts,
-                                          start if start is not None else b.view.start_time, end,
+        b.out.attempts.append(attempt_row(job, attempt, state, hosts or b.hosts,
+                                          start if start is not None else b.start_time, end,
                                           job.get("reason"), job.get("exit_status")))
-        b.move(state=state)
+        b.state = state

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orjson import dumps
+
 from xce_accounting.record import ATTEMPT_COLUMNS, AttemptRow, EventRow, View
 from xce_accounting.schema import MIGRATIONS, VERSION_TABLE, statements
 
@@ -229,12 +231,11 @@ class Store:
                 self._many(_INSERT_ATTEMPT, [a.values for a in batch.attempts])
             if batch.events:
                 self._many(_INSERT_EVENT, [
-                    (e.jobid, e.seq, e.attempt, e.kind, e.time, e.user,
-                     json.dumps(e.detail, separators=(",", ":")), json.dumps(e.view.to_json()))
+                    (e.jobid, e.seq, e.attempt, e.kind, e.time, e.user, dumps(e.detail).decode(),
+                     "" if e.view is None else dumps(e.view.to_json()).decode())
                     for e in batch.events])
             if batch.cluster:
-                self._many(_INSERT_CLUSTER, [(c.time, c.kind, c.subject,
-                                              json.dumps(c.detail, separators=(",", ":")))
+                self._many(_INSERT_CLUSTER, [(c.time, c.kind, c.subject, dumps(c.detail).decode())
                                              for c in batch.cluster])
             if batch.marks:
                 self._many(_SET_MARK, [(k, json.dumps(v)) for k, v in batch.marks.items()])
@@ -254,7 +255,8 @@ class Store:
                 f"FROM events WHERE jobid IN ({marks}) GROUP BY jobid) last "
                 f"ON e.jobid = last.jobid AND e.seq = last.seq", chunk).fetchall()
             for jobid, view in rows:
-                out[int(jobid)] = View.from_json(json.loads(view))
+                if view:  # (every observation's last event has one)
+                    out[int(jobid)] = View.from_json(json.loads(view))
         return out
 
     def marks(self) -> dict[str, Any]:
