@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The system tools the fault test bed (xcecore/testing/faultbed.py) needs, on Debian/Ubuntu:
-# ip and ss (iproute2), nft (nftables), nsenter and mount (util-linux, mount), sysctl (procps).
+# ip and ss (iproute2), nft (nftables), nsenter and mount (util-linux, mount), sysctl (procps);
+# and PostgreSQL's server (initdb, pg_ctl: postgresql) for the accounting role's tests.
 # Idempotent: installs only what is missing. Run as root (CI runs as root).
 set -euo pipefail
 if [ "$(id -u)" -ne 0 ]; then
@@ -14,6 +15,7 @@ command -v nft >/dev/null || need+=(nftables)
 command -v nsenter >/dev/null || need+=(util-linux)
 command -v mount >/dev/null || need+=(mount)
 command -v sysctl >/dev/null || need+=(procps)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 if [ ${#need[@]} -eq 0 ]; then
   echo "install-system-deps.sh: everything is installed"
   exit 0

@@ -91,3 +91,18 @@ def test_tracker_records_cluster_events_once_and_missed_jobs() -> None:
 def test_view_round_trips_through_json() -> None:
     v = View(2, "RUN", "why", ("a", "b"), 12.5, 9)
     assert View.from_json(v.to_json()) == v
+
+
+def test_time_arguments_of_xce_acct() -> None:
+    import pytest
+    from xce_accounting.cli import parse_time
+
+    from xcecore.cli.session import CommandError
+
+    assert parse_time("30d", now=NOW) == NOW - 30 * 86400
+    assert parse_time("12h", now=NOW) == NOW - 12 * 3600
+    assert parse_time("1.5w", now=NOW) == NOW - 1.5 * 604800
+    assert parse_time("2026-11-30T08:00:00+00:00") == 1796025600.0
+    assert parse_time("1796025600") == 1796025600.0
+    with pytest.raises(CommandError, match="give a span ago"):
+        parse_time("last tuesday")

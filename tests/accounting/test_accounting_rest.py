@@ -7,6 +7,10 @@ the controller's ``admins`` being administrators; the authenticated identity wor
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +74,28 @@ def test_history_over_rest_for_the_logged_on_user(xce_cluster: Any, tmp_path: Pa
         assert len(ev["events"]) == 2 and ev["next"] is not None
         summary = http.get("/xce/v1/history/summary", params={"owner": "bob"}, headers=ops).json()["data"]
         assert (summary["jobs"], summary["exit"], summary["failures"]) == (2, 2, {"exit status 2": 2})
+        # The commands: xce hist and xce acct, as processes, as the invoking user.
+        def xce(user: str, *argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "xcecore", "--config", str(cl.config_path), *argv],
+                                  env={**os.environ, "USER": user, "LOGNAME": user}, capture_output=True,
+                                  text=True, timeout=60)
+
+        out = xce("alice", "hist", str(mine[0]))
+        assert out.returncode == 0 and "Done successfully" in out.stdout and "Dispatched to <node1>" in out.stdout, out
+        out = xce("alice", "hist", str(bobs[0]))
+        assert out.returncode == 1 and "belongs to bob" in out.stderr, out
+        out = xce("ops", "acct", "-u", "all", "--since", "1d", "--json", "-l")
+        assert out.returncode == 0, out
+        got = json.loads(out.stdout)
+        assert got["summary"]["jobs"] == 5 and len(got["rows"]) == 5
+        out = xce("alice", "acct", "--format", "jobid,state,reason")
+        assert out.returncode == 0 and out.stdout.splitlines()[0].split() == ["JOBID", "STATE", "REASON"], out
+        assert "Jobs: 3" in out.stdout
+        out = xce("alice", "acct", "--format", "jobid,nope")
+        assert out.returncode == 1 and "unknown column" in out.stderr
+        out = xce("alice", "acct", "--since", "yesterday")
+        assert out.returncode == 1 and "time 'yesterday'" in out.stderr
+
         cluster = http.get("/xce/v1/history/events", headers=ops).json()["data"]["events"]
         assert any(e["kind"] == "member" and e["subject"].startswith("worker@") for e in cluster) or \
             any(e["kind"] == "host" and e["subject"] == "node1" for e in cluster)

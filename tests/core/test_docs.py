@@ -42,7 +42,7 @@ def test_config_check_command(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("page", ["architecture.md", "plugins.md", "operator.md", "rest.md", "protocol.md",
-                                  "protocol-ops.md", "configuration.md", "resreq.md"])
+                                  "protocol-ops.md", "configuration.md", "resreq.md", "accounting.md"])
 def test_doc_pages_exist_and_link_to_real_files(page: str) -> None:
     import re
 

@@ -64,7 +64,9 @@ def xce_config_sections() -> Iterable[ConfigSection]:
     return [ConfigSection(ROLE, {
         "backend": Field((str,), "sqlite", "where to record: 'sqlite' (a file in state_dir) or "
                                            "'postgresql' (dsn)"),
-        "state_dir": Field((str,), default_state_dir(), "directory of the SQLite database"),
+        "state_dir": Field((str,), None, "directory of the SQLite database (default: "
+                                         "$XDG_STATE_HOME/xce/accounting, else "
+                                         "~/.local/state/xce/accounting)"),
         "path": Field((str,), None, "the SQLite database file (default: state_dir/accounting.db)"),
         "dsn": Field((str,), None, "PostgreSQL connection string (libpq), for backend "
                                    "'postgresql'"),

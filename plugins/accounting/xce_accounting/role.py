@@ -42,7 +42,9 @@ def open_store(section: dict[str, Any]) -> Store:
         if not section.get("dsn"):
             raise StoreError("[accounting] backend 'postgresql' needs dsn")
         return Store.postgresql(section["dsn"])
-    path = section.get("path") or str(Path(section["state_dir"]) / "accounting.db")
+    from xce_accounting.plugin import default_state_dir
+
+    path = section.get("path") or str(Path(section.get("state_dir") or default_state_dir()) / "accounting.db")
     return Store.sqlite(path)
 
 

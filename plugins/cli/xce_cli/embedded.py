@@ -16,7 +16,7 @@ import click
 
 from xcecore.cli.session import user_name
 
-CLIENT_ROLES = ("scheduler", "apiserver")
+CLIENT_ROLES = ("scheduler", "apiserver", "accounting")
 
 
 def _config_extra(root: Path, user: str, api_port: int, password: str) -> str:
@@ -73,7 +73,8 @@ class Embedded:
                 "worker", f'worker.hname="{name}"', f'worker.state_dir="{self.root / name}"', name=name)
             advance(f"worker {name} started")
         for role in CLIENT_ROLES:
-            self.roles[role] = self.cluster.start_role(role)
+            extra = [f'accounting.state_dir="{self.root / "accounting"}"'] if role == "accounting" else []
+            self.roles[role] = self.cluster.start_role(role, *extra)
             advance(f"{role} started")
         self.wait_members(self.expected_members(), 60)
 
