@@ -122,6 +122,8 @@ class Delegates:
                 self.served.pop(op, None)
         if ops and not quiet:
             logger.info("controller {}: the member serving {} left", self._address(), ", ".join(ops))
+        if not self._calls:  # the usual case: a disconnect costs nothing here
+            return
         for call in [c for c in self._calls.values() if c.member_cid == cid or c.caller_cid == cid]:
             self._calls.pop(call.id, None)
             self._forget(call)
