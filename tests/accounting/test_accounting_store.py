@@ -155,3 +155,19 @@ def test_retention_by_age_and_size_in_bounded_batches(store: Store) -> None:
     assert sorted(r["jobid"] for r in store.jobs(Filters(), 10)[0]) == [3, 4, 5]  # oldest went
     store.prune(keep_days=1, max_rows=0, batch=1000, now=NOW + 3 * 86400)
     assert count("attempts") == 0 and count("events") == 0
+
+
+def test_a_large_batch_written_twice_is_written_once(store: Store) -> None:
+    tr = Tracker()
+    batch = Batch()
+    for jobid in range(1, 101):  # 400 events, 100 attempts: PostgreSQL takes them through COPY
+        j = job(jobid, "alice")
+        for change in ({}, {"state": "RUN", "alloc": [{"host": "n1", "ntasks": 1}]}, {"start_time": NOW - 5},
+                       {"state": "DONE", "end_time": NOW, "exit_status": 0}):
+            j.update(change)
+            batch.extend(tr.on_job(dict(j), NOW, store.views))
+    store.write(batch)
+    store.write(batch)
+    count = lambda t: int(store._exec(f"SELECT count(*) FROM {t}").fetchone()[0])  # noqa: E731
+    assert (count("attempts"), count("events")) == (100, 400)
+    assert store.views([7])[7].state == "DONE"

@@ -34,8 +34,11 @@ LOOKUP_CHUNK = 500
 ATTEMPT_FIELDS = ", ".join('"user"' if c == "user" else c for c in ATTEMPT_COLUMNS)
 _INSERT_ATTEMPT = (f"INSERT INTO attempts ({ATTEMPT_FIELDS}) VALUES "
                    f"({', '.join('?' * len(ATTEMPT_COLUMNS))}) ON CONFLICT DO NOTHING")
-_INSERT_EVENT = ('INSERT INTO events (jobid, seq, attempt, kind, time, "user", detail, view) '
-                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
+_EVENT_FIELDS = 'jobid, seq, attempt, kind, time, "user", detail, view'
+_INSERT_EVENT = (f"INSERT INTO events ({_EVENT_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                 "ON CONFLICT DO NOTHING")
+COPY_MIN = 64
+"""Rows from which PostgreSQL inserts go through COPY."""
 _INSERT_CLUSTER = "INSERT INTO cluster_events (time, kind, subject, detail) VALUES (?, ?, ?, ?)"
 _SET_MARK = ("INSERT INTO marks (name, value) VALUES (?, ?) "
              "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
@@ -228,9 +231,9 @@ class Store:
         self._begin()
         try:
             if batch.attempts:
-                self._many(_INSERT_ATTEMPT, [a.values for a in batch.attempts])
+                self._insert("attempts", ATTEMPT_FIELDS, _INSERT_ATTEMPT, [a.values for a in batch.attempts])
             if batch.events:
-                self._many(_INSERT_EVENT, [
+                self._insert("events", _EVENT_FIELDS, _INSERT_EVENT, [
                     (e.jobid, e.seq, e.attempt, e.kind, e.time, e.user, dumps(e.detail).decode(),
                      "" if e.view is None else dumps(e.view.to_json()).decode())
                     for e in batch.events])
@@ -243,6 +246,20 @@ class Store:
         except Exception:
             self._rollback()
             raise
+
+    def _insert(self, table: str, fields: str, insert: str, rows: list[Sequence[Any]]) -> None:
+        """Insert ``rows``, those already present left as they are. PostgreSQL takes a large
+        batch through COPY into a per-session staging table (row by row, the round trips cost
+        more than the writes)."""
+        if self.dialect != "postgresql" or len(rows) < COPY_MIN:
+            self._many(insert, rows)
+            return
+        cur = self.conn.cursor()
+        cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS stage_{table} (LIKE {table}) ON COMMIT DELETE ROWS")
+        with cur.copy(f"COPY stage_{table} ({fields}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        cur.execute(f"INSERT INTO {table} ({fields}) SELECT {fields} FROM stage_{table} ON CONFLICT DO NOTHING")
 
     def views(self, jobids: Sequence[int]) -> dict[int, View]:
         """The last committed view of each of ``jobids`` that has events."""
