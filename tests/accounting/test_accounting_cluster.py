@@ -128,6 +128,7 @@ def test_every_attempt_once_across_primary_and_accounting_kills(xce_cluster: Any
         kinds = [e["kind"] for e in hist["events"]]
         assert kinds[0] in ("submitted", "gap") and kinds[-1] == "finished", kinds
         assert hist["attempts"][0]["state"] == "DONE" and hist["attempts"][0]["hosts"] == ["node1"]
+        assert hist["attempts"][0]["cpu_time"] is not None, hist["attempts"][0]  # the final usage (#21)
         with pytest.raises(RemoteError) as denied:
             c.call("history.job", {"jobid": first[15], "user": "alice"}, deadline=30)
         assert denied.value.code == "DENIED" and "belongs to bob" in denied.value.message
@@ -142,7 +143,7 @@ def test_every_attempt_once_across_primary_and_accounting_kills(xce_cluster: Any
         # Filters and the summary, against the known jobs.
         bobs = c.call("history.summary", {"user": "ops", "owner": "bob"}, deadline=30)
         assert (bobs["jobs"], bobs["done"], bobs["exit"]) == (10, 5, 5), bobs
-        assert bobs["failures"] == {"exit status 3": 5}, bobs
+        assert bobs["failures"] == {"exit code 3": 5}, bobs
         assert bobs["wait"]["p50"] is not None and bobs["wall_hours"] > 0
         exits = c.call("history.jobs", {"user": "ops", "state": "EXIT"}, deadline=30)["rows"]
         assert {r["jobid"] for r in exits} == set(first[15:])

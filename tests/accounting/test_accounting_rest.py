@@ -63,7 +63,7 @@ def test_history_over_rest_for_the_logged_on_user(xce_cluster: Any, tmp_path: Pa
         wait_for(lambda: len(rows(ops, limit=1000)) == 5, 60, what="five jobs recorded")
         assert sorted(r["jobid"] for r in rows(alice)) == sorted(mine)
         assert sorted(r["jobid"] for r in rows(ops, owner="bob")) == sorted(bobs)
-        assert all(r["reason"] == "exit status 2" for r in rows(ops, state="EXIT"))
+        assert all(r["reason"] == "exit code 2" for r in rows(ops, state="EXIT"))
         assert http.get("/xce/v1/history/jobs", params={"owner": "bob"}, headers=alice).status_code == 403
         assert http.get(f"/xce/v1/history/jobs/{bobs[0]}", headers=alice).status_code == 403
         assert http.get("/xce/v1/history/jobs", params={"limit": 5000}, headers=alice).status_code == 422
@@ -73,7 +73,7 @@ def test_history_over_rest_for_the_logged_on_user(xce_cluster: Any, tmp_path: Pa
         ev = http.get("/xce/v1/history/events", params={"jobid": mine[0], "limit": 2}, headers=alice).json()["data"]
         assert len(ev["events"]) == 2 and ev["next"] is not None
         summary = http.get("/xce/v1/history/summary", params={"owner": "bob"}, headers=ops).json()["data"]
-        assert (summary["jobs"], summary["exit"], summary["failures"]) == (2, 2, {"exit status 2": 2})
+        assert (summary["jobs"], summary["exit"], summary["failures"]) == (2, 2, {"exit code 2": 2})
         # The commands: xce hist and xce acct, as processes, as the invoking user.
         def xce(user: str, *argv: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([sys.executable, "-m", "xcecore", "--config", str(cl.config_path), *argv],

@@ -61,7 +61,7 @@ def test_up_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
         assert "Ctrl-C stops the cluster" in seen, seen
         assert "auth/logon" in seen and "xce submit" in seen
         pids = [int(m) for log in state.glob("*.log") for m in re.findall(r"\(pid (\d+)", log.read_text())[:1]]
-        assert len(pids) == 2 + 1 + 2, pids  # two candidates, one worker, scheduler, API server
+        assert len(pids) == 2 + 1 + 3, pids  # two candidates, one worker, scheduler, API server, accounting
         assert f'peers = "127.0.0.1:{base},127.0.0.1:{base + 1}"' in (state / "xce.toml").read_text()
         assert all(_alive(p) for p in pids)
         time.sleep(1.5)  # let the live table draw at least once
