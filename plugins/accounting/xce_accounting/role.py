@@ -16,7 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,36 @@ from loguru import logger
 from xce_accounting.queries import answer
 from xce_accounting.store import Batch, Store, StoreError
 from xce_accounting.timeline import Tracker
-from xcecore.role import Handled, Monitor, Role, RoleContext
+from xcecore.candidates import Candidate
+from xcecore.replica import Replica, ReplicaObserver
+from xcecore.role import Handled, Monitor, Role, RoleContext, Subscription
 from xcecore.schema.delegated import DELEGATE_REPLY, DELEGATED_ARGS
 from xcecore.wire import ErrorCode, RemoteError
 
 SERVES = sorted(op for op in DELEGATED_ARGS if op.startswith("history."))
 QUEUE_MAX = 10_000
-"""Pushes waiting for the writer before ``push`` waits (and the controller's bounds act)."""
-IGNORED = frozenset({"resvals", "jusage", "queue", "signal", "shutdown"})
+"""Changes waiting for the writer before ``push`` waits (and the controller's bounds act)."""
+SUBSCRIPTION = Subscription.of(hosts="all", jobs="all", members="all", pend_reasons="all")
+
+
+class _Feed(ReplicaObserver):
+    """Hands the replica's changes to the writer thread, in order."""
+
+    def __init__(self, put: Callable[[tuple[str, Any, float]], None]) -> None:
+        self.put = put
+        self.mode = "snapshot"
+        self.syncing = False
+
+    def sync_begun(self, mode: str, kinds: frozenset[str]) -> None:
+        self.mode, self.syncing = mode, True
+        self.put(("sync_begin", mode, time.time()))
+
+    def changed(self, kind: str, key: Any, old: Any, new: Any) -> None:
+        self.put((kind, (key, old, new, self.syncing), time.time()))
+
+    def sync_ended(self, mode: str) -> None:
+        self.syncing = False
+        self.put(("sync_end", mode, time.time()))
 
 
 def open_store(section: dict[str, Any]) -> Store:
@@ -55,37 +77,45 @@ class AccountingRole(Role):
         super().__init__(ctx)
         s = ctx.section
         self.section = s
-        self.inbox: queue.Queue[tuple[str, Any, float]] = queue.Queue(QUEUE_MAX)
+        self.inbox: queue.Queue[tuple[str, Any, float]] = queue.Queue()  # bounded by push
+        self.replica = Replica(SUBSCRIPTION, observer=_Feed(self.inbox.put), name="accounting")
         self.queries: queue.Queue[dict[str, Any] | None] = queue.Queue(1000)
         self.recorded = 0  # finished attempts committed (by this process)
         self.ready = threading.Event()  # the writer's store is open
+        self.room = threading.Event()  # the writer's queue is below half of QUEUE_MAX
 
     def join_attributes(self) -> dict[str, Any]:
         """The ops it serves (the controller forwards them here) and where it writes."""
         where = "postgresql" if self.section["backend"] == "postgresql" else "sqlite"
         return {"serves": SERVES, "backend": where}
 
+    subscription = SUBSCRIPTION
+
     def push(self, event: str, seq: int, data: Any) -> Handled:
-        """Queue the push for the writer (or a query thread); never blocks the loop."""
-        if event in IGNORED:
-            return None
+        """Feed the replica (its observer queues each change for the writer), or queue a
+        delegated query; never blocks the loop."""
         if event == "delegate":
             try:
                 self.queries.put_nowait(data)
             except queue.Full:
                 return self._refuse_busy(data)
             return None
-        item = (event, data, time.time())
-        try:
-            self.inbox.put_nowait(item)
-        except queue.Full:
-            return self._put_later(item)
+        self.replica.apply(event, data)
+        if self.inbox.qsize() > QUEUE_MAX:
+            return self._wait_room()
         return None
 
-    async def _put_later(self, item: tuple[str, Any, float]) -> None:
-        logger.warning("accounting: {} pushes wait for the database; not reading from the "
-                       "controller until there is room", QUEUE_MAX)
-        await anyio.to_thread.run_sync(self.inbox.put, item)
+    def connection_state(self, state: str, candidate: Candidate | None, detail: str) -> Handled:
+        """The primary the role is joined to (a promotion when it changes)."""
+        if state in ("connected", "rejoined") and candidate is not None:
+            self.inbox.put(("primary", str(candidate), time.time()))
+        return None
+
+    async def _wait_room(self) -> None:
+        logger.warning("accounting: {} changes wait for the database; not reading from the "
+                       "controller until there is room", self.inbox.qsize())
+        self.room.clear()
+        await anyio.to_thread.run_sync(self.room.wait)  # the writer sets it below half
 
     async def _refuse_busy(self, data: Any) -> None:
         client = self.ctx.client
@@ -131,6 +161,8 @@ class AccountingRole(Role):
         pending = Batch()
         first = time.monotonic()
         while not stop.is_set():
+            if not self.room.is_set() and self.inbox.qsize() < QUEUE_MAX // 2:
+                self.room.set()
             try:
                 event, data, now = self.inbox.get(timeout=flush)
                 pending.extend(self.apply(tracker, store, event, data, now))
@@ -148,23 +180,36 @@ class AccountingRole(Role):
         if len(pending):
             self._commit(store, pending, stop)
 
-    def apply(self, tracker: Tracker, store: Store, event: str, data: Any, now: float) -> Batch:
-        """One push through the tracker: the rows it produces."""
-        if event == "state":
-            return tracker.on_sync(data, now, store.views)
-        if event == "job":
-            return tracker.on_job(data, now, store.views)
-        if event == "job_removed":
-            return tracker.on_removed(data.get("jobids") or [], now)
-        if event == "pend_reasons":
-            return tracker.on_pend_reasons(data.get("reasons") or {}, now)
-        if event == "member":
-            return tracker.on_member(data, now)
-        if event == "host":
-            batch = Batch()
-            tracker.on_hosts([data], now, batch)
-            return batch
-        return Batch()
+    def apply(self, tracker: Tracker, store: Store, what: str, data: Any, now: float) -> Batch:
+        """One change of the replica (or a sync's start or end) through the tracker."""
+        batch = Batch()
+        if what == "sync_begin":
+            tracker.sync_begin(data)
+        elif what == "sync_end":
+            batch = tracker.sync_end(now)
+        elif what == "primary":
+            tracker.on_primary(data, now, batch)
+        elif what == "jobs":
+            key, _old, new, synced = data
+            if new is None:
+                batch = tracker.on_removed([key], now)
+            else:
+                batch = tracker.on_job(new, now, store.views, synced=synced)
+        elif what == "pend_reasons":
+            key, _old, new, _synced = data
+            batch = tracker.on_pend_reasons({str(key): None if new is None else new.get("reason")}, now)
+        elif what == "hosts":
+            _key, _old, new, _synced = data
+            if new is not None:
+                tracker.on_hosts([new], now, batch)
+        elif what == "members":
+            key, old, new, _synced = data
+            if new is not None:
+                batch = tracker.on_member({**new, "joined": True}, now)
+            else:  # (a sync empties the volatile kinds without a change per record)
+                batch = tracker.on_member({"identity": key, "role": (old or {}).get("role"),
+                                           "joined": False}, now)
+        return batch
 
     def _commit(self, store: Store, batch: Batch, stop: threading.Event) -> None:
         """Commit ``batch``, retrying while the database refuses (nothing is dropped)."""

@@ -32,6 +32,9 @@ class Tracker:
         self.hosts: dict[str, str] = dict(marks.get("hosts") or {})
         self.members: dict[str, str] = dict(marks.get("members") or {})
         self.max_jobid: int = int(marks.get("max_jobid") or 0)
+        self.syncing, self.sync_mode, self.sync_before = False, "snapshot", 0
+        self.seen: set[int] = set()
+        self.seen_members: set[str] = set()
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -48,30 +51,35 @@ class Tracker:
             self.max_jobid = jobid
             batch.marks["max_jobid"] = jobid
 
-    def on_job(self, job: dict[str, Any], now: float, lookup: Lookup) -> Batch:
-        """A live change of one job."""
+    def on_job(self, job: dict[str, Any], now: float, lookup: Lookup, *, synced: bool = False) -> Batch:
+        """A job's new version: live, or (``synced``) one a sync brought."""
         batch = Batch()
         jobid = job["jobid"]
+        if self.syncing:
+            self.seen.add(jobid)
         prev = self.views.get(jobid)
         if prev is None and jobid <= self.max_jobid:  # known before a restart, perhaps
             prev = lookup([jobid]).get(jobid)
-        self._observe(batch, prev, job, now, synced=False)
+        self._observe(batch, prev, job, now, synced=synced)
         return batch
 
-    def on_sync(self, state: dict[str, Any], now: float, lookup: Lookup) -> Batch:
-        """The full state after a (re-)join: jobs, hosts, members, the primary."""
+    def sync_begin(self, mode: str) -> None:
+        """A sync starts (after a join or re-join): what it brings was not seen live."""
+        self.syncing, self.sync_mode = True, mode
+        self.seen, self.seen_members = set(), set()
+        self.sync_before = self.max_jobid
+
+    def sync_end(self, now: float) -> Batch:
+        """The sync is complete. After a snapshot, what it did not bring is gone: jobs removed
+        while the role was away (a gap if their end was not seen), job ids never seen at all,
+        members that left."""
         batch = Batch()
-        self.on_primary(state.get("server"), now, batch)
-        jobs: list[dict[str, Any]] = state.get("jobs") or []
-        unknown = [j["jobid"] for j in jobs if j["jobid"] not in self.views and j["jobid"] <= self.max_jobid]
-        stored = lookup(unknown) if unknown else {}
-        seen: set[int] = set()
-        before = self.max_jobid
-        for job in jobs:
-            jobid = job["jobid"]
-            seen.add(jobid)
-            self._observe(batch, self.views.get(jobid, stored.get(jobid)), job, now, synced=True)
-        for jobid in [j for j in self.views if j not in seen]:  # removed while we were away
+        if not self.syncing:
+            return batch
+        self.syncing = False
+        if self.sync_mode != "snapshot":
+            return batch
+        for jobid in [j for j in self.views if j not in self.seen]:
             view = self.views.pop(jobid)
             user = self.users.pop(jobid, "")
             if view.state not in FINISHED:
@@ -79,18 +87,27 @@ class Tracker:
                 batch.events.append(EventRow(jobid, nv.seq, nv.attempt, "gap", now, user, {
                     "text": "the controller removed this job while accounting was disconnected; "
                             "its end was not seen"}, nv))
-        missing = _missing(before, self.max_jobid, seen)
+        missing = _missing(self.sync_before, self.max_jobid, self.seen)
         if missing:
             ranges = [f"{a}-{b}" if a != b else str(a) for a, b in missing[:GAP_RANGES_MAX]]
             batch.cluster.append(ClusterEvent(now, "gap", "jobs", {
                 "text": "jobs submitted and cleaned while accounting was away were never seen",
                 "jobids": ranges, "count": sum(b - a + 1 for a, b in missing)}))
-        self.on_hosts(state.get("hosts") or [], now, batch)
-        members = {m["identity"]: m.get("role", "") for m in state.get("members") or []}
-        for identity, role in members.items():
-            self._member(identity, role, True, now, batch)
-        for identity in [i for i, s in self.members.items() if s == "joined" and i not in members]:
+        for identity in [i for i, st in self.members.items() if st == "joined" and i not in self.seen_members]:
             self._member(identity, "", False, now, batch)
+        return batch
+
+    def on_sync(self, state: dict[str, Any], now: float, lookup: Lookup) -> Batch:
+        """A whole state at once (a snapshot in one piece: tests and tools)."""
+        self.sync_begin("snapshot")
+        batch = Batch()
+        self.on_primary(state.get("server"), now, batch)
+        for job in state.get("jobs") or []:
+            batch.extend(self.on_job(job, now, lookup, synced=True))
+        self.on_hosts(state.get("hosts") or [], now, batch)
+        for m in state.get("members") or []:
+            batch.extend(self.on_member({**m, "joined": True}, now))
+        batch.extend(self.sync_end(now))
         return batch
 
     def on_removed(self, jobids: Iterable[int], now: float) -> Batch:
@@ -154,6 +171,8 @@ class Tracker:
         return batch
 
     def _member(self, identity: str, role: str, joined: bool, now: float, batch: Batch) -> None:
+        if joined and self.syncing:
+            self.seen_members.add(identity)
         state = "joined" if joined else "left"
         if self.members.get(identity, "left") == state:
             return
