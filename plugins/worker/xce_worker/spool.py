@@ -25,12 +25,25 @@ controller answers a second ``finish``/``fail`` of a finished job with the recor
 (and a ``start`` of an active job just records the pid again). A torn last line (a crash
 mid-append) is dropped when the journal is opened. The file is rewritten (atomically) with
 only what is still live once enough acknowledged lines pile up.
+
+A journal that cannot be written (ENOSPC, EDQUOT, EIO: a full or failing disk) does not stop
+the worker: the records stay in memory, every note is handed to the notifier all the same
+(a job's finish report reaches the controller while the disk is full), nothing more is
+appended to the file, and a retry thread rewrites the whole file from memory (as a
+compaction does) every :attr:`Journal.RETRY_INTERVAL` until that succeeds. Rewriting rather
+than re-appending is deliberate: a failed write may have left a torn line, and after a failed
+fsync Linux may have dropped the dirty pages, so only a fresh, fsynced file is known good.
+One log line when the journal stops being writable, one when it is again. What is lost while
+degraded is durability only: a worker killed before the disk recovers forgets the reports
+made meanwhile (those not yet delivered are lost; delivered ones are known to the controller).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +54,8 @@ from loguru import logger
 
 JobKey = tuple[int, int]  # (jobid, attempt)
 ENDING = frozenset({"finish", "fail"})
+# Errors of the disk rather than of the journal's logic: survived, retried (module docstring).
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 
 
 @dataclass(slots=True)
@@ -67,6 +82,7 @@ class Journal:
     """The journal file and its in-memory view; every method is thread-safe."""
 
     COMPACT_AFTER = 2000  # acknowledged lines tolerated before a rewrite
+    RETRY_INTERVAL = 1.0  # seconds between rewrites of a journal that could not be written
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -81,9 +97,15 @@ class Journal:
         self._dead_lines = 0
         self._written = 0  # writes made / known durable (group commit)
         self._synced = 0
+        self._failed: OSError | None = None  # the disk error that stopped appends, if any
+        self._failed_at = 0.0
+        self._closing = threading.Event()
+        self._retrier: threading.Thread | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
         self._replay()
-        self._fh = open(path, "ab")  # held for the journal's life
+        # Unbuffered: a write that fails leaves nothing in a user-space buffer to be flushed
+        # (or fail again) later; what reached the file is what os.write said.
+        self._fh = open(path, "ab", buffering=0)  # held for the journal's life
 
     # ------------------------------------------------------------------ replay
     def _replay(self) -> None:
@@ -132,10 +154,23 @@ class Journal:
 
     # ------------------------------------------------------------------ appends
     def _write(self, *recs: dict[str, Any]) -> int:
-        """Write ``recs`` (one write; caller holds the lock); the number to :meth:`_sync` to."""
-        self._fh.write(b"".join(orjson.dumps(rec) + b"\n" for rec in recs))
-        self._fh.flush()
+        """Write ``recs`` (one write; caller holds the lock); the number to :meth:`_sync` to.
+
+        While the journal is degraded (a disk error) nothing is appended: the records are in
+        memory and the retry rewrites the file from there.
+        """
         self._written += 1
+        if self._failed is not None:
+            return self._written
+        data = memoryview(b"".join(orjson.dumps(rec) + b"\n" for rec in recs))
+        try:
+            while data:
+                done = self._fh.write(data)
+                if not done:  # a regular file never writes nothing without an error
+                    raise OSError(errno.EIO, "write wrote nothing")
+                data = data[done:]
+        except OSError as exc:
+            self._degrade(exc, "write")
         return self._written
 
     def _sync(self, upto: int) -> None:
@@ -148,15 +183,68 @@ class Journal:
             if self._synced >= upto:
                 return
             with self._lock:
-                if self._fh.closed:
-                    return  # closed while stopping; nothing more can be made durable
+                if self._fh.closed or self._failed is not None:
+                    return  # closed while stopping, or degraded: the retry makes it durable
                 target = self._written
                 fd = os.dup(self._fh.fileno())  # survives a compaction swapping the file
             try:
                 os.fsync(fd)
+            except OSError as exc:
+                with self._lock:
+                    self._degrade(exc, "fsync")
+                return
             finally:
                 os.close(fd)
             self._synced = max(self._synced, target)
+
+    # ------------------------------------------------------------------ disk errors
+    def _degrade(self, exc: OSError, what: str) -> None:
+        """A disk error (caller holds the lock): keep going in memory, retry in the background.
+
+        An error that is not the disk's (a closed file, a bug) is raised as before.
+        """
+        if exc.errno not in DISK_ERRNOS:
+            raise exc
+        if self._failed is not None:
+            return
+        self._failed, self._failed_at = exc, time.monotonic()
+        logger.error("journal {}: {} failed ({}); keeping reports in memory and delivering "
+                     "them, rewriting the journal every {:g} s until the disk takes it",
+                     self.path, what, os.strerror(exc.errno or 0) or exc, self.RETRY_INTERVAL)
+        if self._retrier is None or not self._retrier.is_alive():
+            self._retrier = threading.Thread(target=self._retry, daemon=True,
+                                             name="xce-journal-retry")
+            self._retrier.start()
+
+    @property
+    def degraded(self) -> bool:
+        """True while the journal cannot be written (records kept in memory only)."""
+        return self._failed is not None
+
+    def _retry(self) -> None:
+        """Rewrite the file from memory every RETRY_INTERVAL until it works (or closing)."""
+        while not self._closing.wait(self.RETRY_INTERVAL):
+            if self._try_recover():
+                return
+
+    def _try_recover(self) -> bool:
+        """One rewrite attempt of a degraded journal; True once the journal is whole again."""
+        with self._sync_lock, self._lock:
+            if self._failed is None:
+                return True
+            if self._fh.closed:
+                return False
+            try:
+                self._compact()
+            except OSError as exc:
+                if exc.errno not in DISK_ERRNOS:
+                    logger.opt(exception=True).error("journal {}: rewrite failed", self.path)
+                return False
+            self._failed = None
+            logger.info("journal {}: writable again after {:.1f} s; rewrote it with {} "
+                        "unacknowledged report(s)", self.path,
+                        time.monotonic() - self._failed_at, len(self._pending))
+            return True
 
     def claim(self, jobid: int, attempt: int) -> bool:
         """Claim ``jobid``'s ``attempt`` before starting it; False if it was ever claimed.
@@ -187,7 +275,7 @@ class Journal:
             entry.pid, entry.create_time, entry.status_file = pid, create_time, status_file
         self._sync(seq)
         if n is not None:
-            self._publish(n)
+            self._publish(n)  # also when degraded: delivered, kept in memory until the rewrite
         return n
 
     def notify(self, args: dict[str, Any]) -> int:
@@ -225,8 +313,11 @@ class Journal:
                 return
             self._write({"k": "ack", "n": n})  # not fsynced: see the module docstring
             self._dead_lines += 2
-            if self._dead_lines >= self.COMPACT_AFTER:
-                self._compact()
+            if self._dead_lines >= self.COMPACT_AFTER and self._failed is None:
+                try:
+                    self._compact()
+                except OSError as exc:  # the old file is intact; rewrite it when we can
+                    self._degrade(exc, "compaction")
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ reads
@@ -309,10 +400,14 @@ class Journal:
         lines += [orjson.dumps({"k": "note", "n": n.n, "args": n.args})
                   for n in notes]
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(b"".join(line + b"\n" for line in lines))
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(b"".join(line + b"\n" for line in lines))
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a partial copy must not hold the space it needs
+            raise
         os.replace(tmp, self.path)
         dfd = os.open(self.path.parent, os.O_RDONLY)
         try:
@@ -320,11 +415,18 @@ class Journal:
         finally:
             os.close(dfd)
         self._fh.close()
-        self._fh = open(self.path, "ab")
+        self._fh = open(self.path, "ab", buffering=0)
         self._dead_lines = 0
         self._synced = self._written  # the new file holds every record, fsynced
 
     def close(self) -> None:
-        """Close the file; the journal is not usable afterwards."""
+        """Close the file (one last rewrite first if degraded); not usable afterwards."""
+        self._closing.set()
+        if self._retrier is not None:
+            self._retrier.join(5)
+        if self._failed is not None and not self._try_recover():
+            logger.error("journal {}: closing while the disk refuses it ({}); {} undelivered "
+                         "report(s) exist only in memory and are lost", self.path,
+                         self._failed, len(self._pending) + len(self._unsynced))
         with self._lock:
             self._fh.close()
