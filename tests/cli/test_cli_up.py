@@ -1,4 +1,6 @@
-"""`xce up` brings a whole cluster up, shows it, and Ctrl-C leaves no process behind."""
+"""`xce up` brings a whole cluster up and shows it; Ctrl-C (also when started with SIGINT
+ignored) and SIGTERM kill its jobs, stop every role process and remove its directory unless
+--keep. Real processes throughout; what is left is checked by pid, on disk and in cgroups."""
 
 from __future__ import annotations
 
@@ -8,11 +10,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from xcecore.testing import wait_for
+
 pytestmark = [pytest.mark.timeout(180)]
+READY = "Ctrl-C stops the cluster"
 
 
 def _alive(pid: int) -> bool:
@@ -38,40 +45,149 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def test_up_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
+def _cgroup(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text().strip().splitlines()[-1].split(":", 2)[2]
+
+
+@dataclass
+class Up:
+    """A running ``xce up`` and what it printed."""
+
+    proc: subprocess.Popen[str]
+    seen: str = ""
+    pids: list[int] = field(default_factory=list)
+
+    def read_until(self, text: str, timeout: float = 120) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while text not in self.seen and time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.seen += line
+        assert text in self.seen, self.seen[-4000:]
+
+    @property
+    def root(self) -> Path:
+        m = re.search(r"state, config and logs in (\S+)", self.seen)
+        assert m, self.seen
+        return Path(m.group(1))
+
+    def role_pids(self) -> list[int]:
+        return [int(m) for log in self.root.glob("*.log")
+                for m in re.findall(r"starting role \w+ \(pid (\d+)", log.read_text())[:1]]
+
+    def finish(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+        out, _ = self.proc.communicate(timeout=90)
+        self.seen += out
+
+    def cleanup(self) -> None:
+        """On a failed test: nothing it started stays running."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in self.pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def start_up(tmp_path: Path, *args: str, ignore_sigint: bool = False) -> Up:
+    env = {**os.environ, "COLUMNS": "160", "TMPDIR": str(tmp_path)}
+    pre: Callable[[], object] | None = None
+    if ignore_sigint:  # as a shell starts a background job, or a service manager may
+        def pre() -> object:
+            return signal.signal(signal.SIGINT, signal.SIG_IGN)
+    proc = subprocess.Popen([sys.executable, "-m", "xcecore", "up", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=pre)
+    return Up(proc)
+
+
+def submit_running_job(up: Up) -> int:
+    """Submit ``sleep 600`` with ``xce submit``; its pid once a worker runs it."""
+    env = {**os.environ, "XCE_CONFIG": str(up.root / "xce.toml")}
+    res = subprocess.run([sys.executable, "-m", "xcecore", "submit", "--", "sleep", "600"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    jobid = re.search(r"(\d+)", res.stdout)
+    assert jobid, res.stdout
+
+    def started() -> int | None:
+        for log in up.root.glob("node*.log"):
+            m = re.search(rf"started job {jobid.group(1)} \(attempt \d+\) as pid (\d+)", log.read_text())
+            if m:
+                return int(m.group(1))
+        return None
+
+    pid: int = wait_for(started, 60, what=f"job {jobid.group(1)} started on a worker")
+    return pid
+
+
+def check_banner(up: Up) -> None:
+    """The URL carries the real port, the password is in a 0600 file and not on the terminal."""
+    m = re.search(r"API:\s+http://127\.0\.0\.1:(\d+)/xce/v1", up.seen)
+    assert m, up.seen
+    assert ":?" not in up.seen
+    pw_file = up.root / "admin.password"
+    assert f"admin password in {pw_file}" in up.seen
+    assert pw_file.stat().st_mode & 0o777 == 0o600
+    password = pw_file.read_text().strip()
+    assert len(password) >= 12 and password not in up.seen
+
+
+def check_all_gone(up: Up, job_pid: int, job_cgroup: str, own_cgroup: str) -> None:
+    assert "all processes stopped" in up.seen, up.seen[-3000:]
+    left = [p for p in [*up.pids, job_pid] if _alive(p)]
+    assert not left, f"xce up left processes behind: {left}\n{up.seen[-3000:]}"
+    if job_cgroup != own_cgroup:  # a cgroup made for the job (containment) must be gone too
+        assert not Path("/sys/fs/cgroup", job_cgroup.lstrip("/")).exists(), job_cgroup
+
+
+@pytest.mark.parametrize("ignore_sigint", [False, True], ids=["sigint", "sigint-ignored-at-start"])
+def test_ctrl_c_kills_jobs_stops_everything_and_removes_its_directory(
+        tmp_path: Path, ignore_sigint: bool) -> None:
     from xcecore.testing.cluster import free_port
 
-    state = tmp_path / "up"
     base = free_port()
     while not _port_free(base + 1):  # the second candidate takes the next port
         base = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "xcecore", "up", "--workers", "1", "--state-dir", str(state),
-                             "--candidates", "2", "--port", str(base)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "160"})
-    assert proc.stdout is not None
-    seen = ""
+    up = start_up(tmp_path, "--workers", "1", "--candidates", "2", "--port", str(base),
+                  ignore_sigint=ignore_sigint)
     try:
-        deadline = time.monotonic() + 120
-        while "Ctrl-C stops the cluster" not in seen and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen += line
-        assert "Ctrl-C stops the cluster" in seen, seen
-        assert "auth/logon" in seen and "xce submit" in seen
-        pids = [int(m) for log in state.glob("*.log") for m in re.findall(r"\(pid (\d+)", log.read_text())[:1]]
-        assert len(pids) == 2 + 1 + 3, pids  # two candidates, one worker, scheduler, API server, accounting
-        assert f'peers = "127.0.0.1:{base},127.0.0.1:{base + 1}"' in (state / "xce.toml").read_text()
-        assert all(_alive(p) for p in pids)
-        time.sleep(1.5)  # let the live table draw at least once
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-        seen += out
+        up.read_until(READY)
+        assert up.root.parent == tmp_path and up.root.name.startswith("xce-up-")
+        up.pids = up.role_pids()
+        assert len(up.pids) == 2 + 1 + 3, up.pids  # two candidates, a worker, scheduler, API, accounting
+        assert f'peers = "127.0.0.1:{base},127.0.0.1:{base + 1}"' in (up.root / "xce.toml").read_text()
+        assert all(_alive(p) for p in up.pids)
+        check_banner(up)
+        job = submit_running_job(up)
+        job_cgroup = _cgroup(job)
+        time.sleep(1.5)  # not synchronisation: lets the live table draw once, checked below
+        up.finish(signal.SIGINT)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert "all processes stopped" in seen, seen[-3000:]
-    assert not [p for p in pids if _alive(p)], "xce up left processes behind"
-    assert "primary" in seen and "node1" in seen
+        up.cleanup()
+    assert "SIGINT: stopping" in up.seen
+    check_all_gone(up, job, job_cgroup, _cgroup(os.getpid()))
+    assert not up.root.exists(), "xce up left its directory behind"
+    assert "primary" in up.seen and "node1" in up.seen and up.proc.returncode == 0
+
+
+def test_sigterm_with_keep_stops_everything_and_keeps_the_directory(tmp_path: Path) -> None:
+    up = start_up(tmp_path, "--workers", "1", "--candidates", "1", "--keep")
+    try:
+        up.read_until(READY)
+        up.pids = up.role_pids()
+        assert len(up.pids) == 1 + 1 + 3, up.pids
+        check_banner(up)
+        job = submit_running_job(up)
+        job_cgroup = _cgroup(job)
+        up.finish(signal.SIGTERM)
+    finally:
+        up.cleanup()
+    assert "SIGTERM: stopping" in up.seen
+    check_all_gone(up, job, job_cgroup, _cgroup(os.getpid()))
+    assert up.root.is_dir() and (up.root / "xce.toml").exists() and f"kept {up.root}" in up.seen
+    worker_log = (up.root / "node1.log").read_text()
+    assert "killing 1 running job(s) before stopping" in worker_log

@@ -1,12 +1,17 @@
 """The embedded cluster of ``xce up``: its processes, and how to look at them.
 
 Real processes on loopback, started and ended through :class:`xcecore.testing.cluster.
-LocalCluster` (by pid), with one config file in the cluster's directory.
+LocalCluster` (by pid), with one config file in the cluster's directory. Its workers kill
+their jobs when they stop (``keep_jobs_on_shutdown = false``): an embedded cluster leaves
+nothing running behind it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
+import signal
 import socket
 import time
 from pathlib import Path
@@ -17,6 +22,8 @@ import click
 from xcecore.cli.session import user_name
 
 CLIENT_ROLES = ("scheduler", "apiserver", "accounting")
+KILL_GRACE = 2.0  # the workers' SIGTERM-to-SIGKILL grace for jobs, when stopping
+STOP_WAIT = KILL_GRACE + 8.0  # how long a role has to stop on SIGTERM before SIGKILL
 
 
 def _config_extra(root: Path, user: str, api_port: int, password: str) -> str:
@@ -43,6 +50,12 @@ class Embedded:
 
         self.root = root
         self.password = secrets.token_urlsafe(9)
+        self.password_file = root / "admin.password"
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            os.fchmod(fd, 0o600)  # also when the file existed (a kept --state-dir)
+            fh.write(self.password + "\n")
         self.user = user_name()
         self.nworkers = workers
         extra = _config_extra(root, self.user, api_port, self.password)
@@ -50,6 +63,7 @@ class Embedded:
         self.cluster = LocalCluster(root, candidates, key=secrets.token_hex(16), extra_config=extra, ports=ports)
         self.roles: dict[str, Any] = {}
         self._client: Any = None
+        self._api_url: str | None = None
 
     def start(self, progress: Any = None) -> None:
         """Start candidates, then workers, scheduler and API server."""
@@ -70,13 +84,15 @@ class Embedded:
         for n in range(1, self.nworkers + 1):
             name = f"node{n}"
             self.roles[name] = self.cluster.start_role(
-                "worker", f'worker.hname="{name}"', f'worker.state_dir="{self.root / name}"', name=name)
+                "worker", f'worker.hname="{name}"', f'worker.state_dir="{self.root / name}"',
+                "worker.keep_jobs_on_shutdown=false", f"worker.kill_grace={KILL_GRACE}", name=name)
             advance(f"worker {name} started")
         for role in CLIENT_ROLES:
             extra = [f'accounting.state_dir="{self.root / "accounting"}"'] if role == "accounting" else []
             self.roles[role] = self.cluster.start_role(role, *extra)
             advance(f"{role} started")
         self.wait_members(self.expected_members(), 60)
+        self._api_url = self._wait_api_url(30)
 
     def expected_members(self) -> set[str]:
         """The identities every role joins with."""
@@ -114,11 +130,27 @@ class Embedded:
                 raise click.ClickException(f"roles not joined after {timeout:g} s: {missing}\n{self.cluster.logs()}")
             time.sleep(0.02)
 
-    def api_url(self) -> str:
-        """The API server's base URL (once it has written its port)."""
+    def _wait_api_url(self, timeout: float) -> str:
         port_file = self.root / "api.port"
-        port = port_file.read_text().strip() if port_file.exists() else "?"
-        return f"http://127.0.0.1:{port}/xce/v1"
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError):
+                port = port_file.read_text().strip()
+                if port.isdigit():
+                    return f"http://127.0.0.1:{port}/xce/v1"
+            proc = self.roles.get("apiserver")
+            if proc is not None and not proc.alive():
+                raise click.ClickException(f"the API server exited:\n{proc.text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"the API server wrote no port to {port_file} "
+                                           f"in {timeout:g} s")
+            time.sleep(0.02)
+
+    def api_url(self) -> str:
+        """The API server's base URL (known once :meth:`start` returned)."""
+        if self._api_url is None:
+            raise RuntimeError("the API server's port is not known before start() returns")
+        return self._api_url
 
     def status_table(self) -> Any:
         """A rich renderable of candidates, roles, hosts and jobs."""
@@ -152,13 +184,65 @@ class Embedded:
             for state, n in per_state.items():
                 by_state[state] = by_state.get(state, 0) + n
         jobs_line = ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none yet"
-        return Group(cands, roles, host_t, f"jobs: {jobs_line}", f"API: {self.api_url()}")
+        return Group(cands, roles, host_t, f"jobs: {jobs_line}", f"API: {self._api_url or '-'}")
 
-    def close(self) -> None:
-        """Stop every process this cluster started."""
+    def close(self) -> str:
+        """Kill every job and stop every process this cluster started; what was done.
+
+        Workers first (each kills its jobs, SIGTERM then SIGKILL after ``KILL_GRACE``), then
+        the scheduler and API server, then the candidates, each by pid with SIGTERM and
+        SIGKILL after ``STOP_WAIT``; a job a worker did not end (the worker died) is killed
+        from the worker's journal.
+        """
         if self._client is not None:
-            self._cm.__exit__(None, None, None)
+            with contextlib.suppress(Exception):  # a call interrupted by the stop signal
+                self._cm.__exit__(None, None, None)
             self._client = None
-        for proc in self.roles.values():
-            proc.stop(5)
-        self.cluster.close()
+        workers = [p for n, p in self.roles.items() if n not in CLIENT_ROLES]
+        stopped = 0
+        for proc in [*workers, *(self.roles[r] for r in CLIENT_ROLES if r in self.roles)]:
+            stopped += proc.alive()
+            proc.stop(STOP_WAIT)
+        leftover = sum(kill_journal_jobs(self.root / f"node{n}") for n in range(1, self.nworkers + 1))
+        for proc in reversed(self.cluster.candidates.values()):
+            stopped += proc.alive()
+            proc.stop(STOP_WAIT)
+        self.cluster.close()  # SIGKILL to anything still up, by pid
+        left = [p for p in self.cluster.procs if p.alive()]
+        if left:
+            return "[red]still running[/]: " + ", ".join(f"{p.name} (pid {p.pid})" for p in left)
+        extra = f"; killed {leftover} job(s) their worker had not ended" if leftover else ""
+        return f"all processes stopped ({stopped} role process(es), jobs killed by their workers{extra})"
+
+
+def kill_journal_jobs(state_dir: Path) -> int:
+    """SIGKILL the process group of every job a worker's journal lists as running; how many.
+
+    Only a job whose process still has the creation time the journal recorded: a reused pid
+    is never signalled.
+    """
+    import psutil
+    from xce_worker.spool import Journal
+
+    path = state_dir / "journal.jsonl"
+    if not path.exists():
+        return 0
+    journal = Journal(path)
+    try:
+        entries = journal.active()
+    finally:
+        journal.close()
+    killed = 0
+    for e in entries:
+        if e.pid is None:
+            continue
+        try:
+            born = psutil.Process(e.pid).create_time()
+        except psutil.Error:
+            continue
+        if e.create_time is not None and abs(born - e.create_time) > 0.01:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(e.pid, signal.SIGKILL)
+            killed += 1
+    return killed
