@@ -51,6 +51,15 @@ def _check_cluster(values: dict[str, Any]) -> None:
                          f"got {values['event_loop']!r}")
 
 
+def _check_log(values: dict[str, Any]) -> None:
+    if values["repeat_interval"] < 0:
+        raise ValueError(f"repeat_interval must be >= 0, got {values['repeat_interval']!r}")
+    for key in ("rotation", "retention"):
+        value = values[key]
+        if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
+            raise ValueError(f"{key} must be positive, got {value!r}")
+
+
 def _fields(keys: Mapping[str, KeySpec]) -> dict[str, Field]:
     """Config fields from a table of ``(types, default, doc)`` owned by another module."""
     return {name: Field(types, default, doc) for name, (types, default, doc) in keys.items()}
@@ -91,10 +100,20 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
         "log",
         {
             "level": Field(_S, "INFO", "TRACE, DEBUG, INFO, WARNING, ERROR"),
-            "json": Field(_B, False, "one JSON object per line, for machines"),
+            "json": Field(_B, False, "one flat JSON object per line (time, level, component, "
+                                     "role, host, message, fields), for log shippers"),
             "file": Field(_S, None, "also log to this file"),
+            "rotation": Field((str, int), "100 MB", "start a new file at this size ('100 MB', or "
+                                                 "bytes), age ('1 day') or time ('00:00')"),
+            "retention": Field((str, int), 10, "rotated files kept: a count, or an age ('2 weeks')"),
+            "repeat_interval": Field((float, int), 10.0, "a WARNING or worse repeated by one call "
+                                                         "site is logged once per this many s, "
+                                                         "with a count (0: every time)"),
+            "pid_file": Field(_S, None, "write the role's pid here while it runs (also "
+                                        "`xce run --pid-file`)"),
         },
-        "logging",
+        "logging (and the pid file) of every role",
+        check=_check_log,
     ),
 )
 

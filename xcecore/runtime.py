@@ -20,7 +20,7 @@ from loguru import logger
 
 from xcecore.candidates import Candidate
 from xcecore.config import CORE_SECTIONS, Config, ConfigError, parse_override, read_file, validate
-from xcecore.log import setup_logging
+from xcecore.log import setup_logging, write_pid_file
 from xcecore.plugins import PluginManager
 from xcecore.role import Monitor, Role, RoleContext, RoleSpec
 
@@ -197,7 +197,15 @@ def run_role(
         log_level or logcfg["level"],
         json=logcfg["json"] if log_json is None else log_json,
         file=logcfg["file"],
+        rotation=logcfg["rotation"],
+        retention=logcfg["retention"],
+        repeat_interval=float(logcfg["repeat_interval"]),
     )
+    if logcfg["pid_file"]:
+        try:
+            write_pid_file(logcfg["pid_file"])
+        except (OSError, RuntimeError) as exc:
+            raise RoleError(f"log.pid_file: {exc}") from None
     options = loop_options(config.cluster.get("event_loop") or "auto")
     logger.info(
         "{}: starting role {} (pid {}, config {}, event loop {})",

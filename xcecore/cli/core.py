@@ -61,12 +61,17 @@ def config(s: Session, ns: Parsed) -> None:
     arg("role"),
     arg("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="override a config value (TOML syntax), e.g. --set controller.listen=h:7600"),
+    arg("--pid-file", dest="pid_file", metavar="FILE",
+        help="write the role's pid to FILE while it runs (same as --set log.pid_file=FILE)"),
 )
 def run(s: Session, ns: Parsed) -> None:
+    import json
+
     from xcecore.runtime import run_role
 
+    overrides = [*ns.overrides, *([f"log.pid_file={json.dumps(ns.pid_file)}"] if ns.pid_file else [])]
     try:
-        run_role(ns.role, s.opts.config, ns.overrides, log_level=s.opts.log_level,
+        run_role(ns.role, s.opts.config, overrides, log_level=s.opts.log_level,
                  log_json=s.opts.json_logs)
     except KeyboardInterrupt:
         pass

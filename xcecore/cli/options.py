@@ -6,13 +6,19 @@ from __future__ import annotations
 class Options:
     """The global options, given before the command name."""
 
-    __slots__ = ("config", "json_logs", "log_level", "timeout")
+    __slots__ = ("config", "json_logs", "log_level", "timeout", "verbose")
 
     def __init__(self) -> None:
         self.config: str | None = None
         self.log_level: str | None = None
         self.json_logs: bool | None = None
         self.timeout: float | None = None
+        self.verbose = False
+
+    def command_log_level(self) -> str:
+        """The level a one-shot command logs at: errors only, warnings with ``-v``, or
+        ``--log-level``. (A failover a command rode through is no news to its user.)"""
+        return self.log_level or ("WARNING" if self.verbose else "ERROR")
 
 
 GLOBAL_HELP = """\
@@ -20,6 +26,7 @@ options:
   -h, --help         show this help (and the commands) and exit
   --config FILE      TOML config file (or $XCE_CONFIG)
   --log-level LEVEL  TRACE, DEBUG, INFO, WARNING or ERROR
+  -v, --verbose      also print warnings (a candidate down, a retry); errors always print
   --json-logs        log one JSON object per line
   --timeout SECONDS  seconds a command waits for the controller (default 15)"""
 
@@ -42,6 +49,10 @@ def parse_global(argv: list[str]) -> tuple[Options, str | None, list[str], bool]
         name, eq, inline = word.partition("=")
         if name in ("-h", "--help"):
             wants_help = True
+            i += 1
+            continue
+        if name in ("-v", "--verbose"):
+            opts.verbose = True
             i += 1
             continue
         if name == "--json-logs":

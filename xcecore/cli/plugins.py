@@ -123,8 +123,8 @@ def run_plugin_command(opts: Options, name: str, args: list[str]) -> int:
     from xcecore.cli.session import CommandError
     from xcecore.log import setup_logging
 
-    # Commands print results, not logs: only warnings and errors unless asked.
-    setup_logging("xce", opts.log_level or "WARNING", json=bool(opts.json_logs))
+    # Commands print results, not logs: only errors unless asked (-v, --log-level).
+    setup_logging("xce", opts.command_log_level(), json=bool(opts.json_logs))
     try:
         group, obj = plugin_group(opts, listing=False)
     except Exception as exc:  # a config or plugin error: one line

@@ -78,7 +78,7 @@ class Session:
             except ValueError as exc:  # CandidateError, AuthError, bad tuning
                 raise CommandError(str(exc)) from None
             found = self._clients[role] = OneShotClient(
-                cfg, role=role, log=stderr_logger(self.opts.log_level or "WARNING"))
+                cfg, role=role, log=stderr_logger(self.opts.command_log_level()))
         return found
 
     def call(self, op: str, args: dict[str, Any] | None = None, *, role: str = "cli") -> Any:

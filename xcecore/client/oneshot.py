@@ -46,13 +46,13 @@ LEVELS = {"TRACE": 5, "DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 
 def stderr_logger(level: str = "WARNING") -> Callable[[str, str], None]:
     """A ``log(level, line)`` that writes lines at ``level`` or above to stderr."""
+    from xcecore.log import stamp
+
     floor = LEVELS.get(level.upper(), 30)
 
     def log(at: str, text: str) -> None:
         if LEVELS.get(at, 30) >= floor:
-            now = time.time()
-            stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
-            sys.stderr.write(f"{stamp} {at:<7} xce | {text}\n")
+            sys.stderr.write(f"{stamp()} {at:<7} xce | {text}\n")
 
     return log
 
