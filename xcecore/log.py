@@ -206,6 +206,16 @@ def _stdlib_handler() -> logging.Handler:
 
 # ---------------------------------------------------------------------- setup
 _summarizer: RepeatSummarizer | None = None
+_extra: dict[str, Any] = {}  # fields on every line of this process (component, candidate...)
+
+
+def bind_fields(**fields: Any) -> None:
+    """Add ``fields`` to every later line of this process (a JSON line's keys): e.g. a
+    controller candidate's ``candidate`` address once it knows it."""
+    from loguru import logger
+
+    _extra.update(fields)
+    logger.configure(extra=dict(_extra))
 
 
 def setup_logging(
@@ -241,7 +251,9 @@ def setup_logging(
         _summarizer.start()
         atexit.register(_summarizer.close)
         patcher = _summarizer
-    logger.configure(extra={"component": component}, patcher=patcher)
+    _extra.clear()
+    _extra["component"] = component
+    logger.configure(extra=dict(_extra), patcher=patcher)
     fmt: Any = _json_format if json else _FORMAT
     logger.add(sys.stderr, level=level, format=fmt, filter=_not_dropped, backtrace=False,
                diagnose=False, colorize=None if not json else False)

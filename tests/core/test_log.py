@@ -171,3 +171,13 @@ def test_xce_run_pid_file(xce_cluster: Callable[..., LocalCluster], tmp_path: Pa
             proc.kill()
             proc.wait()
     assert not pid_file.exists()
+
+
+def test_a_candidates_json_lines_name_it(xce_cluster: Callable[..., LocalCluster]) -> None:
+    cl = xce_cluster(1, extra_config="[log]\njson = true\n")
+    text = cl.candidates[0].text()
+    records = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
+    assert records and len(records) == len(text.splitlines()), text
+    promoted = next(r for r in records if "promoted to primary" in r["message"])
+    assert promoted["candidate"] == cl.address(0) and promoted["role"] == "controller", promoted
+    assert re.fullmatch(ISO, promoted["time"]) and promoted["level"] == "INFO"

@@ -63,6 +63,7 @@ from xce_controller.storage import Inflight, StorageGuard
 from xce_controller.store import KINDS, SQLiteStore, Write
 from xce_controller.subscribe import Subscription
 from xcecore import auth, wire
+from xcecore.log import bind_fields
 from xcecore.protocol import format_hostport as format_address
 from xcecore.wire import ErrorCode, RemoteError
 
@@ -192,6 +193,7 @@ class Controller:
                     tg.start_soon(self._accept_loop, sub.extra(SocketAttribute.raw_socket), tg)
                 tg.start_soon(self._report_abandoned)
                 self.election.register("standby")
+                bind_fields(candidate=self.address)  # a JSON log line's "candidate"
                 logger.info(
                     "controller {}: candidate started (state dir {}); standby until it holds the lock",
                     self.address, self.settings.state_dir,
