@@ -107,13 +107,14 @@ class RepeatSummarizer:
             record["message"] += f" (repeated {count} times in the last {span:.0f} s)"
             extra["repeated"] = count
 
-    def flush(self) -> None:
-        """Write the count of every window that ended with repeats not yet reported."""
+    def flush(self, everything: bool = False) -> None:
+        """Write the count of every window that ended (``everything``: of every window) with
+        repeats not yet reported."""
         now = self._clock()
         due: list[tuple[_Window, float]] = []
         with self._lock:
             for key, w in list(self._windows.items()):
-                if now - w.started < self.interval:
+                if now - w.started < self.interval and not everything:
                     continue
                 if w.count:  # still repeating: the count is this interval's one line
                     due.append((w, now - w.started))
@@ -139,8 +140,7 @@ class RepeatSummarizer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(2)
-        self._clock = lambda: float("inf")  # every window has ended
-        self.flush()
+        self.flush(everything=True)
 
 
 def _not_dropped(record: Record) -> bool:

@@ -124,6 +124,11 @@ def test_repeats_are_summarized_once_per_interval() -> None:
     now[0] = 25.0  # the outage ended: the flush reports what the last interval suppressed
     summ.flush()
     assert out == [("WARNING", "no primary (repeated 39 times in the last 25 s)")]
+    now[0] = 26.0
+    log(2, "no primary")  # within the interval the flush began: counted, not shown
+    assert shown.count("no primary") == 1
+    summ.close()  # at exit: the count still open is written
+    assert out[-1] == ("WARNING", "no primary (repeated 1 times in the last 1 s)")
 
 
 def test_an_outage_logs_about_one_line_per_interval_per_event(

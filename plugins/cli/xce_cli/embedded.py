@@ -199,20 +199,34 @@ class Embedded:
                 self._cm.__exit__(None, None, None)
             self._client = None
         workers = [p for n, p in self.roles.items() if n not in CLIENT_ROLES]
-        stopped = 0
-        for proc in [*workers, *(self.roles[r] for r in CLIENT_ROLES if r in self.roles)]:
-            stopped += proc.alive()
-            proc.stop(STOP_WAIT)
+        stopped = stop_all(workers)
+        stopped += stop_all([self.roles[r] for r in CLIENT_ROLES if r in self.roles])
         leftover = sum(kill_journal_jobs(self.root / f"node{n}") for n in range(1, self.nworkers + 1))
-        for proc in reversed(self.cluster.candidates.values()):
-            stopped += proc.alive()
-            proc.stop(STOP_WAIT)
+        stopped += stop_all(list(self.cluster.candidates.values()))
         self.cluster.close()  # SIGKILL to anything still up, by pid
         left = [p for p in self.cluster.procs if p.alive()]
         if left:
             return "[red]still running[/]: " + ", ".join(f"{p.name} (pid {p.pid})" for p in left)
         extra = f"; killed {leftover} job(s) their worker had not ended" if leftover else ""
         return f"all processes stopped ({stopped} role process(es), jobs killed by their workers{extra})"
+
+
+def stop_all(procs: list[Any], timeout: float = STOP_WAIT) -> int:
+    """SIGTERM every live process of ``procs`` at once (once: a role's second SIGTERM would
+    kill it mid-stop), SIGKILL what is left after ``timeout``; how many were running."""
+    import subprocess
+
+    live = [p for p in procs if p.alive()]
+    for p in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in live:
+        try:
+            p.popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+    return len(live)
 
 
 def kill_journal_jobs(state_dir: Path) -> int:
