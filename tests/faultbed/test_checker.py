@@ -131,5 +131,10 @@ def test_evidence_from_logs_and_markers(tmp_path: Path) -> None:
         "state-dir lock; promoted to primary (loaded 0 jobs)\n"
         "10:00:02.000 INFO    controller@vm | something else\n")
     assert promotions_in_logs([tmp_path / "c0.log", tmp_path / "none.log"], near=now) == [(now + 1.25, A)]
+    (tmp_path / "c1.log").write_text(  # xcecore.log's lines: ISO 8601 with the offset
+        "2026-01-02T09:00:03.500+00:00 INFO    controller@vm | controller 127.100.0.1:7600: "
+        "acquired the state-dir lock; promoted to primary (loaded 0 jobs)\n")
+    at = dt.datetime(2026, 1, 2, 9, 0, 3, 500000, tzinfo=dt.UTC).timestamp()
+    assert promotions_in_logs([tmp_path / "c1.log"]) == [(at, A)]
     (tmp_path / "runs").write_text("1 0\n2 0\ngarbage\n")
     assert runs_in({"n1": tmp_path / "runs", "n2": tmp_path / "missing"}) == [(1, 0, "n1"), (2, 0, "n1")]

@@ -41,8 +41,10 @@ from typing import Any
 INVOKED, OK, FAILED, UNKNOWN = "invoked", "ok", "failed", "unknown"
 RANK = {"PEND": 0, "PSUSP": 0, "RUN": 1, "USUSP": 1, "SSUSP": 1, "DONE": 2, "EXIT": 2}
 LOG_SLACK = 0.002  # log times are truncated to the millisecond
-_PROMOTED = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d{3}) .*controller (\S+): acquired the state-dir lock; "
-                       r"promoted to primary")
+# A line starts with an ISO 8601 time (xcecore.log), or, in logs of older versions, the local
+# time of day only.
+_PROMOTED = re.compile(r"^(?:(\d{4}-\d\d-\d\dT\S+)|(\d\d):(\d\d):(\d\d\.\d{3})) .*controller (\S+): "
+                       r"acquired the state-dir lock; promoted to primary")
 
 
 @dataclass
@@ -277,7 +279,8 @@ def _hms(t: float) -> str:
 def promotions_in_logs(logs: Iterable[Path], near: float | None = None) -> list[tuple[float, str]]:
     """(time, address) of every "promoted to primary" line in the candidates' logs.
 
-    Log lines carry the local time of day only; each is put on the day nearest ``near``.
+    A line with an ISO 8601 time is taken as is; one with the local time of day only (older
+    logs) is put on the day nearest ``near``.
     """
     near = time.time() if near is None else near
     out = []
@@ -290,13 +293,16 @@ def promotions_in_logs(logs: Iterable[Path], near: float | None = None) -> list[
             m = _PROMOTED.match(line)
             if m is None:
                 continue
-            base = dt.datetime.fromtimestamp(near).replace(hour=int(m.group(1)), minute=int(m.group(2)),
+            if m.group(1):
+                out.append((dt.datetime.fromisoformat(m.group(1)).timestamp(), m.group(5)))
+                continue
+            base = dt.datetime.fromtimestamp(near).replace(hour=int(m.group(2)), minute=int(m.group(3)),
                                                            second=0, microsecond=0)
-            t = base.timestamp() + float(m.group(3))
+            t = base.timestamp() + float(m.group(4))
             for shift in (-86400.0, 86400.0):
                 if abs(t + shift - near) < abs(t - near):
                     t += shift
-            out.append((t, m.group(4)))
+            out.append((t, m.group(5)))
     return sorted(out)
 
 
