@@ -45,8 +45,21 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _cgroup(pid: int) -> str:
-    return Path(f"/proc/{pid}/cgroup").read_text().strip().splitlines()[-1].split(":", 2)[2]
+def job_groups(pid: int) -> list[Path]:
+    """The cgroup directories, in every hierarchy, that process ``pid`` is in and this test
+    process is not (those made for the job and its worker by the worker's containment)."""
+    from xce_worker.containment.cgroupfs import group_path, parse_mountinfo, parse_proc_cgroup
+
+    mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    own = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
+    job = parse_proc_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
+    found: set[Path] = set()
+    for m in mounts:
+        for key in [""] if m.version == 2 else sorted(m.controllers):
+            if key in job and job[key] != own.get(key):
+                path = group_path(m, job[key])
+                found.update([path, path.parent])  # the job's group and the worker's
+    return sorted(found)
 
 
 @dataclass
@@ -136,12 +149,11 @@ def check_banner(up: Up) -> None:
     assert len(password) >= 12 and password not in up.seen
 
 
-def check_all_gone(up: Up, job_pid: int, job_cgroup: str, own_cgroup: str) -> None:
+def check_all_gone(up: Up, job_pid: int, groups: list[Path]) -> None:
     assert "all processes stopped" in up.seen, up.seen[-3000:]
     left = [p for p in [*up.pids, job_pid] if _alive(p)]
     assert not left, f"xce up left processes behind: {left}\n{up.seen[-3000:]}"
-    if job_cgroup != own_cgroup:  # a cgroup made for the job (containment) must be gone too
-        assert not Path("/sys/fs/cgroup", job_cgroup.lstrip("/")).exists(), job_cgroup
+    assert not [g for g in groups if g.exists()], f"xce up left cgroups behind: {groups}"
 
 
 @pytest.mark.parametrize("ignore_sigint", [False, True], ids=["sigint", "sigint-ignored-at-start"])
@@ -163,13 +175,15 @@ def test_ctrl_c_kills_jobs_stops_everything_and_removes_its_directory(
         assert all(_alive(p) for p in up.pids)
         check_banner(up)
         job = submit_running_job(up)
-        job_cgroup = _cgroup(job)
+        groups = job_groups(job)
+        if "job containment cgroup" in (up.root / "node1.log").read_text():
+            assert groups, "the job is in no cgroup of its own although its worker contains jobs"
         time.sleep(1.5)  # not synchronisation: lets the live table draw once, checked below
         up.finish(signal.SIGINT)
     finally:
         up.cleanup()
     assert "SIGINT: stopping" in up.seen
-    check_all_gone(up, job, job_cgroup, _cgroup(os.getpid()))
+    check_all_gone(up, job, groups)
     assert not up.root.exists(), "xce up left its directory behind"
     assert "primary" in up.seen and "node1" in up.seen and up.proc.returncode == 0
 
@@ -182,12 +196,33 @@ def test_sigterm_with_keep_stops_everything_and_keeps_the_directory(tmp_path: Pa
         assert len(up.pids) == 1 + 1 + 3, up.pids
         check_banner(up)
         job = submit_running_job(up)
-        job_cgroup = _cgroup(job)
+        groups = job_groups(job)
+        if "job containment cgroup" in (up.root / "node1.log").read_text():
+            assert groups, "the job is in no cgroup of its own although its worker contains jobs"
         up.finish(signal.SIGTERM)
     finally:
         up.cleanup()
     assert "SIGTERM: stopping" in up.seen
-    check_all_gone(up, job, job_cgroup, _cgroup(os.getpid()))
+    check_all_gone(up, job, groups)
     assert up.root.is_dir() and (up.root / "xce.toml").exists() and f"kept {up.root}" in up.seen
     worker_log = (up.root / "node1.log").read_text()
     assert "killing 1 running job(s) before stopping" in worker_log
+
+
+def test_a_job_whose_worker_died_is_killed_too(tmp_path: Path) -> None:
+    up = start_up(tmp_path, "--workers", "1", "--candidates", "1")
+    try:
+        up.read_until(READY)
+        up.pids = up.role_pids()
+        job = submit_running_job(up)
+        groups = job_groups(job)
+        worker = next(int(m) for m in re.findall(r"starting role worker \(pid (\d+)",
+                                                  (up.root / "node1.log").read_text()))
+        os.kill(worker, signal.SIGKILL)  # the job outlives it, as a job does
+        wait_for(lambda: not _alive(worker), 10, what="the worker gone")
+        assert _alive(job)
+        up.finish(signal.SIGTERM)
+    finally:
+        up.cleanup()
+    check_all_gone(up, job, groups)
+    assert "killed 1 job(s) their worker had not ended" in up.seen, up.seen[-2000:]

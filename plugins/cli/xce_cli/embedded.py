@@ -192,7 +192,7 @@ class Embedded:
         Workers first (each kills its jobs, SIGTERM then SIGKILL after ``KILL_GRACE``), then
         the scheduler and API server, then the candidates, each by pid with SIGTERM and
         SIGKILL after ``STOP_WAIT``; a job a worker did not end (the worker died) is killed
-        from the worker's journal.
+        from the worker's journal, and its job cgroups are removed.
         """
         if self._client is not None:
             with contextlib.suppress(Exception):  # a call interrupted by the stop signal
@@ -201,7 +201,10 @@ class Embedded:
         workers = [p for n, p in self.roles.items() if n not in CLIENT_ROLES]
         stopped = stop_all(workers)
         stopped += stop_all([self.roles[r] for r in CLIENT_ROLES if r in self.roles])
-        leftover = sum(kill_journal_jobs(self.root / f"node{n}") for n in range(1, self.nworkers + 1))
+        leftover = 0
+        for n in range(1, self.nworkers + 1):
+            leftover += kill_journal_jobs(self.root / f"node{n}")
+            remove_job_groups(self.root / f"node{n}")
         stopped += stop_all(list(self.cluster.candidates.values()))
         self.cluster.close()  # SIGKILL to anything still up, by pid
         left = [p for p in self.cluster.procs if p.alive()]
@@ -227,6 +230,21 @@ def stop_all(procs: list[Any], timeout: float = STOP_WAIT) -> int:
         except subprocess.TimeoutExpired:
             p.kill()
     return len(live)
+
+
+def remove_job_groups(state_dir: Path) -> None:
+    """Remove the cgroup directories a worker made for its jobs (it lists them in
+    ``<state_dir>/cgroups``), killing anything still in them. A worker that stopped cleanly
+    removed them already; one that died did not."""
+    from xce_worker.containment import remove_groups
+
+    try:
+        bases = (state_dir / "cgroups").read_text().split()
+    except OSError:
+        return
+    for base in bases:
+        with contextlib.suppress(OSError):
+            remove_groups(Path(base))
 
 
 def kill_journal_jobs(state_dir: Path) -> int:
