@@ -16,6 +16,7 @@ commands use :func:`stamp` without loading loguru.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -38,6 +39,7 @@ DEFAULT_ROTATION = "100 MB"
 DEFAULT_RETENTION = 10  # rotated files kept
 DEFAULT_REPEAT_INTERVAL = 10.0
 REPEAT_LEVEL = 30  # WARNING: lines below are distinct events (a job started) and never merged
+_DIGITS = re.compile(r"\d+")
 
 
 def stamp(now: float | None = None) -> str:
@@ -64,8 +66,9 @@ class RepeatSummarizer:
     """Merge repeats of one event: the first line passes, the next ones in ``interval`` are
     counted, and one line per interval says how many there were.
 
-    An event is a call site (module, function, line: one message template) of one component;
-    only WARNING and above are merged. Installed as loguru's patcher, so it decides once per
+    An event is a message template of one component: its call site (module, function, line)
+    and its text with every number masked (addresses, ports, counts, ids differ between
+    repeats; the words do not); only WARNING and above are merged. Installed as loguru's patcher, so it decides once per
     record for every sink. A flush thread writes the count of a window that ended without a
     further occurrence (the outage ended), so no count is lost. The table is bounded by
     ``max_keys`` (call sites are few; an excess is forgotten oldest first).
@@ -87,7 +90,10 @@ class RepeatSummarizer:
         extra = record["extra"]
         if record["level"].no < REPEAT_LEVEL or extra.get("_summary"):
             return
-        key = (extra.get("component"), record["name"], record["function"], record["line"])
+        # The template: the call site, and the message with its numbers masked (one call
+        # site may log many messages: a client's state machine hands all its lines to one).
+        key = (extra.get("component"), record["name"], record["function"], record["line"],
+               _DIGITS.sub("#", record["message"]))
         now = self._clock()
         with self._lock:
             w = self._windows.get(key)

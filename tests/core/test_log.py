@@ -116,6 +116,10 @@ def test_repeats_are_summarized_once_per_interval() -> None:
         if i % 3 == 0:
             log(2, "no primary")
         log(3, f"started job {i}", level=20)  # INFO: distinct events, never merged
+    log(4, "candidate 127.0.0.1:7600 refused")  # one call site, two templates: two events
+    log(4, "lost connection to 127.0.0.1:7600")
+    log(4, "candidate 127.0.0.1:7601 refused")  # the first one's template again: merged
+    assert shown[-2:] == ["candidate 127.0.0.1:7600 refused", "lost connection to 127.0.0.1:7600"]
     now[0] = 10.0
     log(1, "backend unavailable")
     assert shown.count("backend unavailable") == 1 and shown.count("no primary") == 1
@@ -123,7 +127,8 @@ def test_repeats_are_summarized_once_per_interval() -> None:
     assert sum(s.startswith("started job") for s in shown) == 120
     now[0] = 25.0  # the outage ended: the flush reports what the last interval suppressed
     summ.flush()
-    assert out == [("WARNING", "no primary (repeated 39 times in the last 25 s)")]
+    assert out == [("WARNING", "no primary (repeated 39 times in the last 25 s)"),
+                   ("WARNING", "candidate 127.0.0.1:7601 refused (repeated 1 times in the last 15 s)")]
     now[0] = 26.0
     log(2, "no primary")  # within the interval the flush began: counted, not shown
     assert shown.count("no primary") == 1

@@ -144,6 +144,11 @@ def test_jobs_finishing_while_the_state_disk_is_full_are_reported(
     njobs = 40
     cl = xce_cluster(1)
     with tmpfs(tmp_path / "w", "2m") as state:
+        # The jobs' own files (status, re-adoption info, output) on another file system: a
+        # job's info file removed at its end would free a page of the full disk for the
+        # journal. Only the journal (and the monitors' files) stay on the full one.
+        (tmp_path / "jobs").mkdir()
+        (state / "jobs").symlink_to(tmp_path / "jobs")
         w = start_worker(cl, "full1", state, "w-full", f"worker.slots={njobs}")
         try:
             with admin(cl) as c:
