@@ -114,9 +114,12 @@ def test_the_members_join_once_and_rejoin_once_with_only_the_deltas(scaled: Scal
         syncs = _syncs(proc)
         assert len(syncs) == 2 and _count(proc, "re-joined as") == 1, (proc.name, syncs)
         mode, frames, applied, holding = syncs[1]
-        # Within the retention window: only what changed since the token (nothing, but the
-        # volatile values the new primary sends whole), not 100,000 jobs again.
-        assert mode == "delta" and frames < 10 and f"{JOBS} jobs" in holding, (proc.name, syncs[1])
+        # Within the retention window: only what changed since the token, not 100,000 jobs
+        # again. The volatile kinds (pend reasons among them) come whole in every sync, and how
+        # many reasons the scheduler had set for the parked jobs by the kill depends on the
+        # machine's load (2 to 27 frames seen), so the bound is relative to the snapshot's.
+        assert mode == "delta" and frames < syncs[0][1] // 2 and f"{JOBS} jobs" in holding, \
+            (proc.name, syncs)
     assert scaled.http.get("/readyz").status_code == 200
     assert scaled.sched.alive() and scaled.api.alive()
 
