@@ -30,6 +30,7 @@ import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from xcecore import auth, wire
+from xcecore.auth.key import KeyAuth
 from xcecore.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ class Client:
         stream = await anyio.connect_tcp(host, int(port))
         reader = BufferedByteReceiveStream(stream)
         hello = await wire.read_message(reader)
-        await wire.write_message(stream, auth.client_answer(KEY, identity, hello))
+        await wire.write_message(stream, auth.client_answer(KeyAuth(KEY), identity, hello))
         return cls(stream, reader, await wire.read_message(reader))
 
     async def call(self, op: str, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import ROOT, log, meta, stats, write_result
 
 from xcecore import auth, wire
+from xcecore.auth.key import KeyAuth
 
 PART = "flood"
 KEY = b"bench-flood-key"
@@ -60,7 +61,7 @@ class Conn:
         self.dec = wire.FrameDecoder(64 * MB)
         self.msgs: list[dict[str, Any]] = []
         hello = self.recv()
-        self.sock.sendall(wire.encode(auth.client_answer(KEY, identity, hello)))
+        self.sock.sendall(wire.encode(auth.client_answer(KeyAuth(KEY), identity, hello)))
         self.status = self.recv()
         self.n = 0
 

@@ -49,6 +49,11 @@ def _check_cluster(values: dict[str, Any]) -> None:
     if values["event_loop"] not in EVENT_LOOPS:
         raise ValueError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, "
                          f"got {values['event_loop']!r}")
+    users = values["service_users"]
+    if not all(isinstance(u, str) and u for u in users):
+        raise ValueError(f"service_users must be a list of user names, got {users!r}")
+    if not values["auth"]:
+        raise ValueError("auth must name a method: 'key', 'munge' or a plugin's")
 
 
 def _check_log(values: dict[str, Any]) -> None:
@@ -78,6 +83,9 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
             "resources": Field(_L, [], "site resources: [{name, type, consumable?, ...}]"),
             "event_loop": Field(_S, "auto", "role processes' loop: auto (uvloop if installed), "
                                             "uvloop, asyncio"),
+            "service_users": Field(_L, [], "users (besides root) whose processes may join as a "
+                                           "daemon role (controller, worker, scheduler, "
+                                           "apiserver) or a role holding grants"),
         },
         "where the controller candidates are and how to reach them",
         check=_check_cluster,

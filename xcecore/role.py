@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xcecore import auth
+from xcecore.auth import AuthMethod
 from xcecore.bridge import LoopBridge, StopEvent
 from xcecore.candidates import Candidate, candidates_from_config
 from xcecore.config import Config
@@ -233,7 +234,7 @@ class RoleContext:
     pm: Plugins
     identity: str
     candidates: tuple[Candidate, ...]
-    key: bytes | None
+    auth: AuthMethod  # the configured authentication method ([cluster] auth)
     client: Client | None = None
     bridge: LoopBridge = field(default_factory=LoopBridge)
     stop: StopEvent = field(init=False)
@@ -250,8 +251,8 @@ class RoleContext:
         cands: tuple[Candidate, ...] = ()
         if cluster.get("peers") is not None or cluster.get("address") is not None:
             cands = candidates_from_config(cluster)
-        key = auth.load_key(cluster.get("key"), cluster.get("key_file"))
-        return cls(role, config, pm, identity(role, config.section(role)), cands, key)
+        method = auth.load_method(auth.settings_from_cluster(cluster))
+        return cls(role, config, pm, identity(role, config.section(role)), cands, method)
 
     @property
     def section(self) -> dict[str, Any]:

@@ -222,7 +222,9 @@ def run_role(
         # A role that cannot start (a port in use, a bad value found late) fails in a task
         # group; the operator needs the one reason, not the group's traceback.
         leaf = _only_leaf(group)
-        if isinstance(leaf, OSError | ValueError | RoleError):
+        from xcecore.client.errors import AuthenticationFailed
+
+        if isinstance(leaf, OSError | ValueError | RoleError | AuthenticationFailed):
             logger.error("{}: cannot run: {}", ctx.identity, leaf)
             raise RoleError(f"{name}: {leaf}") from leaf
         raise

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from xcecore.auth.key import KeyAuth
 from xcecore.candidates import parse_peers
 from xcecore.client import Client, ClientConfig
 from xcecore.client.backend import NetworkBackend
 
 
 def make_config(*addresses: str, **overrides: Any) -> ClientConfig:
-    """A client config with test-speed timeouts; heartbeats off unless asked for."""
+    """A client config with test-speed timeouts; heartbeats off unless asked for. ``key``
+    (bytes or None) stands for ``auth=KeyAuth(key)``."""
     settings: dict[str, Any] = {
         "sender": "scheduler@h1",
         "connect_timeout": 0.5,
@@ -21,6 +23,8 @@ def make_config(*addresses: str, **overrides: Any) -> ClientConfig:
         "backoff_cap": 0.05,
     }
     settings.update(overrides)
+    if "key" in settings:
+        settings["auth"] = KeyAuth(settings.pop("key"))
     return ClientConfig(candidates=parse_peers(",".join(addresses)), **settings)
 
 

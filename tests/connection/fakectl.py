@@ -36,6 +36,7 @@ from anyio.streams.buffered import BufferedByteStream
 from syncsource import SyncSource
 
 from xcecore import auth, wire
+from xcecore.auth.key import KeyAuth
 from xcecore.candidates import Candidate
 from xcecore.client.backend import MemoryNetwork
 from xcecore.testing import free_port as free_port  # the shared kit's, re-exported for these tests
@@ -44,6 +45,7 @@ Mode = Literal["primary", "standby", "hang"]
 
 
 _MEMORY_PORTS = itertools.count(20000)
+_USERS = auth.Users()  # the fake names callers as a controller does: by its own uid
 
 
 def nowhere(net: MemoryNetwork | None = None) -> str:
@@ -304,11 +306,15 @@ class FakeController:
         try:
             if self.mode == "hang":
                 await anyio.sleep_forever()
-            challenge, hello = auth.server_hello()
+            method = KeyAuth(self.key)
+            challenge, hello = auth.server_hello(method)
             await wire.write_message(stream, hello)
             answer = await wire.read_message(stream)
             try:
-                sender = auth.check_client_answer(self.key, challenge, answer)
+                sender = auth.authenticate(method, challenge, answer, _USERS).sender
+            except auth.AuthFailed as exc:
+                await wire.write_message(stream, {"ok": False, "error": exc.to_error()})
+                return
             except auth.AuthError as exc:
                 await wire.write_message(stream, {"ok": False, "error": {
                     "code": "DENIED", "message": str(exc)}})

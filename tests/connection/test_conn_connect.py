@@ -10,7 +10,7 @@ from clientkit import make_config, mem_client
 from fakectl import FakeController, SharedStore, nowhere
 
 from xcecore.candidates import Candidate, parse_address
-from xcecore.client import BackendUnavailable, ClientConfig
+from xcecore.client import AuthenticationFailed, BackendUnavailable, ClientConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -134,13 +134,19 @@ async def test_never_gives_up_without_budget_until_a_primary_appears(net, logs):
     assert logs.find("next pass in", "WARNING")
 
 
-async def test_wrong_key_is_denied_with_a_clear_error(net, logs):
+async def test_wrong_key_is_an_authentication_failure_not_an_outage(net, logs):
     async with FakeController("p", net=net, key=b"right") as p:
         cfg = make_config(p.address, key=b"wrong")
         async with mem_client(net, cfg, role="w") as c:
-            with pytest.raises(BackendUnavailable):
-                await c.connect(retry_budget=0)
-    assert logs.find("denied the handshake", "ERROR")
+            for _ in range(2):  # no deadline, no budget: still raised at once, not retried
+                with anyio.fail_after(5), pytest.raises(AuthenticationFailed) as info:
+                    await c.call("hello")
+            assert str(info.value).startswith("authentication failed: bad cluster key")
+            assert c.state == "degraded"
+        assert p.connections == 2  # one handshake per call: no back-off loop behind it
+    refusals = [m for lv, m in logs.records if "refused the handshake" in m and lv == "ERROR"]
+    assert len(refusals) == 1 and "authentication failed: bad cluster key" in refusals[0]
+    assert not logs.find("next pass in", "WARNING")
 
 
 def test_config_validation():

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from xcecore.auth.key import KeyAuth
 from xcecore.candidates import Candidate
 from xcecore.client.backoff import Backoff
 from xcecore.client.dialer import (
@@ -19,7 +20,7 @@ from xcecore.client.dialer import (
     hello_hint,
     walk,
 )
-from xcecore.client.errors import BackendUnavailable, OutcomeUnknown
+from xcecore.client.errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown
 from xcecore.client.machine import (
     CLOSED,
     CONNECTED,
@@ -128,10 +129,12 @@ def test_walk_refuses_unlisted_and_malformed_redirects_unless_allowed():
     assert "malformed address" in line and list(w) == []
 
 
-def test_walk_reports_denials_as_errors_and_busy_candidates():
+def test_walk_keeps_refusals_for_the_machine_and_reports_busy_candidates():
     w = Walk([A, B], (A, B), allow_unlisted=False, name=NAME)
     next(w)
-    assert w.failed(A, Dialed(None, None, "denied the handshake (DENIED: bad mac)"))[0] == "ERROR"
+    words = "authentication failed: credential expired"
+    level, _ = w.failed(A, Dialed(None, None, f"refused the handshake: {words}", refused=words))
+    assert level == "DEBUG" and w.refused == (A, words)  # the machine logs it, once
     next(w)
     level, line = w.failed(B, Dialed(None, None, "did not answer within 0.5 s", timed_out=True))
     assert level == "WARNING" and line.endswith("did not answer within 0.5 s; trying the next candidate")
@@ -139,6 +142,19 @@ def test_walk_reports_denials_as_errors_and_busy_candidates():
     m = machine(A, B)
     m.pass_over(w)
     assert m.pass_timed_out and str(m.last_error) == "h2:2 did not answer within 0.5 s"
+    err, effects = m.auth_refused() or (None, [])
+    assert isinstance(err, AuthenticationFailed) and str(err) == f"{words} (controller {A})"
+    assert [e.level for e in effects if isinstance(e, Log)] == ["ERROR"]
+    assert m.state == "degraded"
+    m.pass_over(w)
+    _, again = m.auth_refused() or (None, [])
+    assert not [e for e in again if isinstance(e, Log)]  # the same refusal is logged once
+    _, _, effects = m.connected(A, 0.0)
+    assert any(isinstance(e, Log) and "accepts this client's credential again" in e.text
+               for e in effects)
+    empty = Walk([A], (A,), allow_unlisted=False, name=NAME)
+    m.pass_over(empty)
+    assert m.auth_refused() is None
 
 
 def test_blocking_driver_returns_the_first_link():
@@ -332,15 +348,15 @@ def test_classify_and_failures():
     assert classify_handshake({"ok": "yes"}).kind == "denied"
     odd = classify_handshake({"ok": True, "state": "weird"})
     assert odd.kind == "invalid" and failure_of(odd) == "broke the handshake (unknown server state 'weird')"
-    assert "check cluster.key" in failure_of(denied)
+    assert failure_of(denied) == "refused the handshake: DENIED: bad mac"
     assert failure_of(classify_handshake({"ok": True, "state": "standby", "primary": "h:1"})) == \
         "is a standby; primary is h:1"
 
 
 def test_first_answer_skips_authentication_for_a_standby():
-    shake, answer = first_answer({"state": "standby", "primary": "h1:1"}, key=b"k", sender="w@x")
+    shake, answer = first_answer({"state": "standby", "primary": "h1:1"}, auth=KeyAuth(b"k"), sender="w@x")
     assert shake is not None and shake.kind == "redirect" and answer is None
-    shake, answer = first_answer({"proto": 1, "challenge": "c0ffee"}, key=b"k", sender="w@x")
+    shake, answer = first_answer({"proto": 1, "challenge": "c0ffee"}, auth=KeyAuth(b"k"), sender="w@x")
     assert shake is None and answer is not None and answer["from"] == "w@x" and len(answer["mac"]) == 64
 
 
@@ -532,10 +548,14 @@ def test_handshake_details():
     assert classify_handshake({"ok": True, "state": "standby", "server": "s:1"}).server == "s:1"
     assert classify_handshake({"ok": True, "state": "odd", "server": "s:1"}).server == "s:1"
     from xcecore import auth
+    from xcecore.auth.key import KeyAuth
 
-    _, answer = first_answer({"proto": 1, "challenge": "c"}, key=b"k", sender="w@x")
-    assert answer == auth.client_answer(b"k", "w@x", {"proto": 1, "challenge": "c"})
-    assert answer != auth.client_answer(None, "w@x", {"proto": 1, "challenge": "c"})
+    _, answer = first_answer({"proto": 1, "challenge": "c"}, auth=KeyAuth(b"k"), sender="w@x")
+    assert answer == auth.client_answer(KeyAuth(b"k"), "w@x", {"proto": 1, "challenge": "c"})
+    assert answer != auth.client_answer(KeyAuth(None), "w@x", {"proto": 1, "challenge": "c"})
+    assert classify_handshake({"ok": False, "error": {
+        "code": "AUTH", "message": "authentication failed: credential expired"}}).message == \
+        "authentication failed: credential expired"
 
 
 def test_describe_os_error_depth_and_gai():

@@ -12,7 +12,7 @@ from fakectl import SharedStore, nowhere
 
 from xcecore import wire
 from xcecore.candidates import parse_address
-from xcecore.client import BackendUnavailable, OneShotClient, OutcomeUnknown
+from xcecore.client import AuthenticationFailed, BackendUnavailable, OneShotClient, OutcomeUnknown
 
 pytestmark = [pytest.mark.timeout(30)]
 
@@ -140,12 +140,16 @@ def test_silent_primary_is_left_after_the_liveness_timeout(thread_fakes):
     assert log.find("no frame for 0.3 s with 1 request(s) outstanding: liveness timeout", "WARNING")
 
 
-def test_wrong_key_is_denied_with_a_clear_error(thread_fakes):
+def test_wrong_key_is_an_authentication_failure_not_an_outage(thread_fakes):
     a = thread_fakes("a", key=b"right")
     c, log = oneshot(a.address, key=b"wrong")
-    with c, pytest.raises(BackendUnavailable):
-        c.call("hello", retry_budget=0)
-    assert log.find("denied the handshake", "ERROR")
+    with c:
+        for _ in range(2):
+            with pytest.raises(AuthenticationFailed) as info:
+                c.call("hello")  # no deadline, no budget: raised at once all the same
+    assert str(info.value).startswith("authentication failed: bad cluster key")
+    assert a.connections == 2
+    assert len(log.find("refused the handshake", "ERROR")) == 1
 
 
 def test_error_replies_raise_remote_error(thread_fakes):

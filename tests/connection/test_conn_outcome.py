@@ -181,10 +181,11 @@ async def test_outcome_of_a_write_still_committing_is_pending(tmp_path: Path):
     from xce_controller.server import serve
     from xce_controller.settings import config_of, settings_from_config
 
+    from xcecore.auth.key import KeyAuth
     from xcecore.candidates import parse_address
     from xcecore.client import ClientConfig
 
-    key = b"pending-test-key"
+    key = KeyAuth(b"pending-test-key")
     section = {"listen": "127.0.0.1:0", "admins": ["root"], "state_dir": str(tmp_path)}
     conf = settings_from_config(config_of(controller=section), key)
     async with anyio.create_task_group() as tg:
@@ -214,7 +215,7 @@ async def test_outcome_of_a_write_still_committing_is_pending(tmp_path: Path):
             answers: list[Any] = []
 
             async def submit() -> None:
-                answers.append(await writer.call("jobsubmit", {"command": "true", "user": "root"},
+                answers.append(await writer.call("jobsubmit", {"command": "true"},
                                                  rid="key-slow"))
 
             async def ask() -> None:

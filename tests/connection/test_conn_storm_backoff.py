@@ -6,6 +6,7 @@ import pytest
 from clientkit import make_config, mem_client
 from fakectl import FakeController
 
+from xcecore.auth.key import KeyAuth
 from xcecore.candidates import parse_address
 from xcecore.client import BackendUnavailable
 from xcecore.client.backoff import Backoff
@@ -36,9 +37,9 @@ def test_busy_cap_lets_a_fast_policy_spread_under_load():
 
 async def test_open_link_marks_a_timeout_but_not_a_refusal(net):
     async with FakeController("h", net=net, mode="hang") as h, FakeController("s", net=net, mode="standby") as s:
-        hung = await open_link(parse_address(h.address), sender="w@x", key=None,
+        hung = await open_link(parse_address(h.address), sender="w@x", auth=KeyAuth(None),
                                connect_timeout=0.1, max_frame=1 << 20, backend=net)
-        standby = await open_link(parse_address(s.address), sender="w@x", key=None,
+        standby = await open_link(parse_address(s.address), sender="w@x", auth=KeyAuth(None),
                                   connect_timeout=1.0, max_frame=1 << 20, backend=net)
     assert hung.stream is None and hung.timed_out
     assert standby.stream is None and not standby.timed_out

@@ -22,6 +22,7 @@ from xce_controller.state import ClusterState
 from xce_controller.store import SQLiteStore
 
 from xcecore import auth, wire
+from xcecore.auth.key import KeyAuth
 from xcecore.testing import Proc as HarnessProc
 from xcecore.testing import free_port
 
@@ -48,7 +49,7 @@ class RawClient:
         stream = await anyio.connect_tcp(host.strip("[]"), int(port))
         reader = BufferedByteReceiveStream(stream)
         hello = await wire.read_message(reader)
-        await wire.write_message(stream, auth.client_answer(key, identity, hello))
+        await wire.write_message(stream, auth.client_answer(KeyAuth(key), identity, hello))
         status = await wire.read_message(reader)
         client = cls(stream, status)
         client.reader = reader
@@ -126,7 +127,7 @@ def reload(state_dir: Path, conf: ClusterConf | None = None) -> ClusterState:
 def settings(state_dir: Path, **controller: Any) -> ControllerSettings:
     section: dict[str, Any] = {"listen": "127.0.0.1:0", "admins": ["root"],
                                "state_dir": str(state_dir), **controller}
-    return settings_from_config(config_of(controller=section), KEY)
+    return settings_from_config(config_of(controller=section), KeyAuth(KEY))
 
 
 @asynccontextmanager
@@ -189,7 +190,7 @@ def wait_listening(address: str, timeout: float = 15, state: str | None = None) 
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        answer = probe(host, int(port), KEY, timeout=0.5)
+        answer = probe(host, int(port), KeyAuth(KEY), timeout=0.5)
         if answer and answer.get("ok") and (state is None or answer.get("state") == state):
             return
         time.sleep(0.02)

@@ -19,6 +19,8 @@ from xce_controller.state import ClusterConf, ClusterState
 from xce_controller.store import SQLiteStore, Write
 from xce_controller.subscribe import default_for
 
+from xcecore.auth.key import KeyAuth
+
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 QUEUES = ({"name": "normal", "priority": 30},)
@@ -209,7 +211,7 @@ def test_clean_period_config_key() -> None:
             config_of(controller={**base, "clean_period": bad})
 
     def period(**kw: Any) -> float:
-        return settings_from_config(config_of(controller={**base, **kw}), None).clean_period
+        return settings_from_config(config_of(controller={**base, **kw}), KeyAuth(None)).clean_period
 
     assert period() == 3600.0
     assert period(clean_period=0) == 0.0

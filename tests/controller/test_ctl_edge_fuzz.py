@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from xce_controller.ops import SCHEMAS
 
 from xcecore import auth, wire
+from xcecore.auth.key import KeyAuth
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -40,7 +41,7 @@ class Conn:
         self.msgs: list[dict[str, Any]] = []
         self.ids = 0
         hello = self.recv()
-        self.sock.sendall(wire.encode(auth.client_answer(KEY, identity, hello)))
+        self.sock.sendall(wire.encode(auth.client_answer(KeyAuth(KEY), identity, hello)))
         assert self.recv()["ok"] is True
 
     def recv(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from xce_controller.ops import OPS, SCHEMAS
 
 from xcecore import auth, wire
+from xcecore.auth.key import KeyAuth
 
 INTS = st.integers(-(2**63), 2**63 - 1)
 ARG_NAMES = sorted({name for schema in SCHEMAS.values() for name in schema.names})
@@ -53,7 +54,7 @@ class SyncClient:
         self.msgs: list[dict[str, Any]] = []
         hello = self.recv()
         if handshake:
-            self.sock.sendall(wire.encode(auth.client_answer(key, identity, hello)))
+            self.sock.sendall(wire.encode(auth.client_answer(KeyAuth(key), identity, hello)))
             self.status = self.recv()
 
     def recv(self) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from xce_controller.ops import OPS
 from xce_controller.settings import config_of, parse_listen, settings_from_config
 from xce_controller.store import SQLiteStore
 
+from xcecore.auth.key import KeyAuth
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol-ops.md"
 
 
@@ -73,7 +75,7 @@ def test_plugin_import_is_light():
 def test_settings_and_config_checks():
     s = settings_from_config(config_of({"name": "c1", "resources": [{"name": "gpu", "type": "bool"}]},
                                        {"state_dir": "/tmp/x", "admins": ["root"],
-                                        "queues": [{"name": "q", "priority": 5}], "default_queue": "q"}), None)
+                                        "queues": [{"name": "q", "priority": 5}], "default_queue": "q"}), KeyAuth(None))
     assert s.conf.admins == frozenset({"root"}) and s.conf.resources == [{"name": "gpu", "type": "bool"}]
     assert (s.state_dir, s.conf.name, s.conf.default_queue) == ("/tmp/x", "c1", "q")
     for bad, text in [
@@ -99,12 +101,12 @@ def test_defaults_are_written_once_and_state_dir_is_the_controllers():
 
     from xcecore.config import ConfigError
 
-    s = settings_from_config(config_of(controller={"state_dir": "/tmp/x"}), None)
+    s = settings_from_config(config_of(controller={"state_dir": "/tmp/x"}), KeyAuth(None))
     assert s.conf.host_timeout == HOST_TIMEOUT == SECTION.fields["host_timeout"].default
     assert s.idem_ttl == IDEM_TTL == SECTION.fields["idem_ttl"].default == 86400.0
     assert s.conf.queues == DEFAULT_QUEUES and s.listen == SECTION.fields["listen"].default
     with pytest.raises(ConfigError, match="controller.state_dir is required"):
-        settings_from_config(config_of(), None)
+        settings_from_config(config_of(), KeyAuth(None))
     with pytest.raises(ConfigError, match="unknown key cluster.state_dir"):
         config_of({"state_dir": "/tmp/x"})
 

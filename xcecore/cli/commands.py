@@ -124,7 +124,7 @@ def jobs(s: Session, ns: Parsed) -> None:
     elif not ns.show_all and not ns.jobids:
         args["states"] = sorted(UNFINISHED)
     if ns.owner != "all" and not ns.jobids:
-        args["owner"] = ns.owner or s.user
+        args["owner"] = ns.owner or s.whoami()
     if ns.as_json:
         listing = JsonList()
         for page in _pages(s, args):
@@ -305,10 +305,10 @@ def outcome(s: Session, ns: Parsed) -> int:
 
 
 @command(
-    "admin", "Administrator commands, sent to the controller directly.",
+    "admin", "Administrator commands (administrators only: [controller] admins, root).",
     arg("action", choices=["shutdown"],
         help="shutdown: shut down the primary controller candidate (a standby takes over)"),
 )
 def admin(s: Session, ns: Parsed) -> None:
-    res = s.call("shutdown", role="admin")
+    res = s.call("shutdown")
     echo(f"controller {res['server']} is shutting down")

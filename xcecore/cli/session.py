@@ -32,7 +32,9 @@ class CommandError(Exception):
 
 
 def user_name() -> str:
-    """The invoking user, as the controller records it (``getpass.getuser``'s rule)."""
+    """The invoking user's login name (``getpass.getuser``'s rule): a label for people, e.g.
+    the REST user ``xce up`` makes. The controller never takes it: it knows who calls from
+    the credential (:meth:`Session.whoami`)."""
     for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
         user = os.environ.get(name)
         if user:
@@ -48,7 +50,6 @@ class Session:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.timeout = opts.timeout if opts.timeout is not None else DEFAULT_TIMEOUT
-        self.user = user_name()
         self._clients: dict[str, OneShotClient] = {}
         self._loaded: tuple[PluginManager, Config] | None = None
         self._sections: tuple[dict[str, Any], dict[str, Any]] | None = None
@@ -82,13 +83,15 @@ class Session:
         return found
 
     def call(self, op: str, args: dict[str, Any] | None = None, *, role: str = "cli") -> Any:
-        """Call ``op`` as the invoking user; any failure is a :class:`CommandError` line."""
-        from xcecore.client.errors import BackendUnavailable, OutcomeUnknown
+        """Call ``op`` (as whoever the credential proves); any failure is a
+        :class:`CommandError` line."""
+        from xcecore.client.errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown
         from xcecore.wire import RemoteError
 
-        body = {"user": self.user, **(args or {})}
         try:
-            return self.client(role).call(op, body, deadline=self.timeout)
+            return self.client(role).call(op, args or {}, deadline=self.timeout)
+        except AuthenticationFailed as exc:
+            raise CommandError(str(exc)) from None
         except RemoteError as exc:
             raise CommandError(f"{op}: {exc.message} ({exc.code})") from None
         except OutcomeUnknown as exc:
@@ -98,6 +101,21 @@ class Session:
                 "tells (and makes a 'not applied' answer final)") from None
         except BackendUnavailable as exc:
             raise CommandError(f"controller unreachable after {self.timeout:g} s: {exc}") from None
+
+    def whoami(self) -> str:
+        """The user the controller authenticated this command as."""
+        from xcecore.client.errors import AuthenticationFailed, BackendUnavailable
+
+        try:
+            who = self.client().whoami(deadline=self.timeout)
+        except AuthenticationFailed as exc:
+            raise CommandError(str(exc)) from None
+        except BackendUnavailable as exc:
+            raise CommandError(f"controller unreachable after {self.timeout:g} s: {exc}") from None
+        user = who.get("user")
+        if not isinstance(user, str):
+            raise CommandError("the controller did not say whom it authenticated this command as")
+        return user
 
     def plugin_manager(self) -> PluginManager:
         """The configured plugins (loads them and the whole config once; slow path)."""

@@ -11,7 +11,8 @@ Public names:
   event loop, no threads);
 - :class:`ClientConfig` -- how to reach the controller (:func:`client_config` builds it from
   the ``[cluster]`` and ``[client]`` sections);
-- the errors :class:`BackendUnavailable`, :class:`OutcomeUnknown`, :class:`ClientClosed`,
+- the errors :class:`BackendUnavailable` (and its :class:`AuthenticationFailed`),
+  :class:`OutcomeUnknown`, :class:`ClientClosed`,
   :class:`HookContractError` (error replies are :class:`xcecore.wire.RemoteError`).
 
 Inside: :mod:`~xcecore.client.machine` (the pure state machine), :mod:`~xcecore.client.dialer`
@@ -29,7 +30,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from xcecore.client.errors import BackendUnavailable, ClientClosed, HookContractError, OutcomeUnknown
+from xcecore.client.errors import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    ClientClosed,
+    HookContractError,
+    OutcomeUnknown,
+)
 from xcecore.client.settings import ClientConfig, client_config
 
 if TYPE_CHECKING:
@@ -38,6 +45,7 @@ if TYPE_CHECKING:
     from xcecore.client.oneshot import OneShotClient
 
 __all__ = [
+    "AuthenticationFailed",
     "BackendUnavailable",
     "Client",
     "ClientClosed",

@@ -48,7 +48,13 @@ from xcecore.candidates import Candidate
 from xcecore.client.backend import TCP, NetworkBackend
 from xcecore.client.backoff import Backoff
 from xcecore.client.dialer import Dialed, walk_async
-from xcecore.client.errors import BackendUnavailable, ClientClosed, HookContractError, OutcomeUnknown
+from xcecore.client.errors import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    ClientClosed,
+    HookContractError,
+    OutcomeUnknown,
+)
 from xcecore.client.latest import LatestBox
 from xcecore.client.link import Link, LinkLost, open_link
 from xcecore.client.lock import FailoverLock
@@ -127,7 +133,8 @@ async def _await_all(result: object) -> None:
                 left.close()
 
 
-_LOG = {"INFO": logger.info, "WARNING": logger.warning, "ERROR": logger.error}
+_LOG = {"DEBUG": logger.debug, "INFO": logger.info, "WARNING": logger.warning,
+        "ERROR": logger.error}
 
 
 class Client:
@@ -425,6 +432,8 @@ class Client:
             exc = self.machine.deadline_error(what, deadline or 0.0, call, budget)
             self._do(self.machine.gave_up(what, exc))
             raise exc from budget.last_error
+        except AuthenticationFailed:  # logged where it was found
+            raise
         except (BackendUnavailable, OutcomeUnknown) as exc:
             self._do(self.machine.gave_up(what, exc))
             raise
@@ -537,6 +546,10 @@ class Client:
                 break
             if self._closed:
                 raise ClientClosed(f"{self._name}: closed while connecting")
+            refused = machine.auth_refused()
+            if refused is not None:  # not an outage: say so now, do not retry
+                self._do(refused[1])
+                raise refused[0]
             if not budget.take(machine.last_error):
                 if call is not None:
                     raise call.give_up(budget.exhausted())
@@ -581,6 +594,9 @@ class Client:
                 return conn
             conn = await self._connect_pass()
             if conn is None:
+                refused = self.machine.auth_refused()
+                if refused is not None:  # logged once; the next beat tries again
+                    self._do(refused[1])
                 return None
             detail, effects = self.machine.heartbeat_reconnected(conn.candidate, anyio.current_time())
             self._install(conn)
@@ -600,10 +616,11 @@ class Client:
     async def _dial(self, cand: Candidate) -> Dialed[Link]:
         """Dial ``cand``: its link if primary, else why not (and where a standby points)."""
         cfg = self.config
-        opened = await open_link(cand, sender=cfg.sender, key=cfg.key, connect_timeout=cfg.connect_timeout,
-                                 max_frame=cfg.max_frame, backend=self._backend)
+        opened = await open_link(cand, sender=cfg.sender, auth=cfg.auth,
+                                 connect_timeout=cfg.connect_timeout, max_frame=cfg.max_frame,
+                                 backend=self._backend)
         if opened.stream is None:
-            return Dialed(None, opened.redirect, opened.failure, opened.timed_out)
+            return Dialed(None, opened.redirect, opened.failure, opened.timed_out, opened.refused)
         return Dialed(Link(cand, opened.stream, max_frame=cfg.max_frame,
                            liveness_timeout=cfg.liveness_timeout, on_push=self._on_push,
                            on_lost=self._drop))

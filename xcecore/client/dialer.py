@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
 
 from xcecore.candidates import Candidate, CandidateError, parse_address
+
+if TYPE_CHECKING:
+    from xcecore.auth import AuthMethod
 
 # ------------------------------------------------------------------------- handshake
 
@@ -54,6 +57,8 @@ def classify_handshake(status: dict[str, Any]) -> Handshake:
         err = status.get("error")
         message = err.get("message", "") if isinstance(err, dict) else ""
         code = err.get("code", "?") if isinstance(err, dict) else "?"
+        if code == "AUTH" and message:  # it says "authentication failed: ..." itself
+            return Handshake("denied", message=message)
         return Handshake("denied", message=f"{code}: {message}" if message else str(code))
     server = status.get("server")
     server = server if isinstance(server, str) else None
@@ -68,20 +73,21 @@ def classify_handshake(status: dict[str, Any]) -> Handshake:
     return Handshake("invalid", server=server, message=f"unknown server state {state!r}")
 
 
-def first_answer(hello: dict[str, Any], *, key: bytes | None, sender: str) -> \
+def first_answer(hello: dict[str, Any], *, auth: AuthMethod, sender: str) -> \
         tuple[Handshake | None, dict[str, Any] | None]:
     """The client's move after the server's hello: ``(verdict, None)`` when the hello already
     says where to go (a standby), else ``(None, answer)`` -- the credential to send.
 
-    The credential step is :func:`xcecore.auth.client_answer`, the one both clients use
-    (raises :class:`xcecore.auth.AuthError` on a protocol mismatch).
+    The credential step is :func:`xcecore.auth.client_answer` with the configured method, the
+    one both clients use. Raises :class:`xcecore.auth.AuthError` on a protocol mismatch and
+    :class:`xcecore.auth.AuthFailed` when no credential can be made for this server.
     """
     hint = hello_hint(hello)
     if hint is not None:
         return hint, None
-    from xcecore import auth
+    from xcecore.auth import client_answer
 
-    return None, auth.client_answer(key, sender, hello)
+    return None, client_answer(auth, sender, hello)
 
 
 def describe_os_error(exc: BaseException) -> str | None:
@@ -106,7 +112,7 @@ def failure_of(shake: Handshake) -> str:
     return {
         "redirect": f"is a standby; primary is {shake.primary}",
         "no_primary": "is a standby that knows no primary",
-        "denied": f"denied the handshake ({shake.message}); check cluster.key",
+        "denied": f"refused the handshake: {shake.message}",
     }.get(shake.kind, f"broke the handshake ({shake.message})")
 
 
@@ -169,6 +175,7 @@ class Dialed(NamedTuple, Generic[L]):
     redirect: str | None = None
     failure: str = ""
     timed_out: bool = False
+    refused: str | None = None  # the candidate refused our credential or claim (its words)
 
 
 class Walk:
@@ -188,6 +195,7 @@ class Walk:
         self.tried: set[Candidate] = set()
         self.last_error: BaseException | None = None
         self.timed_out = False
+        self.refused: tuple[Candidate, str] | None = None
         self._redirect: Candidate | None = None
 
     def __iter__(self) -> Iterator[Candidate]:
@@ -207,10 +215,13 @@ class Walk:
         to log."""
         self.last_error = ConnectionError(f"{cand} {dialed.failure}")
         self.timed_out = self.timed_out or dialed.timed_out
+        if dialed.refused is not None:
+            # Not an outage: the machine reports it once (Machine.auth_refused), not per dial.
+            self.refused = (cand, dialed.refused)
+            return "DEBUG", f"{self.name}: candidate {cand} {dialed.failure}; trying the next candidate"
         primary = dialed.redirect
         if primary is None:
-            level = "ERROR" if dialed.failure.startswith("denied") else "WARNING"
-            return level, f"{self.name}: candidate {cand} {dialed.failure}; trying the next candidate"
+            return "WARNING", f"{self.name}: candidate {cand} {dialed.failure}; trying the next candidate"
         target, why = resolve_redirect(primary, self.candidates, self.allow_unlisted)
         if target is None:
             self.last_error = ConnectionError(f"{cand} redirected to unlisted {primary}")

@@ -7,6 +7,9 @@ Cheap to import (no anyio, no loguru): the one-shot commands import it.
 - :class:`OutcomeUnknown`: a keyed write (``xcecore.protocol.KEYED_WRITES``) was sent and its
   reply was lost when the deadline or budget ran out; it may or may not have been applied. Its
   idempotency key answers that (``client.outcome(rid)``); retrying with the same key is safe.
+- :class:`AuthenticationFailed` (a :class:`BackendUnavailable`): the primary refused this
+  client's credential or claim (or none could be made): not an outage, so the call is not
+  retried; its message is the controller's reason.
 - :class:`ClientClosed`: the client is closed, or its role is stopping.
 - :class:`HookContractError`: the client was called from where it would deadlock.
 """
@@ -24,6 +27,18 @@ class BackendUnavailable(Exception):
     def __init__(self, message: str, last_error: BaseException | None = None) -> None:
         super().__init__(message)
         self.last_error = last_error
+
+
+class AuthenticationFailed(BackendUnavailable):
+    """The controller refused this client's credential or claim, or no credential could be
+    made (munged is down): ``str()`` is the reason (``authentication failed: credential
+    expired``), ``candidate`` who said it (None: this host). Nothing was sent, so nothing was
+    applied; retrying with the same credential fails the same way.
+    """
+
+    def __init__(self, message: str, candidate: object = None) -> None:
+        super().__init__(message)
+        self.candidate = candidate
 
 
 class OutcomeUnknown(Exception):

@@ -13,13 +13,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import anyio
 from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteStream
 
-from xcecore import auth, wire
+from xcecore import wire
+from xcecore.auth import AuthError, AuthFailed, AuthMethod
 from xcecore.candidates import Candidate
 from xcecore.client.backend import TCP, NetworkBackend
 from xcecore.client.dialer import (
@@ -28,6 +30,7 @@ from xcecore.client.dialer import (
     describe_os_error,
     failure_of,
     first_answer,
+    hello_hint,
 )
 from xcecore.client.machine import Call, liveness_expired
 
@@ -59,28 +62,40 @@ class Opened(NamedTuple):
     redirect: str | None = None
     failure: str = ""
     timed_out: bool = False  # the candidate did not finish the handshake within the timeout
+    refused: str | None = None  # it refused our credential or claim, or none could be made
 
 
 async def open_link(
-    cand: Candidate, *, sender: str, key: bytes | None, connect_timeout: float, max_frame: int,
+    cand: Candidate, *, sender: str, auth: AuthMethod, connect_timeout: float, max_frame: int,
     backend: NetworkBackend = TCP,
 ) -> Opened:
-    """Connect to ``cand`` and run the client side of the handshake within ``connect_timeout``."""
+    """Connect to ``cand`` and run the client side of the handshake within ``connect_timeout``.
+
+    A method that blocks (``auth.blocking``: munge asks munged) makes its credential on a
+    worker thread, never on the loop.
+    """
     timeout = connect_timeout
     stream: BufferedByteStream | None = None
     shake: Handshake | None = None
     failure = ""
+    refused: str | None = None
     with anyio.move_on_after(timeout) as scope:
         try:
             stream = BufferedByteStream(await backend.connect(cand))
             hello = await wire.read_message(stream, max_frame)
-            shake, answer = first_answer(hello, key=key, sender=sender)
+            if auth.blocking and hello_hint(hello) is None:
+                shake, answer = await anyio.to_thread.run_sync(
+                    partial(first_answer, hello, auth=auth, sender=sender))
+            else:
+                shake, answer = first_answer(hello, auth=auth, sender=sender)
             if answer is not None:
                 await wire.write_message(stream, answer)
                 shake = classify_handshake(await wire.read_message(stream, max_frame))
         except LINK_ERRORS as exc:
             failure = f"refused or closed the connection ({describe_error(exc)})"
-        except (wire.WireError, auth.AuthError) as exc:
+        except AuthFailed as exc:
+            failure, refused = f"cannot authenticate ({exc})", str(exc)
+        except (wire.WireError, AuthError) as exc:
             failure = f"broke the handshake ({exc})"
     if scope.cancelled_caught:
         failure = f"did not answer within {timeout:g} s"
@@ -90,10 +105,13 @@ async def open_link(
             return Opened(stream=stream)
         redirect = shake.primary
         failure = failure_of(shake)
+        if shake.kind == "denied":
+            refused = shake.message
     if stream is not None:
         with anyio.CancelScope(shield=True), contextlib.suppress(*LINK_ERRORS):
             await stream.aclose()
-    return Opened(redirect=redirect, failure=failure, timed_out=scope.cancelled_caught)
+    return Opened(redirect=redirect, failure=failure, timed_out=scope.cancelled_caught,
+                  refused=refused)
 
 
 class _Pending:

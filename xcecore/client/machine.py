@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from xcecore.candidates import Candidate
 from xcecore.client.backoff import Backoff
 from xcecore.client.dialer import Walk, candidate_order, resolve_redirect
-from xcecore.client.errors import BackendUnavailable, OutcomeUnknown
+from xcecore.client.errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown
 from xcecore.protocol import KEYED_WRITES
 from xcecore.wire import ErrorCode
 
@@ -53,7 +53,7 @@ INTERNAL = ErrorCode.INTERNAL.value
 
 
 class Log(NamedTuple):
-    """Write ``text`` to the log at ``level`` (``INFO``, ``WARNING``, ``ERROR``)."""
+    """Write ``text`` to the log at ``level`` (``DEBUG``, ``INFO``, ``WARNING``, ``ERROR``)."""
 
     level: str
     text: str
@@ -342,6 +342,8 @@ class Machine:
         self.lost_at: float | None = None
         self.last_error: BaseException | None = None
         self.pass_timed_out = False  # a candidate of the last pass timed out: it is busy
+        self.refused: tuple[Candidate, str] | None = None  # the last pass's refusal, if any
+        self.refusal_told = ""  # the refusal last logged (logged once until it changes)
         self.rejoin = Rejoin()
         self.states = StateQueue()
 
@@ -370,6 +372,23 @@ class Machine:
         if walk.last_error is not None:
             self.last_error = walk.last_error
         self.pass_timed_out = self.pass_timed_out or walk.timed_out
+        self.refused = walk.refused
+
+    def auth_refused(self) -> tuple[AuthenticationFailed, list[Effect]] | None:
+        """After a pass that found no primary: the error to raise at once if a candidate
+        refused our credential or claim (not an outage: no back-off, no retry), and the
+        effects. The refusal is logged once, and again only when its words change."""
+        if self.refused is None:
+            return None
+        cand, words = self.refused
+        effects: list[Effect] = []
+        if words != self.refusal_told:
+            self.refusal_told = words
+            effects.append(Log("ERROR", f"{self.name}: {cand} refused the handshake: {words}; "
+                                        "not retrying this call (a member's heartbeat tries "
+                                        "again each interval)"))
+        effects += self.set_state(DEGRADED, None, words)
+        return AuthenticationFailed(f"{words} (controller {cand})", cand), effects
 
     def pass_failed(self, backoff: Backoff) -> tuple[float, list[Effect]]:
         """A whole pass found no primary: the back-off delay before the next one, and effects.
@@ -402,10 +421,18 @@ class Machine:
         effects)``. A RE-connect then runs ``xce_reconnected`` (the shell's part) and logs
         :meth:`reconnected_line` after it, when it knows whether a rejoin is pending."""
         self.reached(candidate)
+        effects = self._accepted()
         if not self.ever_connected:
             self.ever_connected = True
-            return True, "", [Log("INFO", f"{self.name}: connected to {candidate} (primary)")]
-        return False, self.since_lost(now), []
+            return True, "", [*effects, Log("INFO", f"{self.name}: connected to {candidate} (primary)")]
+        return False, self.since_lost(now), effects
+
+    def _accepted(self) -> list[Effect]:
+        """A handshake was accepted: a refusal logged before is over."""
+        if not self.refusal_told:
+            return []
+        self.refusal_told = ""
+        return [Log("INFO", f"{self.name}: the controller accepts this client's credential again")]
 
     def reconnected_line(self, candidate: Candidate, took: str) -> Log:
         """The log line of a re-connect, after the reconnect hook ran."""
@@ -416,7 +443,8 @@ class Machine:
         """The heartbeat's own pass reached ``candidate`` (no hook, no back-off)."""
         self.reached(candidate)
         took = self.since_lost(now)
-        effects: list[Effect] = [Log("INFO", f"{self.name}: heartbeat reconnected to {candidate} after {took}")]
+        effects: list[Effect] = [*self._accepted(), Log(
+            "INFO", f"{self.name}: heartbeat reconnected to {candidate} after {took}")]
         return f"reconnected by heartbeat after {took}", effects
 
     # ------------------------------------------------------------------ losing a link

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xcecore import wire
+from xcecore.auth import AuthFailed
 from xcecore.candidates import Candidate
 from xcecore.client.backoff import Backoff
 from xcecore.client.dialer import (
@@ -37,7 +38,7 @@ from xcecore.client.dialer import (
     first_answer,
     walk,
 )
-from xcecore.client.errors import BackendUnavailable, OutcomeUnknown
+from xcecore.client.errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown
 from xcecore.client.machine import Budget, Call, Effect, Log, Machine, judge_reply
 from xcecore.client.settings import ClientConfig
 
@@ -105,7 +106,7 @@ def _connect_socket(cand: Candidate, timeout: float) -> socket.socket:
 class _Conn:
     """One handshaken socket to the primary."""
 
-    __slots__ = ("candidate", "ids", "joined", "max_frame", "sock")
+    __slots__ = ("candidate", "identity", "ids", "joined", "max_frame", "sock")
 
     def __init__(self, sock: socket.socket, candidate: Candidate, max_frame: int) -> None:
         self.sock = sock
@@ -113,6 +114,7 @@ class _Conn:
         self.max_frame = max_frame
         self.ids = itertools.count(1)
         self.joined = False
+        self.identity: dict[str, Any] = {}  # who the controller authenticated us as
 
     def send(self, msg: dict[str, Any]) -> None:
         self.sock.sendall(_encode(msg))
@@ -179,6 +181,20 @@ class OneShotClient:
         """The primary the client is connected to, or None."""
         return self._conn.candidate if self._conn is not None else None
 
+    def whoami(self, *, deadline: float | None = None) -> dict[str, Any]:
+        """Who the primary authenticated this client as (``{"user", "uid", "gid",
+        "method"}``), connecting first if needed."""
+        conn = self._conn
+        if conn is None:
+            end = None if deadline is None else time.monotonic() + deadline
+            try:
+                conn = self._connect(Call("connect", "", Budget(None)), end)
+            except _Expired:
+                exc = self.machine.deadline_error("connect", deadline or 0.0, None, Budget(None))
+                self._do(self.machine.gave_up("connect", exc))
+                raise exc from None
+        return dict(conn.identity)
+
     # ------------------------------------------------------------------ calls
     def call(self, op: str, args: dict[str, Any] | None = None, *, deadline: float | None = None,
              retry_budget: int | None = None, rid: str | None = None) -> Any:
@@ -195,6 +211,8 @@ class OneShotClient:
             exc = self.machine.deadline_error(op, deadline or 0.0, call, call.budget)
             self._do(self.machine.gave_up(op, exc))
             raise exc from call.budget.last_error
+        except AuthenticationFailed:  # logged where it was found
+            raise
         except (BackendUnavailable, OutcomeUnknown) as exc:
             self._do(self.machine.gave_up(op, exc))
             raise
@@ -206,7 +224,7 @@ class OneShotClient:
 
     def probe(self, cand: Candidate, timeout: float | None = None) -> str:
         """What ``cand`` says it is: ``primary``, ``standby``, ``denied`` or ``down``."""
-        conn, shake, _, _ = self._shake(cand, self.config.connect_timeout if timeout is None else timeout)
+        conn, shake, _, _, _ = self._shake(cand, self.config.connect_timeout if timeout is None else timeout)
         if conn is not None:
             conn.close()
         if shake is None:
@@ -289,6 +307,10 @@ class OneShotClient:
                 self._conn = conn
                 machine.candidate = conn.candidate
                 return conn
+            refused = machine.auth_refused()
+            if refused is not None:  # not an outage: say so now, do not retry
+                self._do(refused[1])
+                raise refused[0]
             if not call.budget.take(machine.last_error):
                 raise call.give_up(call.budget.exhausted())
             delay, effects = machine.pass_failed(backoff)
@@ -301,19 +323,20 @@ class OneShotClient:
         limit = self.config.connect_timeout
         if end is not None:
             limit = min(limit, self._left(end))
-        conn, shake, failure, timed_out = self._shake(cand, limit)
+        conn, shake, failure, timed_out, refused = self._shake(cand, limit)
         if shake is not None and shake.kind == "primary" and conn is not None:
             return Dialed(conn)
         if conn is not None:
             conn.close()
         if shake is None:
-            return Dialed(None, None, failure, timed_out)
-        return Dialed(None, shake.primary, failure_of(shake))
+            return Dialed(None, None, failure, timed_out, refused)
+        return Dialed(None, shake.primary, failure_of(shake),
+                      refused=shake.message if shake.kind == "denied" else None)
 
     def _shake(self, cand: Candidate, limit: float) -> \
-            tuple[_Conn | None, Handshake | None, str, bool]:
+            tuple[_Conn | None, Handshake | None, str, bool, str | None]:
         """Connect and handshake within ``limit`` seconds: ``(connection, verdict, failure,
-        timed out)``; the connection is open only when there is a verdict."""
+        timed out, no credential)``; the connection is open only when there is a verdict."""
         cfg = self.config
         stop = time.monotonic() + limit
         sock: socket.socket | None = None
@@ -321,20 +344,27 @@ class OneShotClient:
             sock = _connect_socket(cand, limit)
             conn = _Conn(sock, cand, cfg.max_frame)
             hello = conn.read(max(0.001, stop - time.monotonic()))
-            shake, answer = first_answer(hello, key=cfg.key, sender=cfg.sender)
+            shake, answer = first_answer(hello, auth=cfg.auth, sender=cfg.sender)
             if answer is not None:
                 conn.send(answer)
-                shake = classify_handshake(conn.read(max(0.001, stop - time.monotonic())))
-            return conn, shake, "", False
+                status = conn.read(max(0.001, stop - time.monotonic()))
+                shake = classify_handshake(status)
+                who = status.get("identity")
+                conn.identity = who if isinstance(who, dict) else {}
+            return conn, shake, "", False, None
         except TimeoutError:
             failure, timed_out = f"did not answer within {limit:g} s", True
         except (OSError, EOFError) as exc:
             failure, timed_out = f"refused or closed the connection ({describe_os_error(exc) or exc})", False
+        except AuthFailed as exc:  # no credential for this server (munged down, another method)
+            if sock is not None:
+                sock.close()
+            return None, None, f"cannot authenticate ({exc})", False, str(exc)
         except Exception as exc:  # WireError, AuthError: a peer that does not speak xce
             failure, timed_out = f"broke the handshake ({exc})", False
         if sock is not None:
             sock.close()
-        return None, None, failure, timed_out
+        return None, None, failure, timed_out, None
 
     @staticmethod
     def _close(sock: socket.socket | None) -> None:

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xcecore import wire
 from xcecore.candidates import Candidate, candidates_from_config
+
+if TYPE_CHECKING:
+    from xcecore.auth import AuthMethod
 
 ENV_CONFIG = "XCE_CONFIG"
 
@@ -41,8 +44,15 @@ CLUSTER_KEYS: dict[str, KeySpec] = {
                                  "'h1:7600,h2:7600,h3:7600', or a list of them"),
     "address": ((str,), None, "single controller address (when no peers)"),
     "port": ((int,), None, "single controller port (when no peers)"),
-    "key": ((str,), None, "cluster key (shared secret); keyless is loopback-only"),
-    "key_file": ((str,), None, "file holding the cluster key"),
+    "auth": ((str,), "key", "authentication method: 'key' (a shared key; single-user), 'munge' "
+                             "(MUNGE credentials; multi-user), or a plugin's (entry points "
+                             "'xce.auth')"),
+    "key": ((str,), None, "cluster key (shared secret) of auth = 'key'; keyless is loopback-only"),
+    "key_file": ((str,), None, "file holding the cluster key (auth = 'key'; mode 0600, the "
+                               "cluster owner's)"),
+    "munge_socket": ((str,), None, "munged's socket for auth = 'munge' (default: libmunge's, "
+                                   "/run/munge/munge.socket.2)"),
+    "auth_options": ((dict,), {}, "options of a third-party auth method"),
     "max_frame": ((int,), wire.DEFAULT_MAX_FRAME, "largest accepted wire frame, bytes"),
     "allow_unlisted_redirect": ((bool,), False, "follow redirects to unlisted hosts"),
     "unit_for_limits": ((str,), "MB", "unit of a bare number in a memory limit (`xce submit -M "
@@ -69,13 +79,22 @@ class ClientConfig:
     defaults are those of ``[client]`` (:data:`CLIENT_KEYS`).
     """
 
-    __slots__ = ("allow_unlisted_redirect", "backoff_base", "backoff_cap", "candidates",
-                 "connect_timeout", "heartbeat_interval", "key", "liveness_timeout",
-                 "max_frame", "sender")
+    __slots__ = (
+        "allow_unlisted_redirect",
+        "auth",
+        "backoff_base",
+        "backoff_cap",
+        "candidates",
+        "connect_timeout",
+        "heartbeat_interval",
+        "liveness_timeout",
+        "max_frame",
+        "sender",
+    )
 
     candidates: tuple[Candidate, ...]
     sender: str
-    key: bytes | None
+    auth: AuthMethod
     allow_unlisted_redirect: bool
     connect_timeout: float
     liveness_timeout: float
@@ -88,7 +107,7 @@ class ClientConfig:
         self,
         candidates: tuple[Candidate, ...],
         sender: str,
-        key: bytes | None = None,
+        auth: AuthMethod | None = None,
         allow_unlisted_redirect: bool = False,
         connect_timeout: float = CLIENT_KEYS["connect_timeout"][1],
         liveness_timeout: float = CLIENT_KEYS["liveness_timeout"][1],
@@ -110,7 +129,11 @@ class ClientConfig:
         setattr_ = object.__setattr__
         setattr_(self, "candidates", tuple(candidates))
         setattr_(self, "sender", sender)
-        setattr_(self, "key", key)
+        if auth is None:
+            from xcecore.auth.key import KeyAuth
+
+            auth = KeyAuth(None)
+        setattr_(self, "auth", auth)
         setattr_(self, "allow_unlisted_redirect", allow_unlisted_redirect)
         setattr_(self, "max_frame", max_frame)
         setattr_(self, "heartbeat_interval", heartbeat_interval)
@@ -132,8 +155,7 @@ class ClientConfig:
         return hash(self._fields())
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{name}={'<key>' if name == 'key' and self.key else getattr(self, name)!r}"
-                          for name in self.__slots__)
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return f"ClientConfig({shown})"
 
 
@@ -141,18 +163,20 @@ def client_config(cluster: Mapping[str, Any], client: Mapping[str, Any], sender:
     """The one translation of ``[cluster]`` and ``[client]`` into a :class:`ClientConfig`.
 
     ``cluster`` and ``client`` are validated sections (defaults filled in or not: missing
-    keys take the defaults of :data:`CLUSTER_KEYS` / :data:`CLIENT_KEYS`). Raises
-    ``ValueError`` (a :class:`xcecore.candidates.CandidateError`, an
-    :class:`xcecore.auth.AuthError` or a bad tuning value) naming what is wrong.
+    keys take the defaults of :data:`CLUSTER_KEYS` / :data:`CLIENT_KEYS`). The
+    authentication method is ``[cluster] auth``'s (:func:`xcecore.auth.load_method`): only
+    ``key`` reads a key file. Raises ``ValueError`` (a
+    :class:`xcecore.candidates.CandidateError`, an :class:`xcecore.auth.AuthError` or a bad
+    tuning value) naming what is wrong.
     """
     from xcecore import auth
 
     cands = candidates_from_config(cluster)
-    key = auth.load_key(cluster.get("key"), cluster.get("key_file"))
-    auth.check_keyless(key, [c.host for c in cands])
+    method = auth.load_method(auth.settings_from_cluster(cluster))
+    method.check_peer_hosts([c.host for c in cands])
     tuning = {k: client.get(k, spec[1]) for k, spec in CLIENT_KEYS.items()}
     return ClientConfig(
-        cands, sender, key,
+        cands, sender, method,
         allow_unlisted_redirect=bool(cluster.get("allow_unlisted_redirect", False)),
         max_frame=int(cluster.get("max_frame") or wire.DEFAULT_MAX_FRAME),
         **tuning,

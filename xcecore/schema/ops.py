@@ -25,13 +25,13 @@ def _d(text: str) -> Any:
     return Field(description=text)
 
 
-User = Annotated[t.Name, _d("the person a front end acts for (required from front ends where "
-                            "marked *user*; accepted by every op)")]
+User = Annotated[t.Name, _d("the user a front end (the API server) acts for: required from "
+                            "it where marked *user*; anyone else may name only itself")]
 
 
 @with_config(_STRICT)
 class NoArgs(TypedDict):
-    """An op that takes no arguments (``user`` is accepted and means nothing)."""
+    """An op that takes no arguments (``user`` is accepted, as by every op)."""
 
     user: NotRequired[User]
 
@@ -139,11 +139,16 @@ class JobSubmitArgs(TypedDict):
 
     Errors: NOT_FOUND (queue), CONFLICT (queue closed). The resource requirement is stored
     as text; the scheduler evaluates it. Job ids start at 1 and are never reused (also not
-    after the highest ones are purged).
+    after the highest ones are purged). The job records its owner (``user``: the
+    authenticated caller, or the user a front end names), ``uid``/``gid`` (a direct caller's
+    authenticated ones, which a worker with ``run_as_user`` runs it as; null for a front
+    end's user, whose name the worker looks up) and ``via`` (the front end's ``role@host``,
+    or null).
     """
 
     command: Annotated[t.Command, _d("the command line (run by the worker as `sh -c`)")]
-    user: Annotated[t.Name, _d("the job's owner")]
+    user: NotRequired[Annotated[t.Name, _d("the job's owner when a front end submits it; "
+                                           "otherwise the authenticated caller")]]
     queue: NotRequired[Annotated[t.Name, _d("default: `[controller] default_queue`")]]
     resreq: NotRequired[Annotated[t.ResReq, _d('default `""`')]]
     name: NotRequired[Annotated[t.Label, _d('the job\'s name; default `""`')]]
@@ -172,8 +177,8 @@ HostAction = Literal["open", "close"]
 
 @with_config(_STRICT)
 class JobCtrlArgs(TypedDict):
-    """Act on a job; ``user`` must own it unless an administrator. Result: the job record
-    after the action.
+    """Act on a job; the caller (a front end's ``user``) must own it unless an administrator
+    or its role holds a grant of ``jobctrl``. Result: the job record after the action.
 
     | action | from state | effect |
     |---|---|---|

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xcecore import auth, wire
+from xcecore import wire
+from xcecore.auth import AuthError, AuthFailed, AuthMethod, AuthSettings, client_answer, load_method
 
 DEFAULT_KEY = "xce-test-key"
 
@@ -36,8 +37,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def probe(host: str, port: int, key: bytes | None, timeout: float = 1.0) -> dict[str, Any] | None:
-    """Handshake with a controller candidate; its answer (``state`` primary/standby) or None."""
+def probe(host: str, port: int, method: AuthMethod, timeout: float = 1.0) -> dict[str, Any] | None:
+    """Handshake with a controller candidate (authenticating with ``method``); its answer
+    (``state`` primary/standby) or None."""
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.settimeout(timeout)
@@ -53,9 +55,11 @@ def probe(host: str, port: int, key: bytes | None, timeout: float = 1.0) -> dict
                         return msgs[0]
 
             hello = read()
-            s.sendall(wire.encode(auth.client_answer(key, "probe@test", hello)))
+            if hello.get("state") == "standby":  # a standby says what it is before any credential
+                return {"ok": True, **hello}
+            s.sendall(wire.encode(client_answer(method, "probe@test", hello)))
             return read()
-    except (OSError, ConnectionError, wire.WireError, auth.AuthError):
+    except (OSError, ConnectionError, wire.WireError, AuthError, AuthFailed):
         return None
 
 
@@ -126,6 +130,8 @@ class LocalCluster:
     host: str = "127.0.0.1"
     netns: str | None = None
     state: Path | None = None
+    auth: str = "key"  # [cluster] auth; "munge" needs munge_socket (xcecore.testing.munge)
+    munge_socket: str | None = None
 
     def __post_init__(self) -> None:
         self.server_role = self.server_role or find_server_role()
@@ -149,7 +155,11 @@ class LocalCluster:
 
     def config_text(self) -> str:
         """The config file every process of this cluster reads."""
-        key = f'key = "{self.key}"\n' if self.key else ""
+        if self.auth == "key":
+            key = f'key = "{self.key}"\n' if self.key else ""
+        else:
+            key = f'auth = "{self.auth}"\n' + (
+                f'munge_socket = "{self.munge_socket}"\n' if self.munge_socket else "")
         return (
             f'[cluster]\npeers = "{self.peers}"\n{key}{self.cluster_extra}'
             "[client]\nliveness_timeout = 1.5\nheartbeat_interval = 0.2\n"
@@ -203,15 +213,21 @@ class LocalCluster:
 
     def state_of(self, index: int) -> str | None:
         """``primary``, ``standby`` or None (down) for candidate ``index``."""
-        key = self.key.encode() if self.key else None
         if self.netns is None:
-            answer = probe(self.host, self.ports[index], key)
+            answer = probe(self.host, self.ports[index], self.method())
         else:
             from xcecore.testing.netns import entered
 
             with entered(self.netns):  # the probe's socket is made on the candidates' host
-                answer = probe(self.host, self.ports[index], key)
+                answer = probe(self.host, self.ports[index], self.method())
         return answer.get("state") if answer and answer.get("ok") else None
+
+    def method(self) -> AuthMethod:
+        """The authentication method this cluster's processes use."""
+        if self.auth == "key":
+            return load_method(AuthSettings(
+                "key", key=self.key.encode() if self.key else None))
+        return load_method(AuthSettings(self.auth, munge_socket=self.munge_socket))
 
     def wait_state(self, index: int, state: str, timeout: float = 30.0) -> None:
         """Wait until candidate ``index`` answers with ``state``."""

@@ -354,9 +354,9 @@ def create_app(
     Admin = Annotated[Session, Depends(admin)]
     Once = Annotated[Idempotent, Depends(idempotent)]
 
-    async def forward(op: str, args: dict[str, Any], what: str, rid: str) -> Any:
+    async def forward(op: str, args: dict[str, Any], what: str, rid: str, user: str) -> Any:
         try:
-            return await backend.call(op, args, rid=rid)
+            return await backend.call(op, args, rid=rid, user=user)
         except BackendUnavailableError as exc:
             raise ApiError(503, exc.message, None, {"Retry-After": str(max(1, round(exc.retry_after)))}) from None
         except OutcomeUnknownError as exc:
@@ -447,8 +447,8 @@ def create_app(
             if body.resreq:
                 check_resreq(body.resreq)
             args = {k: v for k, v in body.model_dump().items() if v is not None}
-            args["user"] = s.user.name
-            result = await forward("jobsubmit", args, "job submission", idem.rid(s.user.name, "jobsubmit"))
+            result = await forward("jobsubmit", args, "job submission",
+                                   idem.rid(s.user.name, "jobsubmit"), s.user.name)
             return ok(result, code=201,
                       msg=f"job <{result.get('jobid')}> is submitted to queue <{result.get('queue')}>")
         return await once(idem, s.user.name, handle)
@@ -467,9 +467,9 @@ def create_app(
         async def handle() -> Response:
             done = []
             for jobid in ids:
-                args = {"jobid": jobid, "action": body.action, "user": s.user.name}
+                args = {"jobid": jobid, "action": body.action}
                 rid = idem.rid(s.user.name, "jobctrl", jobid)
-                done.append(await forward("jobctrl", args, f"{body.action} job {jobid}", rid))
+                done.append(await forward("jobctrl", args, f"{body.action} job {jobid}", rid, s.user.name))
             return ok(done)
         return await once(idem, s.user.name, handle)
 
@@ -479,9 +479,9 @@ def create_app(
         """Admin: dispatch a pending job to named hosts now (like LSF ``brun``)."""
         async def handle() -> Response:
             alloc = run_alloc(body, store.get_job(jobid))
-            args = {"jobid": jobid, "alloc": alloc, "force": body.force, "user": s.user.name}
+            args = {"jobid": jobid, "alloc": alloc, "force": body.force}
             rid = idem.rid(s.user.name, "jobdispatch")
-            return ok(await forward("jobdispatch", args, f"force-run job {jobid}", rid))
+            return ok(await forward("jobdispatch", args, f"force-run job {jobid}", rid, s.user.name))
         return await once(idem, s.user.name, handle)
 
     # ------------------------------------------------------------------ queues
@@ -496,9 +496,10 @@ def create_app(
     async def control_queue(s: Admin, body: m.QueueControlBody, idem: Once) -> Response:
         """Admin: open, close, activate or inactivate a queue."""
         async def handle() -> Response:
-            args = {"queue": body.queue, "action": body.action, "user": s.user.name}
+            args = {"queue": body.queue, "action": body.action}
             rid = idem.rid(s.user.name, "queuectrl")
-            return ok(await forward("queuectrl", args, f"{body.action} queue {body.queue}", rid))
+            return ok(await forward("queuectrl", args, f"{body.action} queue {body.queue}", rid,
+                                      s.user.name))
         return await once(idem, s.user.name, handle)
 
     # ------------------------------------------------------------------ hosts
@@ -513,9 +514,9 @@ def create_app(
     async def control_host(s: Admin, body: m.HostControlBody, idem: Once) -> Response:
         """Admin: open or close a host (with a comment)."""
         async def handle() -> Response:
-            args = {"host": body.host, "action": body.action, "comment": body.comment, "user": s.user.name}
+            args = {"host": body.host, "action": body.action, "comment": body.comment}
             rid = idem.rid(s.user.name, "hostctrl")
-            result = await forward("hostctrl", args, f"{body.action} host {body.host}", rid)
+            result = await forward("hostctrl", args, f"{body.action} host {body.host}", rid, s.user.name)
             return ok(lsf_host(result) if isinstance(result, dict) and "name" in result else result)
         return await once(idem, s.user.name, handle)
 

@@ -13,7 +13,10 @@ Job submit, job control, queue control, host control and force-run all go throug
 3. reports a write that was handed over and did not come back as
    :class:`OutcomeUnknownError` (HTTP 504 with the key): it may have been applied, and a
    retry with the same key is safe (the controller answers it from its idempotency table);
-4. leaves the post-call rejoin to the core client: the API server declares its rejoin points
+4. acts for the logged-on user: every write names the user it is for (``user``). The API
+   server is a service identity the controller trusts to say whom it acts for; the
+   controller applies that user's rights and records both ("alice via apiserver@h1");
+5. leaves the post-call rejoin to the core client: the API server declares its rejoin points
    (:data:`REJOIN_POINTS`) and the client re-joins after such a call when one is pending.
 
 The breaker fast-fails only writes it did not send; a write that was sent is a 503 only when
@@ -177,14 +180,17 @@ class Backend:
         return BackendUnavailableError(f"backend unavailable: {reason}; nothing was sent, retry "
                                        f"in {RETRY_AFTER:g} s")
 
-    async def call(self, op: str, args: dict[str, Any], *, rid: str) -> Any:
-        """Call ``op`` on the controller with idempotency key ``rid``; error replies propagate
-        as the core raises them (:class:`xcecore.wire.RemoteError`).
+    async def call(self, op: str, args: dict[str, Any], *, rid: str, user: str) -> Any:
+        """Call ``op`` for ``user`` on the controller with idempotency key ``rid``; error
+        replies propagate as the core raises them (:class:`xcecore.wire.RemoteError`).
 
         Raises :class:`BackendUnavailableError` when the write was not sent (breaker open, or
         no primary within the grace) and :class:`OutcomeUnknownError` when it was sent and no
         answer came within the budget.
         """
+        if not user:
+            raise ValueError(f"{op}: the API server acts for a user and must name one")
+        args = {**args, "user": user}
         if self.client is None:
             raise BackendUnavailableError("backend unavailable: no controller client")
         v = await self.verdict()

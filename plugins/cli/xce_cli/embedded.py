@@ -111,8 +111,8 @@ class Embedded:
         return self._client
 
     def call(self, op: str, args: dict[str, Any] | None = None, timeout: float = 20.0) -> Any:
-        """Call the controller as the invoking user."""
-        return self.client().call(op, {"user": self.user, **(args or {})}, deadline=timeout)
+        """Call the controller (as the cluster's owner: the embedded cluster uses auth = "key")."""
+        return self.client().call(op, args or {}, deadline=timeout)
 
     def members(self) -> dict[str, float]:
         """Identity -> joined_at of every member joined to the primary."""

@@ -1,6 +1,6 @@
 """``python -m xce_controller``: run one controller candidate without the ``xce`` command.
 
-    python -m xce_controller --listen 127.0.0.1:7601 --state-dir /srv/xce [--key-file F]
+    python -m xce_controller --listen 127.0.0.1:7601 --state-dir /srv/xce [--key-file F | --auth munge]
 
 SIGTERM or SIGINT stops it cleanly (pending writes are committed, the lock is released).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from typing import Any
 
 import anyio
 from loguru import logger
@@ -29,8 +30,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--listen", default=_DEFAULTS["listen"], help="host:port (port 0: any free port)")
     p.add_argument("--advertise", default=None, help="address clients are redirected to")
     p.add_argument("--state-dir", required=True, help="state directory shared by the candidates")
-    p.add_argument("--key", default=None, help="cluster key (prefer --key-file)")
+    p.add_argument("--auth", default="key", help="authentication method (as [cluster] auth)")
+    p.add_argument("--munge-socket", default=None, help="munged's socket (as [cluster] munge_socket)")
+    p.add_argument("--key", default=None, help="cluster key of --auth key (prefer --key-file)")
     p.add_argument("--key-file", default=None, help="file holding the cluster key")
+    p.add_argument("--service-users", default="", help="comma-separated service user names")
     p.add_argument("--admins", default="", help="comma-separated administrator user names")
     p.add_argument("--host-timeout", type=float, default=_DEFAULTS["host_timeout"])
     p.add_argument("--max-subscriber-queue", type=int, default=_DEFAULTS["max_subscriber_queue"])
@@ -50,8 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    key = auth.load_key(args.key, args.key_file)
-    cluster = {"peers": args.peers} if args.peers else {}
+    cluster: dict[str, Any] = {"auth": args.auth, **({"peers": args.peers} if args.peers else {}),
+                               "service_users": [u for u in args.service_users.split(",") if u]}
+    for name, value in (("key", args.key), ("key_file", args.key_file),
+                        ("munge_socket", args.munge_socket)):
+        if value is not None:
+            cluster[name] = value
     section = {
         "state_dir": args.state_dir,
         "listen": args.listen,
@@ -66,7 +74,8 @@ async def _run(args: argparse.Namespace) -> None:
                              ("frame_timeout", args.frame_timeout),
                              ("storage_retry", args.storage_retry)) if v is not None},
     }
-    settings = settings_from_config(config_of(cluster, section), key)
+    config = config_of(cluster, section)
+    settings = settings_from_config(config, auth.load_method(auth.settings_from_cluster(config.cluster)))
     async with anyio.create_task_group() as tg:
 
         async def on_signal() -> None:

@@ -1,12 +1,15 @@
 """Every controller op: one handler each, and ONE table (:data:`OPS`) that says who may call it.
 
-The table gives, per op: its handler, the roles that may call it (None: any), whether it is a
-durable write, a volatile update or a read, which roles must have joined first and which
-roles must be an administrator. Its arguments are the op's typed schema in
-:data:`xcecore.schema.ops.OP_ARGS` (types, limits, required and allowed arguments).
-:func:`check_call` enforces all of that before the handler runs, so handlers only see valid
-arguments, and a refused request never reaches the state. docs/protocol-ops.md is generated
-from the table and the schemas (``docs/gen_protocol_ops.py``).
+The table gives, per op: its handler, the daemon roles that may call it and whether users'
+clients may (:data:`USERS`), whether it is a durable write, a volatile update or a read,
+which roles must have joined first, and whether the user a request acts for must be an
+administrator (or its role hold a grant of the op). Its arguments are the op's typed schema
+in :data:`xcecore.schema.ops.OP_ARGS` (types, limits, required and allowed arguments).
+:func:`check_call` enforces all of that before the handler runs -- with the caller's
+authenticated identity (``Caller.who``) and the cluster's :class:`~xce_controller.authz.Policy`
+-- so handlers only see valid arguments, ``args["user"]`` is whom the request acts for, and
+a refused request never reaches the state. docs/protocol-ops.md is generated from the table
+and the schemas (``docs/gen_protocol_ops.py``).
 """
 
 from __future__ import annotations
@@ -17,27 +20,37 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from xce_controller import queries, subscribe
+from xce_controller.authz import FRONT_ENDS, Policy, describe, via
 from xce_controller.state import Changes, ClusterState
 from xce_controller.subscribe import NONE, Subscription
+from xcecore.auth import Identity
 from xcecore.schema.ops import ArgsSchema, check_host_attrs, compile_all
 from xcecore.wire import ErrorCode, RemoteError
 
-FRONT_ENDS = frozenset({"apiserver", "cli", "admin"})
 WORKER = "worker"
 SCHEDULER = "scheduler"
+MEMBER_DAEMONS = frozenset({WORKER, SCHEDULER, "controller"})
+"""Daemon roles with ops of their own; every other role (the API server, ``cli``, a third
+party's) is a users' client: it calls the users' ops (:data:`USERS`) for a user."""
 
 
 @dataclass(slots=True)
 class Caller:
-    """Who is calling: the handshake identity and what its join made of it."""
+    """Who is calling: the handshake's ``role@host``, its authenticated identity (``who``),
+    and what its join made of it."""
 
     identity: str
     role: str
+    who: Identity
     joined: bool = False
     worker_host: str | None = None  # a joined worker's host name
     cid: int = 0  # the server's connection id
     sub: Subscription = NONE  # what its join subscribed to
     plan: Any = None  # how its sync goes (a sync.Plan); None: a join of the older form
+
+    def label(self) -> str:
+        """How logs name the caller: ``alice (uid 1001) as cli@h1``."""
+        return self.who.label()
 
 
 class ServerView(Protocol):
@@ -45,6 +58,7 @@ class ServerView(Protocol):
 
     state: ClusterState
     address: str
+    policy: Policy
 
     def status(self, limit: int = ..., after: str = ...) -> dict[str, Any]: ...
 
@@ -68,13 +82,21 @@ SCHEMAS: dict[str, ArgsSchema] = compile_all()
 
 @dataclass(frozen=True, slots=True)
 class OpSpec:
-    """One row of the op table (its arguments: :data:`SCHEMAS`)."""
+    """One row of the op table (its arguments: :data:`SCHEMAS`).
+
+    ``roles``: the member daemons that may call it (None: every caller); ``users``: whether
+    users' clients may; ``admin``: a user's client must act for an administrator (or its
+    role hold a grant of the op); ``acts``: the op acts for a user, whom a front end must
+    name.
+    """
 
     handler: Handler
     roles: frozenset[str] | None  # None: any role
     kind: Kind
     member_roles: frozenset[str] | None = frozenset()  # None: every role must have joined
-    admin_roles: frozenset[str] = frozenset()  # these roles must be an administrator
+    users: bool = False
+    admin: bool = False
+    acts: bool = False
     dedupe: bool = True  # store the result under the request's rid
     needs_jobs: bool = True  # waits while a new primary loads its jobs
 
@@ -82,27 +104,28 @@ class OpSpec:
         return self.member_roles is None or role in self.member_roles
 
 
-def check_call(op: str, caller: Caller, args: dict[str, Any], state: ClusterState) -> tuple[OpSpec, dict[str, Any]]:
-    """Everything before the handler: known op, role, join, arguments, admin rights."""
+def check_call(op: str, caller: Caller, args: dict[str, Any], state: ClusterState,
+               policy: Policy) -> tuple[OpSpec, dict[str, Any]]:
+    """Everything before the handler: known op, role, join, arguments, whom it acts for,
+    administrator rights. ``args["user"]`` of the result is the user the request acts for
+    (for ops that act for one, or when a user was named)."""
     spec = OPS.get(op)
     if spec is None:
         raise RemoteError(ErrorCode.INVALID, f"unknown op {op!r}")
-    if spec.roles is not None and caller.role not in spec.roles:
+    daemon = caller.role in MEMBER_DAEMONS
+    if spec.roles is not None and not (caller.role in spec.roles or (spec.users and not daemon)):
         raise RemoteError(ErrorCode.DENIED, f"{op}: role {caller.role!r} may not call it")
     if spec.needs_join(caller.role) and not caller.joined:
         raise RemoteError(ErrorCode.NOT_JOINED, f"{op}: join first")
     checked = SCHEMAS[op].check(args)
-    if caller.role in FRONT_ENDS and caller.role != "admin" and _needs_user(op, spec):
-        if "user" not in checked:
-            raise RemoteError(ErrorCode.INVALID, f"{op}: argument 'user' is required", {"arg": "user"})
-    if caller.role in spec.admin_roles and not state.is_admin(caller.role, checked.get("user")):
-        who = checked.get("user") or caller.identity
-        raise RemoteError(ErrorCode.DENIED, f"{op}: {who} is not a cluster administrator")
+    if spec.acts or "user" in checked:
+        who = caller.who
+        user = policy.acting_for(op, who, checked.get("user"), must_name=spec.acts and not daemon)
+        checked["user"] = user
+        if spec.admin and not daemon and not policy.may_administer(caller.role, op, user):
+            raise RemoteError(ErrorCode.DENIED, f"{op}: {describe(user, who)} is not a cluster "
+                                                "administrator")
     return spec, checked
-
-
-def _needs_user(op: str, spec: OpSpec) -> bool:
-    return op in ("jobsubmit", "jobctrl") or bool(spec.admin_roles & FRONT_ENDS)
 
 
 # -- handlers -----------------------------------------------------------------------------
@@ -147,14 +170,20 @@ def op_heartbeat(srv: ServerView, caller: Caller, args: dict[str, Any], now: flo
 
 
 def op_jobsubmit(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
-    return srv.state.submit(args, now)
+    # The job runs as its submitter: the authenticated uid of a direct caller. A front end's
+    # user has no uid here (the worker looks the name up, and never runs it as root).
+    who = caller.who
+    front = caller.role in FRONT_ENDS
+    return srv.state.submit({**args, "uid": None if front else who.uid,
+                             "gid": None if front else who.gid, "via": via(who)}, now)
 
 
 def op_jobctrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     job = srv.state.job(args["jobid"])
-    user = args.get("user")
-    if not srv.state.is_admin(caller.role, user) and job.user != user:
-        raise RemoteError(ErrorCode.DENIED, f"jobctrl: job {job.jobid} belongs to {job.user}, not {user}")
+    user = args["user"]
+    if job.user != user and not srv.policy.may_administer(caller.role, "jobctrl", user):
+        raise RemoteError(ErrorCode.DENIED, f"jobctrl: job {job.jobid} belongs to "
+                                            f"{job.user}, not {describe(user, caller.who)}")
     return srv.state.control(args["jobid"], args["action"], now)
 
 
@@ -169,8 +198,9 @@ def op_hostctrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: floa
 def op_jobdispatch(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     alloc = args["alloc"]
     force = bool(args.get("force", False))
-    if force and not srv.state.is_admin(caller.role, args.get("user")):
-        raise RemoteError(ErrorCode.DENIED, "jobdispatch: only an administrator may force a dispatch")
+    if force and not srv.policy.may_administer(caller.role, "jobdispatch", args["user"]):
+        raise RemoteError(ErrorCode.DENIED, "jobdispatch: only an administrator may force a "
+                                            f"dispatch, not {describe(args['user'], caller.who)}")
     return srv.state.dispatch(args["jobid"], alloc, force)
 
 
@@ -277,36 +307,35 @@ def op_outcome(srv: ServerView, caller: Caller, args: dict[str, Any], now: float
 
 
 def op_shutdown(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
-    who = f"{args['user']} via {caller.identity}" if "user" in args else caller.identity
+    who = describe(args["user"], caller.who)
     ch = Changes(result={"server": srv.address})
     ch.after = lambda: srv.request_shutdown(who)
     return ch
 
 
 ANY = None
-FRONT_SCHED = FRONT_ENDS | {SCHEDULER}
-FRONT_WORKER = FRONT_ENDS | {WORKER}
 SCHED_ONLY = frozenset({SCHEDULER})
 WORKER_ONLY = frozenset({WORKER})
+NOBODY: frozenset[str] = frozenset()  # no daemon: users' clients only (with users=True)
 
 OPS: dict[str, OpSpec] = {
     "join": OpSpec(op_join, ANY, "write", dedupe=False),
     "hello": OpSpec(op_hello, ANY, "read", needs_jobs=False),
     "heartbeat": OpSpec(op_heartbeat, ANY, "volatile", member_roles=None, dedupe=False,
                         needs_jobs=False),
-    "jobsubmit": OpSpec(op_jobsubmit, FRONT_ENDS, "write", needs_jobs=False),
-    "jobctrl": OpSpec(op_jobctrl, FRONT_ENDS, "write"),
-    "queuectrl": OpSpec(op_queuectrl, FRONT_ENDS, "write", admin_roles=FRONT_ENDS,
+    "jobsubmit": OpSpec(op_jobsubmit, NOBODY, "write", users=True, acts=True, needs_jobs=False),
+    "jobctrl": OpSpec(op_jobctrl, NOBODY, "write", users=True, acts=True),
+    "queuectrl": OpSpec(op_queuectrl, NOBODY, "write", users=True, admin=True, acts=True,
                         needs_jobs=False),
-    "hostctrl": OpSpec(op_hostctrl, FRONT_ENDS, "write", admin_roles=FRONT_ENDS),
-    "jobdispatch": OpSpec(op_jobdispatch, FRONT_SCHED, "write", member_roles=SCHED_ONLY,
-                          admin_roles=FRONT_ENDS),
-    "set_pend_reason": OpSpec(op_set_pend_reason, FRONT_SCHED, "volatile", member_roles=SCHED_ONLY,
-                              admin_roles=FRONT_ENDS),
-    "clear_reason": OpSpec(op_clear_reason, FRONT_SCHED, "volatile", member_roles=SCHED_ONLY,
-                           admin_roles=FRONT_ENDS),
-    "update_resvals": OpSpec(op_update_resvals, FRONT_WORKER, "volatile", member_roles=WORKER_ONLY,
-                             admin_roles=FRONT_ENDS),
+    "hostctrl": OpSpec(op_hostctrl, NOBODY, "write", users=True, admin=True, acts=True),
+    "jobdispatch": OpSpec(op_jobdispatch, SCHED_ONLY, "write", member_roles=SCHED_ONLY,
+                          users=True, admin=True, acts=True),
+    "set_pend_reason": OpSpec(op_set_pend_reason, SCHED_ONLY, "volatile", member_roles=SCHED_ONLY,
+                              users=True, admin=True, acts=True),
+    "clear_reason": OpSpec(op_clear_reason, SCHED_ONLY, "volatile", member_roles=SCHED_ONLY,
+                           users=True, admin=True, acts=True),
+    "update_resvals": OpSpec(op_update_resvals, WORKER_ONLY, "volatile", member_roles=WORKER_ONLY,
+                             users=True, admin=True, acts=True),
     "notify_job": OpSpec(op_notify_job, WORKER_ONLY, "write", member_roles=WORKER_ONLY),
     "update_jusage": OpSpec(op_update_jusage, WORKER_ONLY, "volatile", member_roles=WORKER_ONLY),
     "resval": OpSpec(op_resval, ANY, "read"),
@@ -315,8 +344,8 @@ OPS: dict[str, OpSpec] = {
     "hostinfo": OpSpec(op_hostinfo, ANY, "read"),
     "queueinfo": OpSpec(op_queueinfo, ANY, "read"),  # its counts need the jobs loaded
     "status": OpSpec(op_status, ANY, "read", needs_jobs=False),
-    "shutdown": OpSpec(op_shutdown, FRONT_ENDS, "read", admin_roles=FRONT_ENDS, dedupe=False,
-                       needs_jobs=False),
+    "shutdown": OpSpec(op_shutdown, NOBODY, "read", users=True, admin=True, acts=True,
+                       dedupe=False, needs_jobs=False),
     # May record a tombstone (a durable write) under the rid it names, not under its own.
     "outcome": OpSpec(op_outcome, ANY, "write", dedupe=False, needs_jobs=False),
 }

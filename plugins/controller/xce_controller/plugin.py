@@ -72,7 +72,7 @@ class ControllerRole(Role):
 
         ctx = self.ctx
         tune_memory()
-        settings = settings_from_config(ctx.config, ctx.key)
+        settings = settings_from_config(ctx.config, ctx.auth)
         hook = ctx.pm.hook
 
         def election(state_dir: str, advertise: str) -> Election:

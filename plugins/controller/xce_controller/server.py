@@ -22,6 +22,7 @@ import contextlib
 import gc
 import importlib
 import itertools
+import os
 import socket
 import struct
 import threading
@@ -36,6 +37,7 @@ from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 from loguru import logger
 
 from xce_controller import members, sync
+from xce_controller.authz import Policy
 from xce_controller.changes import ChangeRing
 from xce_controller.delegate import Delegates
 from xce_controller.election import Election, FileLockElection
@@ -76,6 +78,7 @@ HOUSEKEEPING_INTERVAL = 5.0  # seconds between two store housekeeping writes
 RECENT_SECONDS = 30.0  # how long a result committed during a store lookup is kept for it
 SWEEP_PARTS = 16  # idempotency-filter partitions swept per host-expiry pass
 ACCEPT_BATCH = 512  # most connections accepted per wake-up of the accept loop
+AUTH_THREADS = 16  # handshakes verifying a blocking credential (munge) at once
 ABANDONED_REPORT_INTERVAL = 5.0  # seconds between reports of handshakes clients gave up on
 
 
@@ -132,6 +135,10 @@ class Controller:
         self.role = "standby"  # standby -> promoting -> primary -> stopping
         self.since = time.time()
         self.state = ClusterState(settings.conf)
+        self.auth = settings.auth
+        self.users = auth.Users()
+        self.policy = make_policy(settings, self.users)
+        self._auth_threads = anyio.CapacityLimiter(AUTH_THREADS)
         self.election: Election | None = None
         self.store: Any = None
         self.fanout = Fanout("")
@@ -174,8 +181,8 @@ class Controller:
     async def run(self, *, task_status: TaskStatus[Controller] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen, stand by, promote when elected, serve until shutdown or cancellation."""
         host, port = parse_listen(self.settings.listen)
-        auth.check_keyless(self.settings.key, [host])
-        if self.settings.key is None:
+        self.auth.check_peer_hosts([host])
+        if self.auth.name == "key" and getattr(self.auth, "key", None) is None:
             logger.warning("controller: no cluster key configured; accepting loopback peers only")
         try:
             listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
@@ -198,6 +205,15 @@ class Controller:
                     "controller {}: candidate started (state dir {}); standby until it holds the lock",
                     self.address, self.settings.state_dir,
                 )
+                pol = self.policy
+                logger.info(
+                    "controller {}: callers authenticate with {}{}; administrators: root, {}; "
+                    "service users: root, {}; grants: {}", self.address, self.auth.name,
+                    f" (every key holder is the owner, {pol.owner})" if pol.owner else "",
+                    ", ".join(sorted(pol.admins)) or "no others",
+                    ", ".join(sorted(pol.service_users)) or "no others",
+                    "; ".join(f"{r}: {', '.join(sorted(o))}" for r, o in sorted(pol.grants.items()))
+                    or "none")
                 task_status.started(self)
                 # Import SQLite now, while standing by, so promotion does not pay for it.
                 await anyio.to_thread.run_sync(importlib.import_module, "sqlite3")
@@ -756,27 +772,28 @@ class Controller:
             conn.abort()
 
     async def _handshake(self, stream: SocketStream, reader: FrameReader, peer: str) -> Caller | None:
-        challenge, hello = auth.server_hello()
+        challenge, hello = auth.server_hello(self.auth)
         hinted = self.role == "standby"
         if hinted:
             # Name the primary at once: a client that is only looking for it leaves without
-            # authenticating (half the round trips and no MAC work during a failover storm).
+            # authenticating (half the round trips and no credential work in a failover storm).
             hello.update(self._verdict())
+        claimed = "?"
         try:
             with anyio.fail_after(self.settings.handshake_timeout):
                 await wire.write_message(stream, hello)
                 answer = await wire.read_message(reader, HANDSHAKE_MAX_FRAME)
-                identity = auth.check_client_answer(self.settings.key, challenge, answer)
-                role, sep, _ = identity.partition("@")
-                if not sep or not role:
-                    raise auth.AuthError(f"identity {identity!r} is not role@host")
+                claimed = label(answer.get("from"), 80)
+                who = await self._authenticate(challenge, answer)
                 if self.role == "promoting":
                     await self.promoted.wait()
-        except auth.AuthError as exc:
-            logger.warning("controller {}: handshake from {} refused: {}; closing", self.address, peer, exc)
-            err = {"ok": False, "error": {"code": "DENIED", "message": f"handshake refused: {exc}"}}
+        except (auth.AuthFailed, auth.AuthError) as exc:
+            logger.warning("controller {}: handshake from {} (claiming {}) refused: {}; closing",
+                           self.address, peer, claimed, exc)
+            error = exc.to_error() if isinstance(exc, auth.AuthFailed) else {
+                "code": "DENIED", "message": f"handshake refused: {exc}"}
             with anyio.move_on_after(1), _quiet():
-                await wire.write_message(stream, err)
+                await wire.write_message(stream, {"ok": False, "error": error})
             return None
         except TimeoutError:
             logger.warning("controller {}: handshake from {} timed out; closing", self.address, peer)
@@ -795,10 +812,24 @@ class Controller:
                              self.address, peer)
             return None
         try:
-            await wire.write_message(stream, {"ok": True, **self._verdict()})
+            await wire.write_message(stream, {"ok": True, **self._verdict(), "identity": who.to_wire()})
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return None
-        return Caller(identity=identity, role=role)
+        return Caller(identity=who.sender, role=who.role, who=who)
+
+    async def _authenticate(self, challenge: str, answer: dict[str, Any]) -> auth.Identity:
+        """The caller's identity, admitted to the role it claims (raises AuthFailed/AuthError).
+
+        A method that blocks (munge: a round trip to munged) runs on a thread, as does a uid
+        lookup that is not cached: the event loop serves everyone else meanwhile."""
+        def verify() -> auth.Identity:
+            who = auth.authenticate(self.auth, challenge, answer, self.users)
+            self.policy.admit(who)
+            return who
+
+        if self.auth.blocking:
+            return await anyio.to_thread.run_sync(verify, limiter=self._auth_threads)
+        return verify()
 
     def _verdict(self) -> dict[str, Any]:
         """What this candidate tells a client: primary, or standby and whom to go to."""
@@ -953,7 +984,7 @@ class Controller:
                                   self._storage_error(req.id, req.op))
                 return
         try:
-            spec, args = check_call(req.op, conn.caller, req.args, self.state)
+            spec, args = check_call(req.op, conn.caller, req.args, self.state, self.policy)
             if spec.kind == "write" and not self.storage.writable() and \
                     not (req.op == "join" and conn.caller.role != WORKER):  # joins store no rows
                 raise self.storage.refusal(req.op)
@@ -1112,8 +1143,24 @@ class Controller:
             log = logger.info
         else:
             log = logger.warning
-        log("controller {}: {} from {} refused: {} {}", self.address, op, conn.caller.identity,
+        log("controller {}: {} from {} refused: {} {}", self.address, op, conn.caller.label(),
             exc.code, label(exc.message, 300))
+
+
+def make_policy(settings: ControllerSettings, users: auth.Users) -> Policy:
+    """The authorization policy of ``settings``. Under ``auth = "key"`` every caller is the
+    cluster's owner: this process's own user (pinned in ``users``, named by its uid if the
+    host has no name for it)."""
+    owner = None
+    if settings.auth.name == "key":
+        uid = os.geteuid()
+        try:
+            owner = users.name(uid)
+        except auth.AuthFailed:
+            owner = str(uid)
+        users.pin(uid, owner)
+    return Policy(admins=settings.conf.admins, service_users=settings.service_users,
+                  grants=settings.grants, owner=owner)
 
 
 def _quiet() -> contextlib.suppress:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from xcecore.auth import AuthMethod
 from xcecore.config import CORE_SECTIONS, Config, validate
 from xcecore.protocol import parse_hostport
 from xcecore.records import ConfigSection, Field
@@ -59,7 +60,7 @@ class ControllerSettings:
     state_dir: str
     listen: str
     advertise: str | None
-    key: bytes | None
+    auth: AuthMethod  # [cluster] auth: how callers are authenticated
     max_frame: int
     conf: ClusterConf
     max_subscriber_queue: int
@@ -74,6 +75,8 @@ class ControllerSettings:
     storage_retry: float = 1.0  # seconds between probes of a store that cannot commit
     hung_timeout: float = DEFAULT_HUNG_TIMEOUT  # 0: standbys never fence a hung primary
     change_retention: int = CHANGE_RETENTION  # changes the retention window holds
+    service_users: frozenset[str] = frozenset()  # [cluster] service_users (root always is one)
+    grants: Mapping[str, frozenset[str]] = field(default_factory=dict)  # role -> ops
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -108,6 +111,25 @@ def check_queues(queues: Any) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
+def check_grants(grants: Any) -> dict[str, frozenset[str]]:
+    """Validate ``[controller] grants``: role name -> list of grantable op names."""
+    from xce_controller.authz import DAEMON_ROLES, GRANTABLE
+
+    out: dict[str, frozenset[str]] = {}
+    for role, ops in grants.items():
+        where = f"controller.grants.{role}"
+        if role in DAEMON_ROLES:
+            raise ValueError(f"{where}: {role} is a built-in daemon role; its ops are fixed")
+        if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
+            raise ValueError(f"{where} must be a list of op names")
+        bad = sorted(set(ops) - GRANTABLE)
+        if bad:
+            raise ValueError(f"{where}: {', '.join(bad)} cannot be granted; grantable ops: "
+                             f"{', '.join(sorted(GRANTABLE))}")
+        out[role] = frozenset(ops)
+    return out
+
+
 def check_controller_section(section: dict[str, Any]) -> None:
     """The ``check`` of the ``[controller]`` section (it sees the given keys plus defaults)."""
     parse_listen(section["listen"])
@@ -122,6 +144,10 @@ def check_controller_section(section: dict[str, Any]) -> None:
     for key in ("max_subscriber_queue", "max_inflight", "max_unsent_bytes", "change_retention"):
         if section[key] < 1:
             raise ValueError(f"controller.{key} must be >= 1, got {section[key]!r}")
+    check_grants(section["grants"])
+    admins = section["admins"]
+    if not all(isinstance(a, str) and a for a in admins):
+        raise ValueError(f"controller.admins must be a list of user names, got {admins!r}")
     if not section["clean_period"] >= 0:  # also refuses NaN
         raise ValueError(
             f"controller.clean_period must be >= 0 (0 keeps finished jobs), got {section['clean_period']!r}")
@@ -139,7 +165,11 @@ SECTION = ConfigSection(
         "advertise": Field((str,), None, "address clients are redirected to (default: listen)"),
         "state_dir": Field((str,), None, "state directory shared by every candidate (flock, SQLite)",
                            required=True),
-        "admins": Field((list,), [], "user names with administrator rights"),
+        "admins": Field((list,), [], "user names with administrator rights (root always has "
+                                     "them; with auth = 'key' so does the cluster's owner)"),
+        "grants": Field((dict,), {}, "role -> ops it may call with administrator rights, e.g. "
+                                     "{ healthcheck = [\"hostctrl\"] } (such a role must run "
+                                     "as root or a service user)"),
         "host_timeout": Field(_NUM, HOST_TIMEOUT, "seconds without a worker heartbeat before unavail"),
         "queues": Field((list,), [dict(q) for q in DEFAULT_QUEUES],
                         "queues: tables {name, priority, description, open, active}"),
@@ -189,8 +219,9 @@ def config_of(cluster: Mapping[str, Any] | None = None, controller: Mapping[str,
                     [*CORE_SECTIONS, SECTION])
 
 
-def settings_from_config(config: Config, key: bytes | None) -> ControllerSettings:
-    """The candidate's settings from a validated config (``[cluster]`` and ``[controller]``).
+def settings_from_config(config: Config, auth: AuthMethod) -> ControllerSettings:
+    """The candidate's settings from a validated config (``[cluster]`` and ``[controller]``)
+    and the configured authentication method.
 
     Raises ``ConfigError`` when ``controller.state_dir`` is missing.
     """
@@ -212,7 +243,7 @@ def settings_from_config(config: Config, key: bytes | None) -> ControllerSetting
         state_dir=str(c["state_dir"]),
         listen=c["listen"],
         advertise=c["advertise"],
-        key=key,
+        auth=auth,
         max_frame=int(cluster["max_frame"]),
         conf=conf,
         max_subscriber_queue=int(c["max_subscriber_queue"]),
@@ -226,4 +257,6 @@ def settings_from_config(config: Config, key: bytes | None) -> ControllerSetting
         storage_retry=float(c["storage_retry"]),
         hung_timeout=float(c["hung_timeout"]),
         change_retention=int(c["change_retention"]),
+        service_users=frozenset(cluster["service_users"]),
+        grants=check_grants(c["grants"]),
     )

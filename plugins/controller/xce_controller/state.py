@@ -198,9 +198,6 @@ class ClusterState:
             raise not_found("queue", name)
         return q
 
-    def is_admin(self, role: str, user: str | None) -> bool:
-        return role == "admin" or (user is not None and user in self.conf.admins)
-
     def hosts_from(self, start: str, limit: int) -> tuple[list[str], str | None]:
         """Up to ``limit`` host names >= ``start``, by name, and the next one (or None)."""
         names = self.host_names

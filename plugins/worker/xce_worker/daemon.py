@@ -9,6 +9,7 @@ run of this worker left behind before any push is handled, so a job is never sta
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import anyio
@@ -21,7 +22,7 @@ from xce_worker.monitors import ResvalBoard, hardware_monitor, jobs_monitor, sys
 from xce_worker.notifier import Notifier
 from xce_worker.procman import ProcessManager
 from xce_worker.pushes import SUBSCRIPTION, PushHandler, PushInbox
-from xce_worker.settings import WorkerSettings
+from xce_worker.settings import WorkerSettings, check_root_jobs
 from xce_worker.spool import Journal
 from xcecore.role import Handled, Monitor, Role, RoleContext
 
@@ -53,7 +54,8 @@ class Worker:
         self.procman = ProcessManager(s.hname, self.journal, s.state_dir,
                                       kill_grace=s.kill_grace, post=post,
                                       run_as_user=s.run_as_user, containment=containment,
-                                      bind_cores=s.bind_cores, gpus=ngpus)
+                                      bind_cores=s.bind_cores, gpus=ngpus,
+                                      allow_root_jobs=s.allow_root_jobs)
         self.board = ResvalBoard(post, s.state_dir)
         self.pushes = PushHandler(s.hname, self.procman)
         # ctx.call gives up (ClientClosed) once the worker stops, so a report waiting through an
@@ -124,6 +126,7 @@ class WorkerRole(Role):
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
+        check_root_jobs(WorkerSettings.from_section(ctx.section), ctx.auth.name, os.geteuid())
         self.inbox = PushInbox()
         self._worker: Worker | None = None
 

@@ -89,6 +89,8 @@ class JobSpec:
     stderr: str | None = None
     stdin: str | None = None
     resreq: str = ""
+    uid: int | None = None  # the submitter's authenticated uid (None: a front end's user)
+    via: str | None = None  # the front end it was submitted through, if any
 
     @property
     def key(self) -> str:
@@ -121,6 +123,10 @@ class JobSpec:
         here = [a for a in alloc if a.get("host") == hname]
         slots = here[0].get("ntasks") if here else 1
         resreq = job.get("resreq") or ""
+        uid = job.get("uid")
+        if uid is not None and (not isinstance(uid, int) or isinstance(uid, bool) or uid < 0):
+            raise JobError(f"bad dispatch: uid {str(uid)[:32]!r} is not a user id")
+        via = job.get("via")
         return cls(
             jobid=int(job["jobid"]), attempt=int(job.get("attempt") or 0), command=command,
             cwd=os.path.expanduser(cwd or "~"), env=dict(env),
@@ -131,6 +137,7 @@ class JobSpec:
             mem_limit=_opt_int(job, "mem_limit", 1), run_limit=_opt_int(job, "run_limit", 1),
             stdout=_opt_str(job, "stdout"), stderr=_opt_str(job, "stderr"),
             stdin=_opt_str(job, "stdin"), resreq=resreq if isinstance(resreq, str) else "",
+            uid=uid, via=via if isinstance(via, str) else None,
         )
 
     def gpus_wanted(self) -> int:

@@ -112,9 +112,10 @@ class ProcessManager:
     def __init__(self, hname: str, journal: Journal, state_dir: Path, *, kill_grace: float,
                  post: PostFn | None = None, run_as_user: bool = False,
                  containment: Containment | None = None, bind_cores: bool = True,
-                 gpus: int = 0) -> None:
+                 gpus: int = 0, allow_root_jobs: bool = False) -> None:
         self.hname = hname
         self.run_as_user = run_as_user
+        self.allow_root_jobs = allow_root_jobs
         self.journal = journal
         self.jobs_dir = state_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -172,23 +173,35 @@ class ProcessManager:
     def _owner(self, spec: JobSpec) -> Any:
         """The passwd entry to run the job as (``run_as_user``), or None for the worker's own.
 
-        Like LSF's sbatchd, a worker running as root starts each job as its submitting user;
-        a user unknown here, or a worker that cannot switch users, fails the job with the
-        reason rather than running it as someone else.
+        Like LSF's sbatchd (and Slurm's slurmd, by uid), a worker running as root starts each
+        job as its submitter: the uid the controller authenticated, or -- for a job a front
+        end submitted for a user -- that user's name looked up here. Root is refused unless
+        root submitted the job itself and ``allow_root_jobs`` is set. A user unknown here, or
+        a worker that cannot switch users, fails the job with the reason rather than running
+        it as someone else.
         """
         if not self.run_as_user:
             return None
         import pwd
 
         try:
-            owner = pwd.getpwnam(spec.user)
+            owner = pwd.getpwuid(spec.uid) if spec.uid is not None else pwd.getpwnam(spec.user)
         except KeyError:
-            raise JobError(f"user {spec.user!r} is not known on {self.hname}") from None
+            who = f"uid {spec.uid} ({spec.user})" if spec.uid is not None else f"user {spec.user!r}"
+            raise JobError(f"{who} is not known on {self.hname}") from None
+        if owner.pw_uid == 0:
+            if spec.uid != 0:
+                raise JobError(f"job of {spec.user!r} would run as root on {self.hname}: a job "
+                               f"submitted {'via ' + spec.via if spec.via else 'by another uid'} "
+                               "never runs as root")
+            if not self.allow_root_jobs:
+                raise JobError(f"root's job refused on {self.hname}: jobs run as root only with "
+                               "[worker] allow_root_jobs = true")
         if owner.pw_uid == os.geteuid():
             return None
         if os.geteuid() != 0:
-            raise JobError(f"cannot run as {spec.user!r}: the worker on {self.hname} is not root "
-                           "(set worker.run_as_user = false to run jobs as the worker's user)")
+            raise JobError(f"cannot run as {owner.pw_name!r}: the worker on {self.hname} is not "
+                           "root (set worker.run_as_user = false to run jobs as the worker's user)")
         return owner
 
     def _devices(self, spec: JobSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -91,8 +91,8 @@ SECTION = ConfigSection(
         "kill_grace": Field(_F, 10.0, "seconds between SIGTERM and SIGKILL when killing a job"),
         "hello_interval": Field(_F, 5.0, "seconds between liveness probes (hello)"),
         "keep_jobs_on_shutdown": Field(_B, True, "leave running jobs running when stopping"),
-        "run_as_user": Field(_B, False, "start each job as its submitting user (the worker must "
-                             "run as root); off: jobs run as the worker's own user"),
+        "run_as_user": Field(_B, False, "start each job as its authenticated submitter (the "
+                             "worker must run as root); off: jobs run as the worker's own user"),
         "containment": Field(_S, "auto", "job containment: auto (the best available), cgroup2, "
                              "cgroup1, fallback, or a plugin's"),
         "cgroup_parent": Field(_S, "", "cgroup under which the worker's xce-<host> group goes "
@@ -101,6 +101,9 @@ SECTION = ConfigSection(
                             "slots here (cpuset, else CPU affinity)"),
         "freezer": Field(_B, True, "stop/resume jobs through the cgroup freezer where there is "
                          "one (off: SIGSTOP/SIGCONT)"),
+        "allow_root_jobs": Field(_B, False, "run jobs as root: with run_as_user, a job root "
+                                 "submitted itself; without, any job of a worker running as "
+                                 "root in a cluster whose auth is not 'key'"),
     },
     "the worker daemon of one compute host",
     check=_check,
@@ -122,6 +125,7 @@ class WorkerSettings:
     cgroup_parent: str = ""
     bind_cores: bool = True
     freezer: bool = True
+    allow_root_jobs: bool = False
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> WorkerSettings:
@@ -140,7 +144,20 @@ class WorkerSettings:
             cgroup_parent=str(section.get("cgroup_parent") or ""),
             bind_cores=bool(section.get("bind_cores", True)),
             freezer=bool(section.get("freezer", True)),
+            allow_root_jobs=bool(section.get("allow_root_jobs", False)),
         )
+
+
+def check_root_jobs(settings: WorkerSettings, auth: str, euid: int) -> None:
+    """Refuse to start a worker that would run every user's jobs as root: running as root,
+    ``run_as_user`` off, in a multi-user cluster (``auth`` not ``key``), unless
+    ``allow_root_jobs`` says so. Raises ``ValueError`` naming the fix."""
+    if euid == 0 and not settings.run_as_user and auth != "key" and not settings.allow_root_jobs:
+        raise ValueError(
+            f"worker {settings.hname}: runs as root with run_as_user = false in a cluster with "
+            f"auth = {auth!r}: every user's job would run as root. Set [worker] run_as_user = "
+            "true (jobs run as their submitters), run the worker as a service user, or set "
+            "allow_root_jobs = true to accept it")
 
 
 def default_state_dir(hname: str) -> str:

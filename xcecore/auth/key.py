@@ -1,0 +1,106 @@
+"""The ``key`` method: an HMAC of the challenge under the shared cluster key.
+
+The client answers ``{"mac": HMAC-SHA256(key, challenge + sender)}``; the MAC binds the
+challenge (so it is good for one connection) and the claimed ``role@host``. The key proves
+that the caller is a member of the cluster and nothing more: anyone who can read it can be
+any role, so every key holder is one identity, the OS user that owns the cluster, taken as
+the verifying process's own uid and gid (the controller's). That is the embedded single-user
+cluster's model (``xce up``, tests); multi-user sites use ``munge``.
+
+The key file must be readable by the cluster's owner only (mode 0600): with this method
+every process that authenticates -- daemons and commands -- reads it. A cluster with no key
+is allowed only on loopback (:meth:`KeyAuth.check_peer_hosts`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from xcecore.auth import AuthError, AuthFailed, AuthMethod, AuthSettings, Verified
+
+
+def compute_mac(key: bytes | None, challenge: str, sender: str) -> str:
+    """HMAC-SHA256 of ``challenge + sender`` under ``key`` (hex); an empty key when keyless."""
+    import hashlib
+    import hmac
+
+    return hmac.new(key or b"", (challenge + sender).encode(), hashlib.sha256).hexdigest()
+
+
+def load_key(key: str | None, key_file: str | None) -> bytes | None:
+    """The cluster key from config: inline text or a file's stripped contents; None if neither."""
+    if key is not None and key_file is not None:
+        raise AuthError("configure either cluster.key or cluster.key_file, not both")
+    if key_file is not None:
+        try:
+            with open(key_file, encoding="utf-8") as fh:
+                text = fh.read().strip()
+        except OSError as exc:
+            raise AuthError(f"cannot read cluster.key_file {key_file!r}: {exc.strerror}") from None
+        if not text:
+            raise AuthError(f"cluster.key_file {key_file!r} is empty")
+        return text.encode()
+    return key.encode() if key else None
+
+
+def is_loopback(host: str) -> bool:
+    """True for loopback addresses and ``localhost``."""
+    if host == "localhost":
+        return True
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class KeyAuth(AuthMethod):
+    """The ``key`` method over ``key`` (None: keyless, loopback only)."""
+
+    name = "key"
+    blocking = False
+
+    def __init__(self, key: bytes | None) -> None:
+        self.key = key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeyAuth) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(("key", self.key))
+
+    def __repr__(self) -> str:
+        return f"KeyAuth({'<key>' if self.key else None})"
+
+    def answer(self, challenge: str, sender: str) -> dict[str, Any]:
+        """``{"mac": ...}`` for ``challenge`` and ``sender``."""
+        return {"mac": compute_mac(self.key, challenge, sender)}
+
+    def verify(self, challenge: str, sender: str, answer: Mapping[str, Any]) -> Verified:
+        """Check the MAC; the identity is this process's own uid and gid (the owner's)."""
+        import hmac
+
+        mac = answer.get("mac")
+        if not isinstance(mac, str) or not hmac.compare_digest(
+                compute_mac(self.key, challenge, sender), mac):
+            raise AuthFailed("bad_key", f"bad cluster key: the MAC from {sender!r} does not "
+                                        "match (check cluster.key / cluster.key_file)")
+        return Verified(os.geteuid(), os.getegid())
+
+    def check_peer_hosts(self, hosts: list[str]) -> None:
+        """Refuse a keyless cluster anywhere but on loopback."""
+        if self.key is None:
+            remote = [h for h in hosts if not is_loopback(h)]
+            if remote:
+                raise AuthError(
+                    f"no cluster key configured, but {', '.join(remote)} is not loopback: "
+                    "set cluster.key or cluster.key_file (or cluster.auth = 'munge')"
+                )
+
+
+def make(settings: AuthSettings) -> KeyAuth:
+    """The method of ``settings`` (``[cluster] auth = "key"``)."""
+    return KeyAuth(settings.key)
