@@ -100,7 +100,7 @@ class Client:
 
 def submit_frames(n: int, tag: str) -> list[bytes]:
     return [
-        wire.encode(wire.request(i + 1, "jobsubmit", {"command": "sleep 1", "user": "bench"}, f"{tag}-{i}"))
+        wire.encode(wire.request(i + 1, "jobsubmit", {"command": "sleep 1"}, f"{tag}-{i}"))
         for i in range(n)
     ]
 
@@ -146,10 +146,10 @@ async def bench_throughput(tmp: Path, n_seq: int, n_pipe: int, n_multi: int) -> 
         await wait_primary([addr])
         c = await Client.connect(addr)
         for i in range(200):  # warm-up
-            await c.call("jobsubmit", {"command": "w", "user": "bench"}, f"warm-{i}")
+            await c.call("jobsubmit", {"command": "w"}, f"warm-{i}")
         t0 = time.perf_counter()
         for i in range(n_seq):
-            r = await c.call("jobsubmit", {"command": "sleep 1", "user": "bench"}, f"seq-{i}")
+            r = await c.call("jobsubmit", {"command": "sleep 1"}, f"seq-{i}")
             assert r["ok"], r
         seq = n_seq / (time.perf_counter() - t0)
         frames = submit_frames(n_pipe, "pipe")
@@ -195,7 +195,7 @@ async def bench_promotion(tmp: Path, trials: int) -> dict[str, Any]:
             await anyio.sleep(0.3)  # the standby is up and waiting on the lock
             c = await Client.connect(primary)
             for i in range(50):
-                await c.call("jobsubmit", {"command": "x", "user": "bench"}, f"t{t}-{i}")
+                await c.call("jobsubmit", {"command": "x"}, f"t{t}-{i}")
             await c.aclose()
             victim = next(x for x in procs if x[1] == primary)
             other = next(x for x in procs if x[1] != primary)
@@ -206,7 +206,7 @@ async def bench_promotion(tmp: Path, trials: int) -> dict[str, Any]:
                     try:
                         c = await Client.connect(other[1])
                         if c.hello.get("state") == "primary":
-                            r = await c.call("jobsubmit", {"command": "after", "user": "bench"}, f"after-{t}")
+                            r = await c.call("jobsubmit", {"command": "after"}, f"after-{t}")
                             await c.aclose()
                             if r["ok"]:
                                 break

@@ -120,8 +120,8 @@ HISTORY = History()
 async def _write(client: Any, seq: int) -> tuple[float, float]:
     """One durable submission, recorded: (issued, acknowledged) epoch times."""
     op = HISTORY.invoke("writer", "submit", f"fo-{seq}")
-    result = await client.call("jobsubmit", {"command": f"true # {seq}", "user": "bench",
-                                             "queue": PARKED_QUEUE, "name": f"fo-{seq}"})
+    result = await client.call("jobsubmit", {"command": f"true # {seq}", "queue": PARKED_QUEUE,
+                                             "name": f"fo-{seq}"})
     HISTORY.ok(op, result, str(client.candidate))
     assert op.completed is not None
     return op.invoked, op.completed

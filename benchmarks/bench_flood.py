@@ -164,7 +164,7 @@ def scenario(name: str, bounded: bool, args: argparse.Namespace) -> dict[str, An
             pusher = Conn(ctl.address, "worker@pusher")
             assert pusher.call("join", {"role": "worker", "attrs": {"hname": "pusher", "ncpus": 1}})["ok"]
             for i in range(args.jobs):
-                assert admin.call("jobsubmit", {"command": command, "user": "u", "name": str(i)})["ok"]
+                assert admin.call("jobsubmit", {"command": command, "name": str(i)})["ok"]
             reply_bytes = len(wire.encode(admin.call("jobinfo")))
             base = ctl.rss()
             if name == "jobinfo":

@@ -172,20 +172,24 @@ def resreq_select(quick: bool) -> dict[str, Any]:
 def controller_edge(quick: bool) -> dict[str, Any]:
     """Microseconds of ``parse_request`` + ``check_call`` per request, by op."""
     import orjson
+    from xce_controller.authz import Policy
     from xce_controller.ops import Caller, check_call
     from xce_controller.settings import DEFAULT_QUEUES
     from xce_controller.state import ClusterConf, ClusterState
 
     from xcecore import wire
+    from xcecore.auth import Identity
 
     state = ClusterState(ClusterConf(queues=DEFAULT_QUEUES))
-    worker = Caller("worker@n1", "worker", joined=True, worker_host="n1")
-    cli = Caller("cli@bench", "cli")
+    policy = Policy(owner="bench")
+    worker = Caller("worker@n1", "worker", Identity(0, 0, "root", "worker", "n1", "key"),
+                    joined=True, worker_host="n1")
+    cli = Caller("cli@bench", "cli", Identity(1000, 1000, "bench", "cli", "bench", "key"))
     cases = {
         "heartbeat": (worker, {}),
         "update_resvals": (worker, {"values": {k: 0.5 for k in ("r15s", "r1m", "r15m", "ut", "pg", "io",
                                                                   "ls", "it", "tmp", "swp", "mem")}}),
-        "jobsubmit": (cli, {"command": "sleep 1", "user": "alice", "queue": "normal", "ntasks": 2,
+        "jobsubmit": (cli, {"command": "sleep 1", "queue": "normal", "ntasks": 2,
                             "env": {f"V{i}": "x" * 20 for i in range(10)}, "resreq": "select[mem>1G]"}),
     }
     inner, repeat = (5_000, 9) if quick else (50_000, 15)
@@ -196,7 +200,7 @@ def controller_edge(quick: bool) -> dict[str, Any]:
         def run(n: int, msg: dict[str, Any] = msg, caller: Caller = caller) -> None:
             for _ in range(n):
                 req = wire.parse_request(msg)
-                check_call(req.op, caller, req.args, state)
+                check_call(req.op, caller, req.args, state, policy)
 
         out[op] = {"us": stats([x * 1e6 for x in per_call(run, inner, repeat)], 3)}
     return out

@@ -195,7 +195,7 @@ def bench_latency(trials: int) -> dict[str, Any]:
             watcher.join()
             for i in range(trials + 3):
                 t0 = time.perf_counter()
-                jobid = cli.call("jobsubmit", {"command": "true", "user": "bench"})["jobid"]
+                jobid = cli.call("jobsubmit", {"command": "true"})["jobid"]
                 with watch.cond:
                     if not watch.cond.wait_for(lambda j=jobid: j in watch.run_at, 10):
                         raise TimeoutError(f"job {jobid} was not dispatched in 10 s")

@@ -51,7 +51,7 @@ from benchkit import (
 
 PART = "throughput"
 FINISHED = ("DONE", "EXIT")
-SUBMIT = {"command": "true", "user": "bench", "queue": PARKED_QUEUE}
+SUBMIT = {"command": "true", "queue": PARKED_QUEUE}
 
 
 async def _sequential(client: Any, n: int) -> None:
@@ -172,7 +172,7 @@ async def dispatch(bc: BenchCluster, quick: bool) -> dict[str, Any]:
         to_run, to_start, to_done = [], [], []
         for _ in range(n_single):
             t0 = time.time()
-            jid = (await sub.call("jobsubmit", {"command": "true", "user": "bench"}))["jobid"]
+            jid = (await sub.call("jobsubmit", {"command": "true"}))["jobid"]
             await _wait(lambda j=jid: watcher.seen.get(j, {}).keys() & {"DONE", "EXIT"}, 30)
             seen = watcher.seen[jid]
             rec = watcher.records[jid]
@@ -202,7 +202,7 @@ async def _bursts(sub: Any, watcher: JobWatcher, n_burst: int, bursts: int) -> t
         ids: list[int] = []
 
         async def one(ids: list[int] = ids) -> None:
-            ids.append((await sub.call("jobsubmit", {"command": "true", "user": "bench"}))["jobid"])
+            ids.append((await sub.call("jobsubmit", {"command": "true"}))["jobid"])
 
         async with anyio.create_task_group() as tg:
             for _ in range(n_burst):

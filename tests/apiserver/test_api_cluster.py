@@ -132,7 +132,7 @@ def test_idle_failover_rejoins_and_pushes_resume(xce_cluster: Any, tmp_path: Pat
     wait_for(lambda: "re-joined as apiserver" in run.proc.text(), 30, what="the heartbeat re-join")
     _, cfg = _direct_client(run.cluster)
     with SyncClient.open(cfg, role="cli") as direct:
-        got = direct.call("jobsubmit", {"command": "true", "user": "carol", "name": "direct"})
+        got = direct.call("jobsubmit", {"command": "true", "name": "direct"})
     wait_for(lambda: [j for j in run.jobs() if j["jobid"] == got["jobid"]], 20,
              what="the directly submitted job in GET /jobs")
     assert run.proc.alive() and run.proc.pid == pid

@@ -144,7 +144,8 @@ class Client:
 
     async def call(self, op: str, args: dict[str, Any] | None = None, *, deadline: float | None = None,
                    retry_budget: int | None = None, rid: str | None = None) -> Any:
-        self.calls.append({"op": op, "deadline": deadline, "retry_budget": retry_budget, "rid": rid})
+        self.calls.append({"op": op, "deadline": deadline, "retry_budget": retry_budget, "rid": rid,
+                           "user": (args or {}).get("user")})
         if self.delay:
             await anyio.sleep(self.delay)
         if self.error is not None:
@@ -156,8 +157,11 @@ class Client:
 async def test_call_passes_the_rid_a_bounded_budget_and_deadline() -> None:
     client = Client({"jobid": 1})
     backend = Backend(client, BackendHealth(), timeout=2.5, retries=4)
-    assert await backend.call("jobsubmit", {"command": "x"}, rid="rest:k") == {"jobid": 1}
-    assert client.calls == [{"op": "jobsubmit", "deadline": 2.5, "retry_budget": 4, "rid": "rest:k"}]
+    assert await backend.call("jobsubmit", {"command": "x"}, rid="rest:k", user="alice") == {"jobid": 1}
+    assert client.calls == [{"op": "jobsubmit", "deadline": 2.5, "retry_budget": 4, "rid": "rest:k",
+                             "user": "alice"}]
+    with pytest.raises(ValueError, match="must name one"):
+        await backend.call("jobsubmit", {"command": "x"}, rid="rest:k2", user="")
 
 
 @pytest.mark.anyio
@@ -169,7 +173,7 @@ async def test_open_breaker_fails_fast_without_touching_the_client() -> None:
     with anyio.fail_after(0.5):
         for op in REJOIN_POINTS:
             with pytest.raises(BackendUnavailableError) as info:
-                await backend.call(op, {}, rid=f"r-{op}")
+                await backend.call(op, {}, rid=f"r-{op}", user="alice")
             assert "closed by the controller" in info.value.message and "nothing was sent" in info.value.message
     assert client.calls == [] and client.connects == 0
     assert await backend.degraded() is not None
@@ -181,7 +185,7 @@ async def test_in_the_grace_a_write_waits_for_the_reconnect_then_goes() -> None:
     health = BackendHealth(grace=5.0)
     health.link_lost("reconnecting: closed by the controller")
     backend = Backend(client, health)
-    assert await backend.call("jobctrl", {}, rid="r1") == {"ok": 1}
+    assert await backend.call("jobctrl", {}, rid="r1", user="alice") == {"ok": 1}
     assert client.connects == 1 and len(client.calls) == 1
 
 
@@ -192,7 +196,7 @@ async def test_no_primary_within_the_grace_is_503_and_nothing_sent() -> None:
     health.link_lost("reconnecting: closed by the controller")
     backend = Backend(client, health)
     with pytest.raises(BackendUnavailableError):
-        await backend.call("jobsubmit", {}, rid="r1")
+        await backend.call("jobsubmit", {}, rid="r1", user="alice")
     assert client.calls == [] and client.connects == 1
 
 
@@ -203,7 +207,7 @@ async def test_a_sent_write_without_answer_is_outcome_unknown_with_its_rid() -> 
     health = BackendHealth()
     backend = Backend(client, health, timeout=1.0)
     with pytest.raises(OutcomeUnknownError) as info:
-        await backend.call("jobsubmit", {}, rid="rest:abc:jobsubmit:k1")
+        await backend.call("jobsubmit", {}, rid="rest:abc:jobsubmit:k1", user="alice")
     assert info.value.rid == "rest:abc:jobsubmit:k1" and info.value.op == "jobsubmit"
     assert not health.verdict(True).open  # the link is up: the breaker follows the link
 
@@ -212,7 +216,7 @@ async def test_a_sent_write_without_answer_is_outcome_unknown_with_its_rid() -> 
 async def test_a_write_the_client_reports_not_applied_is_503() -> None:
     backend = Backend(Client(error=BackendUnavailable("retry budget of 4 exhausted")), BackendHealth())
     with pytest.raises(BackendUnavailableError, match="budget of 4 exhausted"):
-        await backend.call("jobsubmit", {}, rid="r")
+        await backend.call("jobsubmit", {}, rid="r", user="alice")
 
 
 @pytest.mark.anyio
@@ -221,7 +225,7 @@ async def test_a_client_that_ignores_its_deadline_is_bounded_anyway() -> None:
     backend = Backend(client, BackendHealth(), timeout=0.05)
     with anyio.fail_after(5):
         with pytest.raises(OutcomeUnknownError):
-            await backend.call("hostctrl", {}, rid="r")
+            await backend.call("hostctrl", {}, rid="r", user="alice")
 
 
 @pytest.mark.anyio
@@ -229,14 +233,14 @@ async def test_error_replies_pass_through_and_do_not_open_the_breaker() -> None:
     health = BackendHealth()
     backend = Backend(Client(error=RemoteError("CONFLICT", "queue closed")), health)
     with pytest.raises(RemoteError):
-        await backend.call("jobsubmit", {}, rid="r")
+        await backend.call("jobsubmit", {}, rid="r", user="alice")
     assert health.verdict(True).state == "closed"
 
 
 @pytest.mark.anyio
 async def test_no_client_is_unavailable() -> None:
     with pytest.raises(BackendUnavailableError, match="no controller client"):
-        await Backend(None, BackendHealth()).call("jobsubmit", {}, rid="r")
+        await Backend(None, BackendHealth()).call("jobsubmit", {}, rid="r", user="alice")
 
 
 @pytest.fixture
@@ -283,7 +287,7 @@ async def test_in_the_grace_a_dead_cluster_is_503_at_once() -> None:
         health.link_lost("reconnecting: closed by the controller")
         with anyio.fail_after(5):  # not the 60 s grace
             with pytest.raises(BackendUnavailableError, match="no controller candidate is listening"):
-                await Backend(client, health).call("jobsubmit", {}, rid="r")
+                await Backend(client, health).call("jobsubmit", {}, rid="r", user="alice")
         assert client.connects == 0 and client.calls == []
 
 
@@ -296,5 +300,5 @@ async def test_without_heartbeats_a_write_probes_within_one_grace() -> None:
     health = BackendHealth(grace=0.0)
     health.link_lost("reconnecting: closed by the controller")
     assert health.verdict(False).open  # nothing but a write would ever close it
-    assert await Backend(client, health).call("jobsubmit", {}, rid="r") == {"ok": 1}
+    assert await Backend(client, health).call("jobsubmit", {}, rid="r", user="alice") == {"ok": 1}
     assert client.connects == 1

@@ -43,7 +43,7 @@ class RawClient:
 
     @classmethod
     async def connect(
-        cls, address: str, identity: str = "cli@test", key: bytes | None = KEY
+        cls, address: str, identity: str = "apiserver@test", key: bytes | None = KEY
     ) -> RawClient:
         host, _, port = address.rpartition(":")
         stream = await anyio.connect_tcp(host.strip("[]"), int(port))

@@ -56,8 +56,8 @@ def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
 
 @pytest.mark.parametrize("sent", [2, 4 + 10], ids=["half a length", "half a body"])
 def test_a_half_sent_frame_is_dropped_after_the_frame_timeout(ctl: Proc, sent: int) -> None:
-    idle = SyncClient(ctl.address, "cli@idle")
-    half = SyncClient(ctl.address, "cli@half")
+    idle = SyncClient(ctl.address, "apiserver@idle")
+    half = SyncClient(ctl.address, "apiserver@half")
     frame = struct.pack(">I", 100) + b"{" * 96
     half.sock.sendall(frame[:sent])
     assert closed_by_peer(half.sock, 15)  # dropped (frame_timeout 0.5 s), not held for ever
@@ -93,10 +93,10 @@ def rss(pid: int) -> int:
 
 
 def test_non_reading_floods_leave_memory_bounded_and_others_served(ctl: Proc) -> None:
-    admin = SyncClient(ctl.address, "admin@fill")
+    admin = SyncClient(ctl.address, "cli@fill")
     command = "x" * 8000  # every job ~8 KB: a jobinfo of them all is ~1.6 MB
     for i in range(200):
-        assert admin.call("jobsubmit", {"command": command, "user": "u", "name": str(i)})["ok"]
+        assert admin.call("jobsubmit", {"command": command, "name": str(i)})["ok"]
     deaf = SyncClient(ctl.address, "scheduler@deaf")  # a member that never reads its pushes
     assert deaf.call("join", {"role": "scheduler"})["ok"]
     deaf.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -109,7 +109,7 @@ def test_non_reading_floods_leave_memory_bounded_and_others_served(ctl: Proc) ->
     stop = threading.Event()
     # Held open until the end: a flood that has sent everything must not close its socket
     # (that is a dead peer, not a stalled one).
-    socks = [raw_socket(ctl.address, who) for who in ("cli@jobinfo-flood", "apiserver@join-flood")]
+    socks = [raw_socket(ctl.address, who) for who in ("apiserver@jobinfo-flood", "apiserver@join-flood")]
     threads = [threading.Thread(target=flood, args=(sock, frames, stop), daemon=True)
                for sock, frames in zip(socks, (jobinfos, joins), strict=True)]
     for t in threads:
@@ -123,8 +123,8 @@ def test_non_reading_floods_leave_memory_bounded_and_others_served(ctl: Proc) ->
             # loop on a fast machine grows it legitimately (~20 MB at this pace).
             paced = time.monotonic() + 0.05
             for _ in range(10):
-                assert admin.call("jobsubmit", {"command": command, "user": "u"})["ok"]
-            other = SyncClient(ctl.address, "cli@other")
+                assert admin.call("jobsubmit", {"command": command})["ok"]
+            other = SyncClient(ctl.address, "apiserver@other")
             assert len(other.call("jobinfo", {"limit": 3})["result"]["jobs"]) == 3
             other.close()
             served += 1
@@ -141,7 +141,7 @@ def test_non_reading_floods_leave_memory_bounded_and_others_served(ctl: Proc) ->
     def dropped(who: str, line: str) -> bool:
         return (f"{who} (" in line and "took no data" in line) or f"member {who} is over" in line
 
-    floods = ("cli@jobinfo-flood", "apiserver@join-flood")
+    floods = ("apiserver@jobinfo-flood", "apiserver@join-flood")
     def both_dropped() -> str:
         text = ctl.log.read_text()
         lines = text.splitlines()

@@ -117,7 +117,7 @@ async def test_primary_cleans_on_promotion_and_pushes_job_removed(tmp_path: Path
         with anyio.fail_after(10):  # the first pass runs right after promotion
             while jobid in ctl.state.jobs:
                 await anyio.sleep(0.01)
-        c = await RawClient.connect(ctl.address, "admin@x")
+        c = await RawClient.connect(ctl.address, "cli@x")
         assert [j["jobid"] for j in (await c.ok("jobinfo"))["jobs"]] == [2]
         assert (await c.call("jobctrl", {"jobid": jobid, "action": "requeue"}))["error"]["code"] == "NOT_FOUND"
         await c.aclose()
@@ -130,7 +130,7 @@ async def test_clean_period_zero_keeps_finished_jobs(tmp_path: Path) -> None:
         assert ctl.settings.clean_period == 0
         await anyio.sleep(0.3)
         assert jobid in ctl.state.jobs
-        c = await RawClient.connect(ctl.address, "admin@x")
+        c = await RawClient.connect(ctl.address, "cli@x")
         assert [j["jobid"] for j in (await c.ok("jobinfo"))["jobs"]] == [1, 2]
         await c.aclose()
 
@@ -148,9 +148,9 @@ async def test_members_drop_purged_jobs_and_ids_continue(tmp_path: Path) -> None
             view.apply(p["push"], p["data"])
             if p["push"] == "sync_end":
                 break
-        c = await RawClient.connect(ctl.address, "admin@x")
-        keep = (await c.ok("jobsubmit", {"command": "stays", "user": "u"}))["jobid"]
-        gone = (await c.ok("jobsubmit", {"command": "goes", "user": "u"}))["jobid"]
+        c = await RawClient.connect(ctl.address, "cli@x")
+        keep = (await c.ok("jobsubmit", {"command": "stays"}))["jobid"]
+        gone = (await c.ok("jobsubmit", {"command": "goes"}))["jobid"]
         await c.ok("jobctrl", {"jobid": gone, "action": "kill"})  # PEND -> EXIT, the highest id
         with anyio.fail_after(10):
             while True:
@@ -166,9 +166,9 @@ async def test_members_drop_purged_jobs_and_ids_continue(tmp_path: Path) -> None
         await c.aclose()
         await sub.aclose()
     async with running(tmp_path, clean_period=0) as ctl2:  # the next primary loads the store
-        c = await RawClient.connect(ctl2.address, "admin@x")
+        c = await RawClient.connect(ctl2.address, "cli@x")
         assert [j["jobid"] for j in (await c.ok("jobinfo"))["jobs"]] == [keep]
-        assert (await c.ok("jobsubmit", {"command": "new", "user": "u"}))["jobid"] == gone + 1
+        assert (await c.ok("jobsubmit", {"command": "new"}))["jobid"] == gone + 1
         await c.aclose()
 
 
@@ -180,8 +180,8 @@ async def test_real_process_cleans_and_logs(tmp_path: Path) -> None:
         p = start_controller(state_dir, logs, None, "--clean-period", "0.3")
         procs.append(p)
         wait_listening(p.address, state="primary")
-        c = await RawClient.connect(p.address, "admin@x")
-        jobid = (await c.ok("jobsubmit", {"command": "x", "user": "u"}))["jobid"]
+        c = await RawClient.connect(p.address, "cli@x")
+        jobid = (await c.ok("jobsubmit", {"command": "x"}))["jobid"]
         await c.ok("jobctrl", {"jobid": jobid, "action": "kill"})
         with anyio.fail_after(15):
             while (await c.ok("jobinfo"))["jobs"]:
@@ -192,9 +192,9 @@ async def test_real_process_cleans_and_logs(tmp_path: Path) -> None:
         p2 = start_controller(state_dir, logs, None, "--clean-period", "0")
         procs.append(p2)
         wait_listening(p2.address, state="primary")
-        c = await RawClient.connect(p2.address, "admin@x")
+        c = await RawClient.connect(p2.address, "cli@x")
         assert (await c.ok("jobinfo"))["jobs"] == []
-        assert (await c.ok("jobsubmit", {"command": "y", "user": "u"}))["jobid"] == jobid + 1
+        assert (await c.ok("jobsubmit", {"command": "y"}))["jobid"] == jobid + 1
         await c.aclose()
     finally:
         for proc in procs:

@@ -140,9 +140,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, dict[
     proc = start_controller(base / "state", base)
     try:
         wait_listening(proc.address, state="primary")
-        conns = {"admin": Conn(proc.address, "admin@fuzz"), "cli": Conn(proc.address, "cli@fuzz"),
+        conns = {"admin": Conn(proc.address, "cli@fuzz"), "cli": Conn(proc.address, "apiserver@fuzz"),
                  "worker": Conn(proc.address, "worker@n1"), "scheduler": Conn(proc.address, "scheduler@s"),
-                 "other": Conn(proc.address, "cli@other")}
+                 "other": Conn(proc.address, "apiserver@other")}
         assert conns["worker"].call("join", VALID["join"])["ok"]
         assert conns["scheduler"].call("join", {"role": "scheduler"})["ok"]
         assert conns["admin"].call("jobsubmit", VALID["jobsubmit"])["ok"]

@@ -82,11 +82,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, dict[
     proc = start_controller(base / "state", base)
     try:
         wait_listening(proc.address, state="primary")
-        c = SyncClient(proc.address, "admin@fuzz")
+        c = SyncClient(proc.address, "cli@fuzz")
         w = SyncClient(proc.address, "worker@n1")
         assert w.call("join", {"role": "worker", "attrs": {"hname": "n1", "ncpus": 2}})["ok"]
         for i in range(3):
-            assert c.call("jobsubmit", {"command": f"c{i}", "user": "u"})["ok"]
+            assert c.call("jobsubmit", {"command": f"c{i}"})["ok"]
         snap = snapshot(c)
         c.close()
         yield proc, snap
@@ -101,7 +101,7 @@ def snapshot(c: SyncClient) -> dict[str, Any]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    identity=st.sampled_from(["fuzz@x", "worker@x", "scheduler@x", "cli@x"]),
+    identity=st.sampled_from(["fuzz@x", "worker@x", "scheduler@x", "apiserver@x"]),
     handshake=st.booleans(),
     payload=st.lists(frames, min_size=1, max_size=4),
 )
@@ -124,7 +124,7 @@ def test_random_frames_change_nothing(live, identity, handshake, payload):
 
 def test_still_serving_and_unchanged_after_fuzz(live):
     proc, snap = live
-    c = SyncClient(proc.address, "admin@check")
+    c = SyncClient(proc.address, "cli@check")
     assert c.status["state"] == "primary"
     assert snapshot(c) == snap
     c.close()
@@ -132,18 +132,20 @@ def test_still_serving_and_unchanged_after_fuzz(live):
 
 def test_wrong_key_is_denied_and_logged(live):
     proc, _ = live
-    c = SyncClient(proc.address, "cli@x", key=b"wrong")
-    assert c.status["ok"] is False and c.status["error"]["code"] == "DENIED"
+    c = SyncClient(proc.address, "apiserver@x", key=b"wrong")
+    assert c.status["ok"] is False and c.status["error"]["code"] == "AUTH"
+    assert c.status["error"]["reason"] == "bad_key"
+    assert c.status["error"]["message"].startswith("authentication failed: bad cluster key")
     with pytest.raises(ConnectionError):
         c.recv()
     c.close()
-    assert "handshake from" in proc.log.read_text() and "bad cluster-key MAC" in proc.log.read_text()
+    assert "handshake from" in proc.log.read_text() and "bad cluster key" in proc.log.read_text()
 
 
 def test_oversized_frame_closes_only_that_connection(live):
     proc, _ = live
-    bad = SyncClient(proc.address, "cli@x")
-    good = SyncClient(proc.address, "cli@y")
+    bad = SyncClient(proc.address, "apiserver@x")
+    good = SyncClient(proc.address, "apiserver@y")
     bad.sock.sendall(struct.pack(">I", 2**31))
     err = bad.recv()
     assert err["ok"] is False and err["error"]["code"] == "INVALID"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from ctl_testlib import RawClient, controllers, find_primary, handshake_state, wait_listening
 
 pytestmark = pytest.mark.anyio
+OWNER = pwd.getpwuid(os.geteuid()).pw_name  # under auth = "key" every caller is the owner
 
 
 async def test_three_candidates_failover(tmp_path):
@@ -64,7 +68,9 @@ async def test_candidate_on_held_state_dir_is_standby(tmp_path):
         with controllers(tmp_path / "state", logs, 1, expect="standby") as late:
             wait_listening(late[0].address)
             hs = await handshake_state(late[0].address)
-            assert hs == {"ok": True, "server": late[0].address, "state": "standby", "primary": primary}
+            assert hs == {"ok": True, "server": late[0].address, "state": "standby", "primary": primary,
+                          "identity": {"user": OWNER, "uid": os.geteuid(), "gid": os.getegid(),
+                                       "method": "key"}}
 
 
 async def test_standby_names_the_primary_in_its_hello(tmp_path):
@@ -73,6 +79,7 @@ async def test_standby_names_the_primary_in_its_hello(tmp_path):
     import anyio
 
     from xcecore import wire
+    from xcecore.auth.key import KeyAuth
     from xcecore.candidates import parse_address
     from xcecore.client.link import open_link
 
@@ -87,7 +94,8 @@ async def test_standby_names_the_primary_in_its_hello(tmp_path):
             hello = await wire.read_message(BufferedByteReceiveStream(raw))
         assert hello["state"] == "standby" and hello["primary"] == primary
         assert hello["server"] == standby.address and "challenge" in hello
-        dialed = await open_link(parse_address(standby.address), sender="w@x", key=b"wrong key",
+        dialed = await open_link(parse_address(standby.address), sender="w@x",
+                                 auth=KeyAuth(b"wrong key"),
                                  connect_timeout=5.0, max_frame=1 << 20)
         assert dialed.stream is None and dialed.redirect == primary  # even with a wrong key
         # A client that authenticates anyway still gets the verdict in the third message.

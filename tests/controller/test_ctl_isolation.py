@@ -73,7 +73,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
 def serving(proc: Proc) -> dict[str, Any]:
     """The candidate is alive and answers a fresh client; its hosts."""
     assert proc.popen.poll() is None, proc.log.read_text()[-3000:]
-    c = SyncClient(proc.address, "cli@check")
+    c = SyncClient(proc.address, "apiserver@check")
     try:
         assert c.call("hello")["ok"]
         hosts: dict[str, Any] = c.call("hostinfo")["result"]
@@ -103,7 +103,7 @@ def test_update_resvals_nested_300_deep_is_refused(live: Proc) -> None:
         assert w.call("update_resvals", {"values": {"r1m": 0.5}})["ok"]
         reply = sync_raw(w, "update_resvals", b'{"values":{"r1m":' + nested(300) + b"}}")
         assert reply["ok"] is False and reply["error"]["code"] == "INVALID"
-        c = SyncClient(live.address, "cli@rv")
+        c = SyncClient(live.address, "apiserver@rv")
         assert c.call("resval", {"host": "rv"})["result"]["hosts"]["rv"] == {"r1m": 0.5}
         c.close()
     finally:
@@ -117,7 +117,7 @@ def test_values_too_deep_to_print_are_refused(live: Proc, field: str) -> None:
     parts = {"id": b"7", "op": b'"hello"', "args": b"{}"}
     parts[field] = deep
     body = b"{" + b",".join(b'"' + k.encode() + b'":' + v for k, v in parts.items()) + b"}"
-    c = SyncClient(live.address, "cli@deep")
+    c = SyncClient(live.address, "apiserver@deep")
     try:
         c.sock.sendall(raw_frame(body))
         reply = c.recv()
@@ -129,7 +129,7 @@ def test_values_too_deep_to_print_are_refused(live: Proc, field: str) -> None:
 
 
 def test_a_read_with_deep_unhashable_arguments_is_its_own_error(live: Proc) -> None:
-    c = SyncClient(live.address, "cli@hosts")
+    c = SyncClient(live.address, "apiserver@hosts")
     try:
         reply = sync_raw(c, "hostinfo", b'{"hosts":[' + nested(200, b"{}") + b"]}")
         assert reply["ok"] is False and reply["error"]["code"] in ("INVALID", "INTERNAL")
@@ -142,9 +142,10 @@ def test_a_read_with_deep_unhashable_arguments_is_its_own_error(live: Proc) -> N
 # -- the controller's own isolation, with the validation edge (and its arguments check) gone --
 
 
-def no_edge(op: str, caller: Caller, args: dict[str, Any], state: ClusterState) -> tuple[OpSpec, dict[str, Any]]:
-    """check_call without any validation: only the op table's lookup."""
-    return OPS[op], dict(args)
+def no_edge(op: str, caller: Caller, args: dict[str, Any], state: ClusterState,
+            policy: Any) -> tuple[OpSpec, dict[str, Any]]:
+    """check_call without any validation: only the op table's lookup (and whom it acts for)."""
+    return OPS[op], {**args, "user": args.get("user", caller.who.user)}
 
 
 def without_the_edge(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,9 +181,9 @@ async def test_a_change_that_cannot_be_encoded_is_rolled_back(tmp_path: Path, mo
     async with running(tmp_path) as ctl:
         good = await RawClient.connect(ctl.address, "worker@good")
         await good.ok("join", {"role": "worker", "attrs": {"hname": "good", "ncpus": 2}})
-        admin = await RawClient.connect(ctl.address, "admin@x")
+        admin = await RawClient.connect(ctl.address, "cli@x")
         # Writes of another client in flight while the bad change is made and undone.
-        sent = [await admin.send("jobsubmit", {"command": f"c{i}", "user": "u"}, rid=f"k{i}")
+        sent = [await admin.send("jobsubmit", {"command": f"c{i}"}, rid=f"k{i}")
                 for i in range(20)]
         bad = await RawClient.connect(ctl.address, "worker@deep")
         reply = await async_raw(bad, "join", DEEP_JOIN)
@@ -198,7 +199,7 @@ async def test_a_change_that_cannot_be_encoded_is_rolled_back(tmp_path: Path, mo
         assert len(jobs) == 20
         # what memory holds is what the store holds
         assert orjson.loads(orjson.dumps(ctl.state.hosts)) == stored_hosts(tmp_path)
-        assert await admin.ok("jobsubmit", {"command": "after", "user": "u"})
+        assert await admin.ok("jobsubmit", {"command": "after"})
 
 
 @pytest.mark.anyio
@@ -215,7 +216,7 @@ async def test_a_poisoned_record_costs_requests_not_the_process(
         await w.ok("join", {"role": "worker", "attrs": {"hname": "p", "ncpus": 1}})
         reply = await async_raw(w, "update_resvals", b'{"values":{"x":' + nested(300) + b"}}")
         assert reply["ok"] is False
-        cli = await RawClient.connect(ctl.address, "cli@x")
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
         await w.ok("heartbeat")  # (beating: the host does not expire, so the poison stays)
         assert (await cli.call("hostinfo"))["error"]["code"] == "INVALID"  # its own error
         sched = await RawClient.connect(ctl.address, "scheduler@s")

@@ -31,7 +31,7 @@ def err(msg):
 async def test_job_lifecycle_with_worker_and_scheduler(tmp_path):
     async with running(tmp_path) as ctl:
         w, s = await worker(ctl), await scheduler(ctl)
-        cli = await RawClient.connect(ctl.address, "cli@laptop")
+        cli = await RawClient.connect(ctl.address, "apiserver@laptop")
         jobid = (await cli.ok("jobsubmit", {"command": "true", "user": "alice", "ntasks": 2}))["jobid"]
         assert (await s.push("job"))["data"]["state"] == "PEND"
         r = await s.ok("jobdispatch", {"jobid": jobid, "alloc": [{"host": "n1", "ntasks": 2}]})
@@ -79,7 +79,7 @@ async def test_job_lifecycle_with_worker_and_scheduler(tmp_path):
 async def test_pending_job_control_and_reasons(tmp_path):
     async with running(tmp_path) as ctl:
         s = await scheduler(ctl)
-        cli = await RawClient.connect(ctl.address, "cli@laptop")
+        cli = await RawClient.connect(ctl.address, "apiserver@laptop")
         j = (await cli.ok("jobsubmit", {"command": "x", "user": "alice", "queue": "priority"}))["jobid"]
         assert (await s.ok("set_pend_reason", {"reasons": {str(j): "no host fits"}})) == {"updated": 1}
         assert (await s.push("pend_reasons"))["data"] == {"reasons": {str(j): "no host fits"}}
@@ -101,7 +101,7 @@ async def test_pending_job_control_and_reasons(tmp_path):
 async def test_queue_and_host_control(tmp_path):
     async with running(tmp_path) as ctl:
         w, s = await worker(ctl), await scheduler(ctl)
-        cli = await RawClient.connect(ctl.address, "cli@laptop")
+        cli = await RawClient.connect(ctl.address, "apiserver@laptop")
         close = {"queue": "normal", "action": "close", "user": "alice"}
         assert err(await cli.call("queuectrl", close))["code"] == "DENIED"
         q = await cli.ok("queuectrl", {"queue": "normal", "action": "close", "user": "root"})
@@ -109,7 +109,7 @@ async def test_queue_and_host_control(tmp_path):
         assert (await s.push("queue"))["data"]["open"] is False
         assert err(await cli.call("jobsubmit", {"command": "x", "user": "a"}))["code"] == "CONFLICT"
         await cli.ok("queuectrl", {"queue": "normal", "action": "open", "user": "root"})
-        admin = await RawClient.connect(ctl.address, "admin@ctl")
+        admin = await RawClient.connect(ctl.address, "cli@ctl")
         await admin.ok("queuectrl", {"queue": "normal", "action": "inactivate"})
         j = (await cli.ok("jobsubmit", {"command": "x", "user": "a"}))["jobid"]
         e = err(await s.call("jobdispatch", {"jobid": j, "alloc": [{"host": "n1", "ntasks": 1}]}))
@@ -140,7 +140,7 @@ async def test_host_timeout_and_rejoin(tmp_path):
                 pass
         e = err(await s.call("jobdispatch", {"jobid": j, "alloc": [{"host": "n1", "ntasks": 1}], "force": True}))
         assert e["code"] == "DENIED"  # only an administrator may force
-        admin = await RawClient.connect(ctl.address, "admin@x")
+        admin = await RawClient.connect(ctl.address, "cli@x")
         e = err(await admin.call("jobdispatch", {"jobid": j, "alloc": [{"host": "n1", "ntasks": 1}], "force": True}))
         assert e["code"] == "CONFLICT" and "unavail" in e["message"]
         await w.aclose()
@@ -175,10 +175,10 @@ async def test_worker_sees_only_its_host(tmp_path):
 
 async def test_validation_errors_name_the_argument(tmp_path):
     async with running(tmp_path) as ctl:
-        cli = await RawClient.connect(ctl.address, "cli@x")
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
         cases = [
             ("jobsubmit", {"user": "a"}, "INVALID", "'command' is required"),
-            ("jobsubmit", {"command": "x"}, "INVALID", "'user' is required"),
+            ("jobsubmit", {"command": "x"}, "INVALID", "must name the user it acts for (argument 'user')"),
             ("jobsubmit", {"command": "x", "user": "a", "ntasks": "2"}, "INVALID", "'ntasks' must be int, got str"),
             ("jobsubmit", {"command": "x", "user": "a", "ntasks": True}, "INVALID", "'ntasks' must be int"),
             ("jobsubmit", {"command": "x", "user": "a", "ntasks": 0}, "INVALID", "'ntasks' must be >= 1"),
@@ -200,7 +200,7 @@ async def test_validation_errors_name_the_argument(tmp_path):
             ("jobinfo", {"state": "WEIRD"}, "INVALID", "'state' must be one of"),
             ("nosuchop", {}, "INVALID", "unknown op 'nosuchop'"),
             ("heartbeat", {}, "NOT_JOINED", "join first"),
-            ("notify_job", {"jobid": 1, "event": "start"}, "DENIED", "role 'cli'"),
+            ("notify_job", {"jobid": 1, "event": "start"}, "DENIED", "role 'apiserver'"),
         ]
         for op, args, code, text in cases:
             e = err(await cli.call(op, args))
@@ -215,7 +215,7 @@ async def test_role_permissions(tmp_path):
     async with running(tmp_path) as ctl:
         w = await worker(ctl)
         s = await scheduler(ctl)
-        cli = await RawClient.connect(ctl.address, "cli@x")
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
         j = (await cli.ok("jobsubmit", {"command": "x", "user": "a"}))["jobid"]
         alloc = {"jobid": j, "alloc": [{"host": "n1", "ntasks": 1}]}
         for c, op, args in [
@@ -234,7 +234,7 @@ async def test_role_permissions(tmp_path):
 async def test_shutdown_by_admin(tmp_path):
     async with running(tmp_path) as ctl:
         s = await scheduler(ctl)
-        admin = await RawClient.connect(ctl.address, "cli@x")
+        admin = await RawClient.connect(ctl.address, "apiserver@x")
         assert await admin.ok("shutdown", {"user": "root"}) == {"server": ctl.address}
         assert (await s.push("shutdown"))["data"] == {"server": ctl.address}
         with anyio.fail_after(5):

@@ -16,7 +16,7 @@ async def test_state_then_gap_free_deltas(tmp_path):
     async with running(tmp_path) as ctl:
         s = await RawClient.connect(ctl.address, "scheduler@a")
         await s.ok("join", {"role": "scheduler"})
-        cli = await RawClient.connect(ctl.address, "cli@x")
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
         for i in range(20):
             await cli.ok("jobsubmit", {"command": f"c{i}", "user": "u"})
         await s.ok("join", {"role": "scheduler"})  # re-join: a fresh state, seq goes on
@@ -36,7 +36,7 @@ async def test_slow_subscriber_is_dropped(tmp_path):
         await slow.ok("join", {"role": "apiserver"})
         fast = await RawClient.connect(ctl.address, "scheduler@fast")
         await fast.ok("join", {"role": "scheduler"})
-        cli = await RawClient.connect(ctl.address, "cli@x")
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
         big = "x" * 30_000  # a command's limit is 32,768 characters: the env carries the rest
         got: list[dict] = []
 

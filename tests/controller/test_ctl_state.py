@@ -150,8 +150,6 @@ def test_views_queues_conf_and_lookups() -> None:
         with pytest.raises(RemoteError) as err:
             fn(arg)
         assert code(err) == "NOT_FOUND" and err.value.data == {"what": what, "name": arg}
-    assert st.is_admin("admin", None) and st.is_admin("cli", "root")
-    assert not st.is_admin("cli", "alice") and not st.is_admin("cli", None)
 
 
 def test_legacy_state_for_members_and_for_a_worker() -> None:

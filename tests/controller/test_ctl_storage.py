@@ -143,13 +143,13 @@ async def test_a_failing_store_rolls_back_refuses_writes_and_recovers(tmp_path: 
         await sched.ok("join", {"role": "scheduler"})
         worker = await RawClient.connect(ctl.address, "worker@n1")
         await worker.ok("join", {"role": "worker", "attrs": {"hname": "n1", "ncpus": 2}})
-        admin = await RawClient.connect(ctl.address, "admin@x")
-        a = (await admin.ok("jobsubmit", {"command": "a", "user": "u"}, rid="ka"))["jobid"]
+        admin = await RawClient.connect(ctl.address, "cli@x")
+        a = (await admin.ok("jobsubmit", {"command": "a"}, rid="ka"))["jobid"]
 
         store.failing = True
         sent = [await admin.send("jobdispatch", {"jobid": a, "alloc": [{"host": "n1", "ntasks": 1}]}),
-                await admin.send("jobsubmit", {"command": "b", "user": "u"}, rid="kb"),
-                await admin.send("jobsubmit", {"command": "c", "user": "u"}, rid="kc")]
+                await admin.send("jobsubmit", {"command": "b"}, rid="kb"),
+                await admin.send("jobsubmit", {"command": "c"}, rid="kc")]
         read = await admin.send("jobinfo")
         for n in sent:
             err = (await admin.reply(n))["error"]
@@ -164,7 +164,7 @@ async def test_a_failing_store_rolls_back_refuses_writes_and_recovers(tmp_path: 
         assert (await admin.ok("hostinfo"))["hosts"][0]["used_slots"] == 0
         assert await worker.ok("heartbeat")
         assert await worker.ok("update_resvals", {"values": {"r1m": 0.25}})
-        refused = (await admin.call("jobsubmit", {"command": "d", "user": "u"}, rid="kd"))["error"]
+        refused = (await admin.call("jobsubmit", {"command": "d"}, rid="kd"))["error"]
         assert refused["code"] == "STORAGE" and "nothing changed" in refused["message"]
         assert (await admin.ok("resval", {"host": "n1"}))["hosts"]["n1"] == {"r1m": 0.25}
 
@@ -182,7 +182,7 @@ async def test_a_failing_store_rolls_back_refuses_writes_and_recovers(tmp_path: 
 
         store.failing = False  # the disk works again: a probe commits, writes are taken
         with anyio.fail_after(10):
-            while not (reply := await admin.call("jobsubmit", {"command": "d", "user": "u"}, rid="kd"))["ok"]:
+            while not (reply := await admin.call("jobsubmit", {"command": "d"}, rid="kd"))["ok"]:
                 assert reply["error"]["code"] == "STORAGE"
                 await anyio.sleep(0.05)
         d = reply["result"]["jobid"]
@@ -195,7 +195,7 @@ async def test_a_failing_store_rolls_back_refuses_writes_and_recovers(tmp_path: 
     assert "I/O error" in fault[0] and "refusing writes" in fault[0]
     # What the primary held is what the store holds: a new primary loads the same.
     async with flaky(tmp_path) as (ctl2, _):
-        c = await RawClient.connect(ctl2.address, "admin@y")
+        c = await RawClient.connect(ctl2.address, "cli@y")
         assert await c.ok("jobinfo") == final
 
 
@@ -248,7 +248,7 @@ class Writers:
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
 
     def _run(self, i: int) -> None:
-        c = SyncClient(self.address, f"cli@w{i}")
+        c = SyncClient(self.address, f"apiserver@w{i}")
         k = 0
         while not self.stop.is_set():
             name = f"w{i}-{k}"
@@ -287,7 +287,7 @@ def test_a_full_disk_keeps_every_candidate_up_and_loses_nothing_acknowledged(tmp
             wait_for(lambda: writers.counts()[1] >= 30, 60, what="writes refused on a full disk")
             # The disk stays full while the writers are refused some more (the probes fail
             # too): reads are served, standbys stand by, nothing exits.
-            reader = SyncClient(procs[0].address, "cli@reader")
+            reader = SyncClient(procs[0].address, "apiserver@reader")
             deadline = time.monotonic() + 60
             while writers.counts()[1] < 1000:
                 assert time.monotonic() < deadline, "writers stopped being refused"
@@ -319,7 +319,7 @@ def test_a_full_disk_keeps_every_candidate_up_and_loses_nothing_acknowledged(tmp
             assert pushed == set(writers.ok)
 
             def names(address: str) -> dict[str, int]:
-                c = SyncClient(address, "cli@check")
+                c = SyncClient(address, "apiserver@check")
                 try:
                     out: dict[str, int] = {}
                     args: dict[str, Any] = {"limit": 1000}
@@ -361,7 +361,7 @@ def all_alive(procs: list[Proc]) -> None:
 
 def standby_state(proc: Proc) -> str | None:
     try:
-        c = SyncClient(proc.address, "cli@probe")
+        c = SyncClient(proc.address, "apiserver@probe")
     except OSError:
         return None
     try:

@@ -112,29 +112,29 @@ async def test_new_primary_recovers_everything(tmp_path):
     async with running(tmp_path) as ctl:
         w = await RawClient.connect(ctl.address, "worker@n1")
         await w.ok("join", {"role": "worker", "attrs": {"hname": "n1", "ncpus": 4}})
-        admin = await RawClient.connect(ctl.address, "admin@x")
-        ids = [(await admin.ok("jobsubmit", {"command": f"c{i}", "user": "u"}, rid=f"k{i}"))["jobid"] for i in range(5)]
+        admin = await RawClient.connect(ctl.address, "cli@x")
+        ids = [(await admin.ok("jobsubmit", {"command": f"c{i}"}, rid=f"k{i}"))["jobid"] for i in range(5)]
         await admin.ok("jobdispatch", {"jobid": ids[0], "alloc": [{"host": "n1", "ntasks": 1}]})
         await admin.ok("queuectrl", {"queue": "priority", "action": "close"}, rid="q1")
         await admin.ok("hostctrl", {"host": "n1", "action": "close", "comment": "disk"})
         before = await admin.ok("jobinfo")
         hosts_before = await admin.ok("hostinfo")
     async with running(tmp_path) as ctl2:
-        c = await RawClient.connect(ctl2.address, "admin@x")
+        c = await RawClient.connect(ctl2.address, "cli@x")
         assert await c.ok("jobinfo") == before
         h = (await c.ok("hostinfo"))["hosts"][0]
         assert h["closed"] and h["comment"] == "disk" and h["used_slots"] == 1
         assert h == {**hosts_before["hosts"][0], "joined_at": h["joined_at"]}
         assert (await c.ok("queueinfo", {"queues": ["priority"]}))["queues"][0]["open"] is False
         # the stored result is returned, nothing is applied again
-        assert (await c.ok("jobsubmit", {"command": "c3", "user": "u"}, rid="k3"))["jobid"] == ids[3]
+        assert (await c.ok("jobsubmit", {"command": "c3"}, rid="k3"))["jobid"] == ids[3]
         assert len((await c.ok("jobinfo"))["jobs"]) == 5
-        assert (await c.ok("jobsubmit", {"command": "new", "user": "u"}))["jobid"] == ids[-1] + 1
+        assert (await c.ok("jobsubmit", {"command": "new"}))["jobid"] == ids[-1] + 1
 
 
 async def test_duplicate_rid_while_first_copy_commits(tmp_path):
     async with running(tmp_path) as ctl:
-        c = await RawClient.connect(ctl.address, "cli@x")
+        c = await RawClient.connect(ctl.address, "apiserver@x")
         n = [await c.send("jobsubmit", {"command": "dup", "user": "u"}, rid="same") for _ in range(20)]
         results = [await c.reply(i) for i in n]
         assert all(r["ok"] and r["result"] == results[0]["result"] for r in results)
@@ -143,7 +143,7 @@ async def test_duplicate_rid_while_first_copy_commits(tmp_path):
 
 async def test_pipelined_writes_are_grouped(tmp_path):
     async with running(tmp_path) as ctl:
-        c = await RawClient.connect(ctl.address, "cli@x")
+        c = await RawClient.connect(ctl.address, "apiserver@x")
         n = [await c.send("jobsubmit", {"command": "p", "user": "u"}, rid=f"p{i}") for i in range(300)]
         with anyio.fail_after(10):
             results = [await c.reply(i) for i in n]
@@ -170,7 +170,9 @@ async def test_standby_without_primary_answers_no_primary(tmp_path):
         ctl = await tg.start(lambda task_status: serve(settings(tmp_path), election_factory=NeverElected,
                                                        task_status=task_status))
         c = await RawClient.connect(ctl.address)
-        assert c.hello == {"ok": True, "server": ctl.address, "state": "standby", "primary": None}
+        assert {k: v for k, v in c.hello.items() if k != "identity"} == \
+            {"ok": True, "server": ctl.address, "state": "standby", "primary": None}
+        assert c.hello["identity"]["method"] == "key"
         e = (await c.call("jobinfo"))["error"]
         assert e["code"] == "NO_PRIMARY" and e["primary"] is None
         (tmp_path / "primary").write_text("10.0.0.9:7600\n")

@@ -57,7 +57,7 @@ def test_async_handlers_are_awaited_and_members_are_shown(xce_cluster: Any, xce_
     wait_for(lambda: _members(cli)["probe@p1"]["last_seen"] > first_seen, 10,
              what="a heartbeat moving last_seen")
     # A job change reaches the subscribed probe, never the one that asked for no pushes.
-    jobid = cli.call("jobsubmit", {"command": "true", "user": "alice"}, deadline=10)["jobid"]
+    jobid = cli.call("jobsubmit", {"command": "true"}, deadline=10)["jobid"]
     wait_for(lambda: any(r.get("push") == "job" for r in _lines(all_out)), 30, what="the job push")
     assert jobid >= 1
     assert not [r for r in _lines(none_out) if "push" in r], _lines(none_out)

@@ -15,13 +15,13 @@ def test_joined_client_fixture_and_kill_primary(xce_cluster: Any, xce_client: An
     cluster: LocalCluster = xce_cluster(3)
     worker = xce_client(cluster, "worker", hname="fx1", ncpus=2)
     cli = xce_client(cluster, "cli", join=False)
-    hosts = cli.call("hostinfo", {"user": "t"}, deadline=10)["hosts"]
+    hosts = cli.call("hostinfo", {}, deadline=10)["hosts"]
     assert [h["name"] for h in hosts] == ["fx1"] and hosts[0]["max_slots"] == 2
     old, new = cluster.kill_primary()
     assert old == 0 and new in (1, 2) and cluster.state_of(new) == "primary"
     # The joined client re-joins the new primary through the core: its host is known there.
     assert worker.call("hello", deadline=10)["state"] == "primary"
-    assert [h["name"] for h in cli.call("hostinfo", {"user": "t"}, deadline=10)["hosts"]] == ["fx1"]
+    assert [h["name"] for h in cli.call("hostinfo", {}, deadline=10)["hosts"]] == ["fx1"]
 
 
 def test_plugin_manager_fixture_registers_only_what_is_named(xce_plugin_manager: Any) -> None:

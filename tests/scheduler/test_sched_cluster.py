@@ -47,7 +47,7 @@ def is_running(cli: SyncClient, jobid: int) -> bool:
 
 
 def submit(cli: SyncClient, **kw: Any) -> int:
-    return int(cli.call("jobsubmit", {"command": "true", "user": "alice", **kw})["jobid"])
+    return int(cli.call("jobsubmit", {"command": "true", **kw})["jobid"])
 
 
 def read_status(path: Path) -> dict[str, Any]:

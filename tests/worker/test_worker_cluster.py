@@ -45,7 +45,7 @@ def host_up(c: SyncClient, hname: str) -> bool:
 
 
 def run_job(c: SyncClient, hname: str, command: str) -> int:
-    jobid: int = c.call("jobsubmit", {"command": command, "user": "alice"})["jobid"]
+    jobid: int = c.call("jobsubmit", {"command": command})["jobid"]
     c.call("jobdispatch", {"jobid": jobid, "alloc": [{"host": hname, "ntasks": 1}],
                            "force": True})
     return jobid
@@ -196,7 +196,7 @@ def test_a_configured_ncpus_wins_for_selection_too(xce_cluster: Any, tmp_path: P
         wait_for(lambda: next(h for h in c.call("hostinfo", {})["hosts"]
                               if h["name"] == "big")["resvals"].get("ncpus") == want, 20,
                  what="the hardware monitor reporting the configured ncpus")
-        jobid = c.call("jobsubmit", {"command": "true", "user": "alice",
+        jobid = c.call("jobsubmit", {"command": "true",
                                      "resreq": f"select[ncpus>={want}]"})["jobid"]
         wait_for(lambda: job_state(c, jobid)["state"] == "DONE", 30,
                  what=f"the job selecting ncpus>={want} runs ({job_state(c, jobid)})")

@@ -36,7 +36,7 @@ def needs_root(what: str) -> None:
 def pm(tmp_path: Path) -> Iterator[ProcessManager]:
     state = tmp_path / "state"
     mgr = ProcessManager("h1", Journal(state / "journal.jsonl"), state, kill_grace=0.5,
-                         run_as_user=True)
+                         run_as_user=True, allow_root_jobs=True)
     yield mgr
     for rj in list(mgr.running.values()):
         os.killpg(rj.pid, 9)
@@ -44,7 +44,7 @@ def pm(tmp_path: Path) -> Iterator[ProcessManager]:
 
 def job(jobid: int, command: str = "true", **kw: Any) -> dict[str, Any]:
     return {"jobid": jobid, "attempt": 0, "command": command, "state": "RUN", "user": "root",
-            "alloc": [{"host": "h1", "ntasks": 1}], "cwd": "", "env": {}, **kw}
+            "uid": 0, "alloc": [{"host": "h1", "ntasks": 1}], "cwd": "", "env": {}, **kw}
 
 
 def report(pm: ProcessManager, jobid: int) -> dict[str, Any]:
@@ -63,7 +63,9 @@ def report(pm: ProcessManager, jobid: int) -> dict[str, Any]:
     ({"env": {"": "x"}}, "is not a variable name"),
     ({"env": {"XCE_STDOUT": "out\0put"}}, "holds a NUL byte"),
     ({"cwd": "/nonexistent/xce"}, "does not exist on h1"),
-    ({"user": "no-such-user-xce"}, "user 'no-such-user-xce' is not known on h1"),
+    ({"user": "no-such-user-xce", "uid": None}, "user 'no-such-user-xce' is not known on h1"),
+    ({"uid": 2**31 - 7}, f"uid {2**31 - 7} (root) is not known on h1"),
+    ({"uid": "0"}, "uid '0' is not a user id"),
     ({"ntasks": "many"}, "cannot start on h1: ValueError"),
 ])
 def test_a_job_that_cannot_start_is_reported_with_its_reason(
@@ -269,7 +271,7 @@ def _cannot_start_end_to_end(xce_cluster: Callable[..., LocalCluster], tmp_path:
                              secret: Path) -> None:
     cl = xce_cluster(1)
     cl.start_role("worker", 'worker.hname="n1"', f'worker.state_dir="{tmp_path / "w1"}"',
-                  "worker.slots=2", "worker.run_as_user=true",
+                  "worker.slots=2", "worker.run_as_user=true", "worker.allow_root_jobs=true",
                   "worker.monitor_interval=0.2", name="w1")
     cases: dict[str, tuple[dict[str, Any], str]] = {
         "no cwd": ({"command": "true", "cwd": "/nonexistent/xce"}, "does not exist on n1"),
@@ -288,14 +290,18 @@ def _cannot_start_end_to_end(xce_cluster: Callable[..., LocalCluster], tmp_path:
         "zero memory limit": ({"command": "true", "mem_limit": 0}, ""),
     }
     _, cfg = load(cl.config_path)
-    with SyncClient.open(client_config(cfg, "admin@test"), role="admin") as c:
+    # Root submits directly (its jobs may run as root here: allow_root_jobs); a job for a
+    # user this host does not know comes through a front end, the only one that names users.
+    with SyncClient.open(client_config(cfg, "cli@test"), role="cli") as c, \
+            SyncClient.open(client_config(cfg, "apiserver@test"), role="apiserver") as front:
         wait_for(lambda: any(h["name"] == "n1" and h["available"] for h in c.call("hostinfo", {})["hosts"]),
                  30, what="host n1")
         ids: dict[str, int] = {}
         refused: dict[str, str] = {}
         for name, (args, _) in cases.items():
             try:
-                ids[name] = c.call("jobsubmit", {"user": "root", "ntasks": 2, **args})["jobid"]
+                via = front if "user" in args else c
+                ids[name] = via.call("jobsubmit", {"ntasks": 2, **args})["jobid"]
             except RemoteError as exc:  # the validation edge may refuse these before they land
                 refused[name] = exc.code
         assert EDGE_REFUSES <= set(refused) <= EDGE_MAY_REFUSE | EDGE_REFUSES, refused
@@ -308,7 +314,7 @@ def _cannot_start_end_to_end(xce_cluster: Callable[..., LocalCluster], tmp_path:
         for name, jobid in ids.items():
             found = c.call("jobinfo", {"jobids": [jobid]})["jobs"][0]
             assert found["state"] == "EXIT" and cases[name][1] in found["reason"], (name, found)
-        good = c.call("jobsubmit", {"command": "exit 0", "user": "root", "ntasks": 2})["jobid"]
+        good = c.call("jobsubmit", {"command": "exit 0", "ntasks": 2})["jobid"]
         c.call("jobdispatch", {"jobid": good, "alloc": [{"host": "n1", "ntasks": 2}], "force": True})
         wait_for(lambda: c.call("jobinfo", {"jobids": [good]})["jobs"][0]["state"] == "DONE", 20,
                  what="a sound job DONE after them")

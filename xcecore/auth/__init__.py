@@ -159,9 +159,23 @@ def settings_from_cluster(cluster: Mapping[str, Any]) -> AuthSettings:
                             "cluster.key_file (only auth = 'key' uses a shared key)")
         return AuthSettings(method, munge_socket=cluster.get("munge_socket"),
                             options=cluster.get("auth_options") or {})
-    from xcecore.auth.key import load_key
-
     return AuthSettings("key", key=load_key(key_text, key_file))
+
+
+def load_key(key: str | None, key_file: str | None) -> bytes | None:
+    """The cluster key from config: inline text or a file's stripped contents; None if neither."""
+    if key is not None and key_file is not None:
+        raise AuthError("configure either cluster.key or cluster.key_file, not both")
+    if key_file is not None:
+        try:
+            with open(key_file, encoding="utf-8") as fh:
+                text = fh.read().strip()
+        except OSError as exc:
+            raise AuthError(f"cannot read cluster.key_file {key_file!r}: {exc.strerror}") from None
+        if not text:
+            raise AuthError(f"cluster.key_file {key_file!r} is empty")
+        return text.encode()
+    return key.encode() if key else None
 
 
 class AuthMethod:

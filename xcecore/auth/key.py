@@ -29,22 +29,6 @@ def compute_mac(key: bytes | None, challenge: str, sender: str) -> str:
     return hmac.new(key or b"", (challenge + sender).encode(), hashlib.sha256).hexdigest()
 
 
-def load_key(key: str | None, key_file: str | None) -> bytes | None:
-    """The cluster key from config: inline text or a file's stripped contents; None if neither."""
-    if key is not None and key_file is not None:
-        raise AuthError("configure either cluster.key or cluster.key_file, not both")
-    if key_file is not None:
-        try:
-            with open(key_file, encoding="utf-8") as fh:
-                text = fh.read().strip()
-        except OSError as exc:
-            raise AuthError(f"cannot read cluster.key_file {key_file!r}: {exc.strerror}") from None
-        if not text:
-            raise AuthError(f"cluster.key_file {key_file!r} is empty")
-        return text.encode()
-    return key.encode() if key else None
-
-
 def is_loopback(host: str) -> bool:
     """True for loopback addresses and ``localhost``."""
     if host == "localhost":

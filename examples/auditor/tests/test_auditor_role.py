@@ -27,13 +27,13 @@ def test_auditor_logs_every_change_across_a_failover(xce_cluster: Any, tmp_path:
     _, config = load(cluster.config_path)
     with SyncClient.open(client_config(config, f"cli@{socket.gethostname()}"), role="cli") as cli:
         def submit() -> int:
-            return int(cli.call("jobsubmit", {"command": "true", "user": "alice"}, deadline=30)["jobid"])
+            return int(cli.call("jobsubmit", {"command": "true"}, deadline=30)["jobid"])
 
         first = submit()
         wait_for(lambda: any(r["jobid"] == first for r in _lines(log)), 30, what="auditor logs job 1")
         cluster.kill_primary()
         second = submit()
-        cli.call("jobctrl", {"jobid": first, "action": "kill", "user": "alice"}, deadline=30)
+        cli.call("jobctrl", {"jobid": first, "action": "kill"}, deadline=30)
         wait_for(lambda: {(r["jobid"], r["state"]) for r in _lines(log)} >= {(first, "PEND"), (second, "PEND"),
                                                                             (first, "EXIT")},
                  30, what="auditor logs changes after the failover")

@@ -27,6 +27,9 @@ DAEMON_ROLES = frozenset({"controller", "worker", "scheduler", "apiserver"})
 """Roles only root or a service user may claim."""
 FRONT_ENDS = frozenset({"apiserver"})
 """Roles that act for people: they name the user of each request."""
+MEMBER_DAEMONS = DAEMON_ROLES - FRONT_ENDS
+"""Daemons with ops of their own (a worker's reports, the scheduler's dispatches): never an
+administrator, whoever runs them -- administering is a person's act."""
 GRANTABLE = frozenset({"jobctrl", "queuectrl", "hostctrl", "jobdispatch", "set_pend_reason",
                        "clear_reason", "update_resvals", "shutdown"})
 """Ops a role may be granted (ops that need an administrator, or another user's job)."""
@@ -80,6 +83,8 @@ class Policy:
 
     def may_administer(self, role: str, op: str, user: str) -> bool:
         """May a request of ``role`` acting for ``user`` do ``op`` as an administrator?"""
+        if role in MEMBER_DAEMONS:
+            return False
         return self.granted(role, op) or self.is_admin(user)
 
     def acting_for(self, op: str, who: Identity, named: object, *, must_name: bool) -> str:

@@ -1,7 +1,7 @@
 """Every controller op: one handler each, and ONE table (:data:`OPS`) that says who may call it.
 
 The table gives, per op: its handler, the daemon roles that may call it and whether users'
-clients may (:data:`USERS`), whether it is a durable write, a volatile update or a read,
+clients may (``users``), whether it is a durable write, a volatile update or a read,
 which roles must have joined first, and whether the user a request acts for must be an
 administrator (or its role hold a grant of the op). Its arguments are the op's typed schema
 in :data:`xcecore.schema.ops.OP_ARGS` (types, limits, required and allowed arguments).
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from xce_controller import queries, subscribe
-from xce_controller.authz import FRONT_ENDS, Policy, describe, via
+from xce_controller.authz import FRONT_ENDS, MEMBER_DAEMONS, Policy, describe, via
 from xce_controller.state import Changes, ClusterState
 from xce_controller.subscribe import NONE, Subscription
 from xcecore.auth import Identity
@@ -29,9 +29,8 @@ from xcecore.wire import ErrorCode, RemoteError
 
 WORKER = "worker"
 SCHEDULER = "scheduler"
-MEMBER_DAEMONS = frozenset({WORKER, SCHEDULER, "controller"})
-"""Daemon roles with ops of their own; every other role (the API server, ``cli``, a third
-party's) is a users' client: it calls the users' ops (:data:`USERS`) for a user."""
+# Every role but the member daemons (the API server, ``cli``, a third party's) is a users'
+# client: it calls the ops marked ``users`` for a user.
 
 
 @dataclass(slots=True)

@@ -210,8 +210,8 @@ class Controller:
                     "controller {}: callers authenticate with {}{}; administrators: root, {}; "
                     "service users: root, {}; grants: {}", self.address, self.auth.name,
                     f" (every key holder is the owner, {pol.owner})" if pol.owner else "",
-                    ", ".join(sorted(pol.admins)) or "no others",
-                    ", ".join(sorted(pol.service_users)) or "no others",
+                    ", ".join(sorted(pol.admins - {"root"})) or "no others",
+                    ", ".join(sorted(pol.service_users - {"root"})) or "no others",
                     "; ".join(f"{r}: {', '.join(sorted(o))}" for r, o in sorted(pol.grants.items()))
                     or "none")
                 task_status.started(self)
