@@ -70,18 +70,18 @@ def _doc(obj: Any) -> str:
     return inspect.cleandoc(obj.__doc__ or "").replace("``", "`")
 
 
-def _who(roles: frozenset[str] | None, front: frozenset[str]) -> str:
+def _who(roles: frozenset[str] | None, users: bool) -> str:
     if roles is None:
         return "any"
-    names = sorted(roles - front)
-    if front <= roles:
-        names.append("front ends")
+    names = sorted(roles)
+    if users:
+        names.append("users' clients")
     return ", ".join(names)
 
 
 def op_table() -> str:
     """The table of who may call each op, its kind, joins and admin rights."""
-    from xce_controller.ops import FRONT_ENDS, OPS, _needs_user
+    from xce_controller.ops import OPS
 
     rows = ["## The op table", "",
             "| op | roles | join | kind | admin |", "|---|---|---|---|---|"]
@@ -91,14 +91,17 @@ def op_table() -> str:
         elif not spec.member_roles:
             join = "no"
         else:
-            join = f"{_who(spec.member_roles, FRONT_ENDS)}: yes; others: no"
+            join = f"{_who(spec.member_roles, False)}: yes; others: no"
         kind = spec.kind + (" (not deduplicated)" if spec.kind == "write" and not spec.dedupe else "")
-        admin = f"{_who(spec.admin_roles, FRONT_ENDS)}: yes" if spec.admin_roles else "no"
-        if _needs_user(op, spec):
+        admin = "users' clients: yes (or a grant)" if spec.admin else "no"
+        if spec.acts:
             admin += " (*user*)"
-        rows.append(f"| `{op}` | {_who(spec.roles, FRONT_ENDS)} | {join} | {kind} | {admin} |")
+        rows.append(f"| `{op}` | {_who(spec.roles, spec.users)} | {join} | {kind} | {admin} |")
     rows += ["", "A role not listed for an op gets `DENIED` (a `worker` calling `jobsubmit`, a "
-                 "scheduler calling `notify_job`).", ""]
+                 "scheduler calling `notify_job`). *Users' clients* are every role but the "
+                 "member daemons (`cli`, the API server, a third party's role). *(user)*: the "
+                 "op acts for a user -- the caller's authenticated user, or the one a front end "
+                 "(the API server) names in `user`; nobody else may name a user.", ""]
     return "\n".join(rows)
 
 
@@ -115,12 +118,12 @@ def _arg_table(model: Any, required: frozenset[str], user_needed: bool) -> list[
 
 def ops() -> str:
     """One section per op: its contract and its arguments."""
-    from xce_controller.ops import OPS, SCHEMAS, _needs_user
+    from xce_controller.ops import OPS, SCHEMAS
 
     out: list[str] = []
     for op, spec in OPS.items():
         schema = SCHEMAS[op]
-        table = _arg_table(schema.model, schema.required, _needs_user(op, spec))
+        table = _arg_table(schema.model, schema.required, spec.acts)
         out += [f"### `{op}`", "", *table, "",
                 _doc(schema.fields), ""]
     return "\n".join(out)
