@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The system tools the fault test bed (xcecore/testing/faultbed.py) needs, on Debian/Ubuntu:
 # ip and ss (iproute2), nft (nftables), nsenter and mount (util-linux, mount), sysctl (procps);
-# and PostgreSQL's server (initdb, pg_ctl: postgresql) for the accounting role's tests.
+# PostgreSQL's server (initdb, pg_ctl: postgresql) for the accounting role's tests;
+# and what the MUNGE authentication tests need (tests/core/test_munge*.py, [cluster] auth =
+# "munge"): munged, munge and unmunge (munge), libmunge.so.2 (libmunge2), useradd and userdel
+# (passwd) for the test users.
 # Idempotent: installs only what is missing. Run as root (CI runs as root).
 set -euo pipefail
 if [ "$(id -u)" -ne 0 ]; then
@@ -16,6 +19,10 @@ command -v nsenter >/dev/null || need+=(util-linux)
 command -v mount >/dev/null || need+=(mount)
 command -v sysctl >/dev/null || need+=(procps)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+command -v munged >/dev/null || need+=(munge)
+command -v unmunge >/dev/null || need+=(munge)
+ldconfig -p | grep -q 'libmunge\.so\.2 ' || need+=(libmunge2)
+command -v useradd >/dev/null || need+=(passwd)
 if [ ${#need[@]} -eq 0 ]; then
   echo "install-system-deps.sh: everything is installed"
   exit 0

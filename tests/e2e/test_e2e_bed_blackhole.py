@@ -45,7 +45,7 @@ def test_black_holed_clients_of_a_healthy_primary(xce_faultbed: FaultBed) -> Non
         t_cut = time.time()
         served = 0
         while time.time() < t_cut + HOLD:  # a client elsewhere is served all along
-            other.call("jobsubmit", {"command": "true", "user": "chaos", "name": f"svc-{served}"},
+            other.call("jobsubmit", {"command": "true", "name": f"svc-{served}"},
                        deadline=5)
             served += 1
         bed.heal(cli, ctl)

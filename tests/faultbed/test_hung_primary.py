@@ -63,10 +63,10 @@ def test_a_stopped_primary_is_fenced_and_never_acknowledges_again(xce_faultbed: 
     stop_sampling = threading.Event()
 
     def sample() -> None:  # how many candidates answer "primary" at each moment
-        key = cluster.key.encode() if cluster.key else None
+        method = cluster.method()
         with netns.entered(ctl.netns):
             while not stop_sampling.is_set():
-                states = [probe(ctl.addr, p, key, timeout=0.2) for p in cluster.ports]
+                states = [probe(ctl.addr, p, method, timeout=0.2) for p in cluster.ports]
                 primaries_seen.append(sum(1 for s in states if s and s.get("state") == "primary"))
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -111,7 +111,7 @@ def test_a_pause_shorter_than_hung_timeout_and_a_frozen_host_are_not_hangs(xce_f
     time.sleep(3.0)  # the freeze under test
     bed.thaw(ctl)
     with bed.client(cluster, cli, "cli", name="w") as c:
-        c.call("jobsubmit", {"command": "true", "user": "chaos", "name": "after"}, deadline=30)
+        c.call("jobsubmit", {"command": "true", "name": "after"}, deadline=30)
         # Watch for a whole hung_timeout more: still nobody fences anybody.
         deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:
@@ -129,7 +129,7 @@ def test_a_full_disk_never_stops_the_beats(xce_faultbed: FaultBed) -> None:
     beats = BeatFile(ctl.state_dir)
     try:
         with bed.client(cluster, cli, "cli", name="w") as c:
-            c.call("jobsubmit", {"command": "true", "user": "chaos", "name": "before"}, deadline=30)
+            c.call("jobsubmit", {"command": "true", "name": "before"}, deadline=30)
             bed.fill_disk(ctl)
             with pytest.raises(OSError, match="No space left"):
                 (ctl.state_dir / "probe").write_bytes(b"x" * 65536)
@@ -139,7 +139,7 @@ def test_a_full_disk_never_stops_the_beats(xce_faultbed: FaultBed) -> None:
             deadline = time.monotonic() + 3.5  # three and a half hung_timeouts on a full disk
             while time.monotonic() < deadline:
                 try:
-                    c.call("jobsubmit", {"command": "true", "user": "chaos", "name": f"full-{len(refused)}"},
+                    c.call("jobsubmit", {"command": "true", "name": f"full-{len(refused)}"},
                            deadline=10)
                 except RemoteError as exc:
                     refused.append(exc.code)
@@ -160,7 +160,7 @@ def test_a_full_disk_never_stops_the_beats(xce_faultbed: FaultBed) -> None:
 
 def _submitted(c: Any) -> bool:
     try:
-        c.call("jobsubmit", {"command": "true", "user": "chaos", "name": "after"}, deadline=10)
+        c.call("jobsubmit", {"command": "true", "name": "after"}, deadline=10)
     except RemoteError:
         return False
     return True
@@ -182,7 +182,7 @@ def test_a_primary_woken_after_a_fence_does_not_acknowledge(xce_faultbed: FaultB
         beats.write_fence(FenceMark(rec.term, os.getpid(), time.time(), "test: fenced without a kill"))
         result: dict[str, Any] = {}
         t = threading.Thread(target=lambda: result.update(
-            ack=c.call("jobsubmit", {"command": "true", "user": "chaos", "name": "woken"}, deadline=60),
+            ack=c.call("jobsubmit", {"command": "true", "name": "woken"}, deadline=60),
             server=str(c.client.candidate)), daemon=True)
         t.start()
 

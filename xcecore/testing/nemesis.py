@@ -351,7 +351,7 @@ def _finish_jobs(cc: ChaosCluster, timeout: float) -> list[dict[str, Any]]:
             for j in left:
                 if "sleep 30" in j["command"] and j["state"] in ("PEND", "RUN"):
                     try:
-                        c.call("jobctrl", {"jobid": j["jobid"], "action": "kill", "user": "chaos"},
+                        c.call("jobctrl", {"jobid": j["jobid"], "action": "kill"},
                                deadline=10)
                     except Exception:  # it ended meanwhile: CONFLICT
                         continue

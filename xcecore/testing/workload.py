@@ -64,11 +64,11 @@ class Writers:
     """``n`` sequential writers on threads; :meth:`stop` ends them and waits."""
 
     def __init__(self, history: History, open_client: ClientFactory, n: int, *, seed: int,
-                 user: str = "chaos", gap: float = 0.02, long_every: int = 5,
+                 gap: float = 0.02, long_every: int = 5,
                  read_every: int = 7, job_seconds: float = 0.1,
                  parked_queue: str | None = None, deadline: float | None = 3.0) -> None:
         self.history, self.open_client, self.n = history, open_client, n
-        self.seed, self.user, self.gap = seed, user, gap
+        self.seed, self.gap = seed, gap  # (jobs belong to the writers' authenticated user)
         self.parked_queue = parked_queue
         self.deadline = deadline  # a write not answered by then is unknown; the writer goes on
         self.long_every, self.read_every, self.job_seconds = long_every, read_every, job_seconds
@@ -99,7 +99,7 @@ class Writers:
                         jobid = self._submit(client, name, f"{name}-{n}", "sleep 30")
                         if jobid is not None and not self.stopping.is_set():
                             self._call(client, name, "kill", f"kill:{jobid}", "jobctrl",
-                                       {"jobid": jobid, "action": "kill", "user": self.user}, jobid)
+                                       {"jobid": jobid, "action": "kill"}, jobid)
                     else:
                         seconds = round(rng.uniform(0, self.job_seconds), 3)
                         parked = self.parked_queue if n % 2 else None
@@ -111,7 +111,7 @@ class Writers:
 
     def _submit(self, client: Any, who: str, key: str, command: str,
                 queue: str | None = None) -> int | None:
-        args = {"command": f"{MARK}; {command}", "name": key, "user": self.user}
+        args = {"command": f"{MARK}; {command}", "name": key}
         if queue is not None:
             args["queue"] = queue
         result = self._call(client, who, "submit", key, "jobsubmit", args)
