@@ -15,6 +15,9 @@ Installing xce makes these fixtures available to any test session:
 - ``xce_role``: a factory for a role's object built in-process, as ``xce run`` builds it
   (``xce_role(pm, "auditor", {"auditor": {"log_file": ...}})``), not connected: call its
   ``join_attributes()``, ``push(...)``, ``connection_state(...)`` directly.
+- ``xce_munged``: a factory for a real ``munged`` with its own key, socket and files in a
+  temporary directory (:class:`~xcecore.testing.munge.Munged`), for ``xce_cluster(...,
+  auth="munge", munge_socket=daemon.socket)``. Needs root and munged.
 - ``xce_faultbed``: a :class:`~xcecore.testing.faultbed.FaultBed` of simulated hosts (network
   namespaces) with its faults; ``bed.cluster(host)`` runs a cluster on it. Needs root: without
   it (or a tool) the test errors with a message naming what is missing, never skips. Every
@@ -143,6 +146,31 @@ def xce_faultbed(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any
             for cluster in bed.clusters:
                 sys.stderr.write(cluster.logs())
         bed.close()
+
+
+@pytest.fixture
+def xce_munged() -> Iterator[Callable[..., Any]]:
+    """Factory: ``xce_munged(key=None)`` -> a started :class:`~xcecore.testing.munge.Munged`
+    (a real munged with its own key and socket in a directory every user may enter), stopped
+    by its pid and removed at teardown. Needs root and munged: errors naming them otherwise."""
+    import shutil
+
+    from xcecore.testing.munge import Munged, shared_dir
+
+    made: list[Munged] = []
+    root = shared_dir("xce-munged-")
+
+    def make(key: bytes | None = None) -> Munged:
+        daemon = Munged(root / f"munged{len(made)}", key=key)
+        made.append(daemon)
+        return daemon.start()
+
+    try:
+        yield make
+    finally:
+        for daemon in made:
+            daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
