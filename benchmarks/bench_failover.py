@@ -4,6 +4,7 @@ Run from the repository root::
 
     python benchmarks/bench_failover.py [--kills 50] [--quick]
     python benchmarks/bench_failover.py --fault stop [--kills 30] [--hung-timeout 2] [--liveness 3]
+    python benchmarks/bench_failover.py --auth munge [--kills 50]     (as root: runs a munged)
 
 ``--fault kill`` (the default) SIGKILLs the primary; ``--fault stop`` SIGSTOPs it instead (a
 hung primary: it keeps the state-directory lock until a standby sees its heartbeat stop for
@@ -30,7 +31,9 @@ recorded; at the end the checker (``xcecore.testing.checker``) verifies that no 
 write was lost or applied twice and that no candidate acknowledged a write issued after a later
 candidate's promotion. Writes ``benchmarks/results/failover.json`` and ``failover.png`` (with
 ``--fault stop``: ``failover-stop.json`` and ``.png``; with ``--liveness S``, ``-livenessS`` is
-added to the name).
+added to the name; with ``--auth munge``, ``-munge``). ``--auth munge`` runs the whole cluster
+with ``[cluster] auth = "munge"`` against a real munged with its own key (every connection,
+re-join and reconnect authenticates with a fresh MUNGE credential).
 """
 
 from __future__ import annotations
@@ -319,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hung-timeout", type=float, default=2.0, help="[controller] hung_timeout")
     ap.add_argument("--liveness", type=float, default=None,
                     help="the writer's [client] liveness_timeout (default: the cluster's 1.5 s)")
+    ap.add_argument("--auth", choices=("key", "munge"), default="key",
+                    help="the cluster's authentication (munge: a real munged, run here)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs)")
     args = ap.parse_args(argv)
@@ -326,10 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     part = PART if args.fault == "kill" else f"{PART}-{args.fault}"
     if args.liveness is not None:
         part += f"-liveness{args.liveness:g}"
+    if args.auth == "munge":
+        part += "-munge"
     quiet_logs()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     root = Path(tempfile.mkdtemp(prefix="xce-bench-failover-"))
-    bc = BenchCluster(root, api=True, controller=f"hung_timeout = {args.hung_timeout}\n")
+    munged = None
+    if args.auth == "munge":
+        from xcecore.testing.munge import Munged
+
+        munged = Munged(root / "munge").start()
+    bc = BenchCluster(root, api=True, controller=f"hung_timeout = {args.hung_timeout}\n",
+                      munge_socket=munged.socket if munged else None)
     try:
         bc.start()
         bc.start_workers(2)
@@ -347,12 +360,14 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         bc.close()
+        if munged is not None:
+            munged.stop()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     summary = summarize(records)
     summary["fenced"] = sum(1 for r in records if r["victim_exit"] == -signal.SIGKILL)
     summary["first_write_from_old_primary"] = sum(1 for r in records if r["first_write_server_is_old"])
-    result = {**meta(), "fault": args.fault, "kills": kills, "seed": seed,
+    result = {**meta(), "fault": args.fault, "auth": args.auth, "kills": kills, "seed": seed,
               "hung_timeout": args.hung_timeout, "write_gap_ms": WRITE_GAP * 1e3,
               "jobs_in_state_at_end": jobs,
               "client_settings": {"heartbeat_interval": 0.2, "liveness_timeout": 1.5,

@@ -125,16 +125,23 @@ class BenchCluster:
 
     def __init__(self, root: Path, *, candidates: int = 3, extra: str = "", api: bool = False,
                  failover_grace: float | None = None, host_timeout: float = 60.0, cluster: str = "",
-                 hash_iterations: int | None = None, controller: str = "") -> None:
-        from xcecore.testing.cluster import LocalCluster
+                 hash_iterations: int | None = None, controller: str = "",
+                 munge_socket: str | None = None) -> None:
+        from xcecore.testing.cluster import DEFAULT_KEY, LocalCluster
 
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         # ``cluster``: extra lines of the [cluster] table (e.g. event_loop = "asyncio")
-        self.cluster = LocalCluster(root, candidates, cluster_extra=cluster, extra_config=cluster_extra(
-            root, api=api, failover_grace=failover_grace, host_timeout=host_timeout, extra=extra,
-            hash_iterations=hash_iterations, controller=controller))
+        # ``munge_socket``: authenticate with MUNGE through that munged (no cluster key)
+        self.cluster = LocalCluster(
+            root, candidates, None if munge_socket else DEFAULT_KEY, cluster_extra=cluster,
+            extra_config=cluster_extra(
+                root, api=api, failover_grace=failover_grace, host_timeout=host_timeout, extra=extra,
+                hash_iterations=hash_iterations, controller=controller),
+            auth="munge" if munge_socket else "key", munge_socket=munge_socket)
         self.roles: dict[str, Any] = {}
+        # A MUNGE cluster is multi-user: its workers run jobs as their submitters.
+        self.worker_extra = ("worker.run_as_user=true",) if munge_socket else ()
 
     def start(self) -> None:
         """Start the candidates (candidate 0 primary, the others standbys)."""
@@ -147,7 +154,7 @@ class BenchCluster:
             (self.root / name).mkdir(exist_ok=True)
             self.roles[name] = self.cluster.start_role(
                 "worker", f'worker.hname="{name}"', f'worker.state_dir="{self.root / name}"',
-                f"worker.slots={slots}", f"worker.ncpus={slots}", name=name)
+                f"worker.slots={slots}", f"worker.ncpus={slots}", *self.worker_extra, name=name)
 
     def start_role(self, role: str) -> None:
         """Start the scheduler or the API server."""

@@ -369,3 +369,42 @@ def test_a_granted_role_can_close_a_host_and_another_cannot(site: Site) -> None:
     assert got["closed"] is False, got
     got = hostctrl(site.bob, GRANTED, "close")
     assert got["error"] == "AuthenticationFailed" and "a role holding grants" in got["message"], got
+
+
+def test_a_front_end_acts_for_the_user_it_names(site: Site) -> None:
+    """The API server's identity (root here, a service user) names the user; the controller
+    applies that user's rights and records both; the job runs as the named user."""
+    from xcecore.client import SyncClient
+    from xcecore.runtime import client_config, load
+    from xcecore.wire import RemoteError
+
+    _, cfg = load(site.cluster.config_path)
+    out = site.root / site.alice.name / "via-uid"
+    with SyncClient.open(client_config(cfg, "apiserver@web1"), role="apiserver") as front:
+        jobid = front.call("jobsubmit", {"command": f"id -u > {out}", "user": site.alice.name,
+                                         "cwd": str(site.root / site.alice.name)}, deadline=10)["jobid"]
+        rec = wait_for(lambda: done(site, jobid), 60, what=f"job {jobid} submitted via the front end")
+        assert rec["state"] == "DONE", rec
+        assert (rec["user"], rec["uid"], rec["via"]) == (site.alice.name, None, "apiserver@web1")
+        assert out.read_text().strip() == str(site.alice.uid)
+        with pytest.raises(RemoteError) as err:  # a front end must name the user
+            front.call("queuectrl", {"queue": "normal", "action": "close"}, deadline=10)
+        assert err.value.code == "INVALID" and "must name the user it acts for" in err.value.message
+        with pytest.raises(RemoteError) as err:  # the named user's rights, not the front end's
+            front.call("queuectrl", {"queue": "normal", "action": "close", "user": site.bob.name},
+                       deadline=10)
+        assert err.value.code == "DENIED" and f"{site.bob.name} via apiserver@web1" in err.value.message
+        for action in ("close", "open"):
+            front.call("queuectrl", {"queue": "normal", "action": action, "user": site.carol.name},
+                       deadline=10)
+        # A job a front end submits for root never runs as root: the worker fails it, saying so.
+        rootjob = front.call("jobsubmit", {"command": "true", "user": "root", "cwd": str(site.root)},
+                             deadline=10)["jobid"]
+        rec = wait_for(lambda: done(site, rootjob), 60, what="the front end's job for root ended")
+        assert rec["state"] == "EXIT" and "never runs as root" in rec["reason"], rec
+    # Anyone else naming a user is refused, root included (only a front end names users).
+    with SyncClient.open(client_config(cfg, "cli@h"), role="cli") as cli:
+        with pytest.raises(RemoteError) as err:
+            cli.call("jobsubmit", {"command": "true", "user": site.alice.name}, deadline=10)
+        assert err.value.code == "DENIED" and "only a front end names a user" in err.value.message
+    assert "via apiserver@web1" in site.controller_log()
