@@ -86,7 +86,7 @@ def credential(munged: Munged, runs: int) -> dict[str, Any]:
         "key (HMAC-SHA256), answer + verify": per_call_us(key_once, runs),
         "munge (libmunge), answer + verify": per_call_us(munge_once, runs),
         "munge (libmunge), munge_encode only": per_call_us(encode_only, runs),
-        "munge (programs), munge | unmunge": per_call_us(programs_once, max(20, runs // 20)),
+        "munge (programs), munge then unmunge": per_call_us(programs_once, max(20, runs // 20)),
     }
 
 
@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     root = shared_dir("xce-bench-auth-")
     munged = Munged(root / "munge")
     clusters: dict[str, LocalCluster] = {}
-    result: dict[str, Any] = {**meta(), "runs": runs, "threads": args.threads}
+    result: dict[str, Any] = {**meta(), "runs": runs, "threads": args.threads,
+                              "loadavg_1min_at_start": round(os.getloadavg()[0], 2)}
     try:
         munged.start()
         log(PART, f"munged up at {munged.socket}; {runs} runs per figure")
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             c.close()
         munged.stop()
         shutil.rmtree(root, ignore_errors=True)
+    result["loadavg_1min_at_end"] = round(os.getloadavg()[0], 2)
     write_result(PART, result)
     for name, s in result["credential_us"].items():
         log(PART, f"credential {name}: p50 {s['p50']} us p99 {s['p99']} us")

@@ -151,11 +151,16 @@ class TestUsers:
         import pwd
 
         name = f"xce{label}{self.tag}"[:31]
-        done = subprocess.run(["useradd", "--no-create-home", "--user-group",
-                               "--shell", "/usr/sbin/nologin", name],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"useradd {name} failed: {done.stderr.strip()}")
+        deadline = time.monotonic() + 10
+        while True:  # another process may hold /etc/passwd's lock for a moment
+            done = subprocess.run(["useradd", "--no-create-home", "--user-group",
+                                   "--shell", "/usr/sbin/nologin", name],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode == 0:
+                break
+            if "lock" not in done.stderr or time.monotonic() > deadline:
+                raise RuntimeError(f"useradd {name} failed: {done.stderr.strip()}")
+            time.sleep(0.1)
         entry = pwd.getpwnam(name)
         user = User(name, entry.pw_uid, entry.pw_gid)
         self.made.append(user)
@@ -188,8 +193,13 @@ class TestUsers:
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)  # the kernel reaps them (their parent, the worker, is gone)
         for user in reversed(self.made):
-            done = subprocess.run(["userdel", user.name], capture_output=True, text=True,
-                                  check=False)
+            deadline = time.monotonic() + 10
+            while True:
+                done = subprocess.run(["userdel", user.name], capture_output=True, text=True,
+                                      check=False)
+                if done.returncode == 0 or "lock" not in done.stderr or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             if done.returncode != 0:
                 errors.append(f"userdel {user.name}: {done.stderr.strip()}")
         self.made.clear()
