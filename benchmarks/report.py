@@ -615,7 +615,8 @@ def auth_section(d: dict[str, Any] | None, munge: dict[str, Any] | None,
     if runs:
         lines += ["Failover with each method (the section 1 method; every reconnect and re-join "
                   "authenticates afresh). Milliseconds after the SIGKILL:", "",
-                  "| auth | source | first write p50 | p90 | p99 | every role re-joined p50 | p99 | a role re-joined p50 | checker |",
+                  "| auth | source | first write p50 | p90 | p99 | every role re-joined p50 | p99 "
+                  "| a role re-joined p50 | checker |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for name, r in runs:
             sm = r["summary"]

@@ -230,15 +230,15 @@ def load_method(settings: AuthSettings) -> AuthMethod:
 
 
 def _third_party(settings: AuthSettings) -> AuthMethod:
-    from importlib.metadata import entry_points
+    from xcecore.entrypoints import scan
 
-    found = list(entry_points(group=ENTRY_POINT_GROUP, name=settings.method))
+    found = [ep for ep in scan(ENTRY_POINT_GROUP) if ep.name == settings.method]
     if not found:
         raise AuthError(f"unknown cluster.auth {settings.method!r}: the built-in methods are "
                         f"{', '.join(sorted(BUILTIN))}, and no installed distribution declares "
                         f"{settings.method!r} in the entry-point group {ENTRY_POINT_GROUP!r}")
     try:
-        made = found[0].load()(settings)
+        made = found[0].load()(settings)  # type: ignore[operator]
     except Exception as exc:
         raise AuthError(f"cluster.auth {settings.method!r} ({found[0].value}) failed to load: "
                         f"{type(exc).__name__}: {exc}") from exc
