@@ -155,7 +155,7 @@ def scenario(name: str, bounded: bool, args: argparse.Namespace) -> dict[str, An
         socks: list[socket.socket] = []
         threads: list[threading.Thread] = []
         try:
-            admin = Conn(ctl.address, "admin@fill")
+            admin = Conn(ctl.address, "cli@fill")
             admin.sock.settimeout(60)
             command = "x" * 2000
             big = "y" * 64000

@@ -36,7 +36,7 @@ def start_worker(cl: LocalCluster, hname: str, state: Path, name: str, *extra: s
 @contextmanager
 def admin(cl: LocalCluster) -> Iterator[SyncClient]:
     _, cfg = load(cl.config_path)
-    with SyncClient.open(client_config(cfg, "admin@test"), role="admin") as c:
+    with SyncClient.open(client_config(cfg, "cli@test"), role="cli") as c:
         yield c
 
 
