@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def submit(c: Any, hname: str, **args: Any) -> int:
-    jobid: int = c.call("jobsubmit", {"user": "alice", **args})["jobid"]
+    jobid: int = c.call("jobsubmit", dict(args))["jobid"]
     c.call("jobdispatch", {"jobid": jobid, "alloc": [{"host": hname, "ntasks": 1}],
                            "force": True})
     return jobid
@@ -55,7 +55,7 @@ def test_limits_and_reasons_through_a_real_controller(
         assert rec["start_time"] <= rec["end_time"]
         assert finished(c, ok)["reason"] == "exit code 3"
         assert finished(c, neighbour)["state"] == "DONE"  # the neighbour was untouched
-        c.call("jobctrl", {"jobid": late, "action": "kill", "user": "alice"})
+        c.call("jobctrl", {"jobid": late, "action": "kill"})
         assert finished(c, late)["reason"] == "killed"
 
 
