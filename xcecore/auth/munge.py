@@ -12,7 +12,7 @@ another claim. User names are the controller's lookup of the uid, never the clie
 libmunge is called through a small ctypes binding (:class:`Libmunge`); ``benchmarks/
 bench_auth.py`` measured it against the ``munge``/``unmunge`` programs (a fork and exec per
 credential): a credential made and checked through the binding took 0.12-0.15 ms (p50) against
-2-9 ms through the programs on the shared 2-core machine (benchmarks/RESULTS.md, section 11).
+2-9 ms through the programs on the shared 2-core machine (benchmarks/RESULTS.md, section 12).
 """
 
 from __future__ import annotations
