@@ -3,6 +3,8 @@ a real ``xce`` process against a scripted controller on loopback, which answers 
 
 from __future__ import annotations
 
+import os
+import pwd
 import subprocess
 import sys
 import threading
@@ -19,7 +21,8 @@ from fakectl import FakeController
 
 pytestmark = [pytest.mark.timeout(120)]
 
-JOBS = [{"jobid": i, "user": "alice" if i % 3 else "bob", "state": "PEND" if i % 2 else "DONE",
+OWNER = pwd.getpwuid(os.geteuid()).pw_name  # whom the key authenticates (the fake's owner)
+JOBS = [{"jobid": i, "user": OWNER if i % 3 else "bob", "state": "PEND" if i % 2 else "DONE",
          "queue": "normal", "alloc": [] if i % 2 else [{"host": "n1", "ntasks": 2}],
          "name": "" if i % 5 else f"name{i}", "command": f"sleep {i}", "submit_time": 1.7e9 + i,
          "pend_reason": "not enough free slots on matching hosts" if i % 2 else None,
@@ -84,11 +87,11 @@ def test_all_jobs_come_page_by_page_each_once_in_order(fake: FakeController, tmp
 
 def test_default_is_the_callers_unfinished_jobs_and_json_streams_one_array(
         fake: FakeController, tmp_path: Path) -> None:
-    mine = [j for j in JOBS if j["user"] == "alice" and j["state"] == "PEND"]
+    mine = [j for j in JOBS if j["user"] == OWNER and j["state"] == "PEND"]
     got = orjson.loads(xce(fake, tmp_path, "--json").stdout)
     assert got == mine
     first = fake.ops("jobinfo")[0].args
-    assert first["owner"] == "alice" and first["states"] == ["PEND", "PSUSP", "RUN", "SSUSP", "USUSP"]
-    res = xce(fake, tmp_path, "--json", user="carol")
-    assert res.stdout == "[]\n"
-    assert xce(fake, tmp_path, user="carol").stdout == "No matching job found\n"
+    assert first["owner"] == OWNER and first["states"] == ["PEND", "PSUSP", "RUN", "SSUSP", "USUSP"]
+    # A claimed login name changes nothing: the controller says whom it authenticated.
+    assert orjson.loads(xce(fake, tmp_path, "--json", user="carol").stdout) == mine
+    assert xce(fake, tmp_path, "-u", "carol").stdout == "No matching job found\n"

@@ -311,7 +311,8 @@ class FakeController:
             await wire.write_message(stream, hello)
             answer = await wire.read_message(stream)
             try:
-                sender = auth.authenticate(method, challenge, answer, _USERS).sender
+                who = auth.authenticate(method, challenge, answer, _USERS)
+                sender = who.sender
             except auth.AuthFailed as exc:
                 await wire.write_message(stream, {"ok": False, "error": exc.to_error()})
                 return
@@ -319,7 +320,8 @@ class FakeController:
                 await wire.write_message(stream, {"ok": False, "error": {
                     "code": "DENIED", "message": str(exc)}})
                 return
-            status: dict[str, Any] = {"ok": True, "server": self.address, "state": self.mode}
+            status: dict[str, Any] = {"ok": True, "server": self.address, "state": self.mode,
+                                      "identity": who.to_wire()}
             if self.mode == "standby":
                 status["primary"] = self.primary
             await wire.write_message(stream, status)

@@ -42,7 +42,7 @@ def _items(frames: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 async def test_a_snapshot_in_bounded_frames_then_only_the_deltas_on_a_rejoin(tmp_path):
     async with running(tmp_path) as ctl:
-        cli = await RawClient.connect(ctl.address, "cli@x")
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
         jobids = await _submit_many(cli, 2_300)
         sub = {"jobs": "all", "queues": "all"}
         m = await RawClient.connect(ctl.address, "auditor@a")
@@ -82,7 +82,7 @@ async def test_a_snapshot_in_bounded_frames_then_only_the_deltas_on_a_rejoin(tmp
 
 async def test_jobinfo_pages_list_every_job_once_while_jobs_come_and_go(tmp_path):
     async with running(tmp_path) as ctl:
-        cli = await RawClient.connect(ctl.address, "cli@x")
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
         jobids = await _submit_many(cli, 3_000)
         await _submit_many(cli, 5, user="carol")
         untouched = set(jobids[::2])
@@ -146,12 +146,12 @@ def test_the_idempotency_filter_keeps_under_100_bytes_a_remembered_write() -> No
 
 async def test_a_cold_primary_serves_writes_then_every_job(tmp_path):
     async with running(tmp_path) as ctl:
-        cli = await RawClient.connect(ctl.address, "cli@x")
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
         jobids = await _submit_many(cli, 1_500)
         await cli.aclose()
         del ctl
     async with running(tmp_path) as ctl:
-        cli = await RawClient.connect(ctl.address, "cli@x")
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
         new = (await cli.ok("jobsubmit", {"command": "true", "user": "u"}))["jobid"]
         assert new > max(jobids), "ids continue from the store's"
         with anyio.fail_after(30):

@@ -34,7 +34,7 @@ SYNCED = re.compile(r"(snapshot|delta) sync complete \(store \S+, rev \d+\) in [
 
 
 async def _fill(cfg: Any, n: int) -> None:
-    async with Client(cfg, role="cli") as client:
+    async with Client(cfg, role="apiserver") as client:
         await client.connect()
         todo = iter(range(n))
 
@@ -68,7 +68,7 @@ class Scaled:
     def __init__(self, cluster: LocalCluster, tmp: Path) -> None:
         self.cluster = cluster
         _, config = load(cluster.config_path)
-        self.cfg = client_config(config, "cli@scale-test")
+        self.cfg = client_config(config, "apiserver@scale-test")  # a front end: names the users
         started = time.monotonic()
         anyio.run(_fill, self.cfg, JOBS)
         self.fill_seconds = time.monotonic() - started
@@ -128,7 +128,7 @@ def test_the_standby_followed_and_promoted_without_a_reload(scaled: Scaled) -> N
     """After the SIGKILL of the test above: the new primary was a hot standby. It loaded the
     state once while standing by, followed the primary's commits (the 100,000 submissions),
     and its promotion caught up only the tail -- never a reload of the jobs."""
-    with SyncClient.open(scaled.cfg, role="cli") as cli:
+    with SyncClient.open(scaled.cfg, role="apiserver") as cli:
         st = cli.call("status")
     p = st["promotion"]
     assert p["how"] == "hot" and p["jobs"] >= JOBS, p
@@ -150,7 +150,7 @@ def test_rest_paging_returns_every_job_once_while_jobs_come_and_go(scaled: Scale
 
     def churn() -> None:
         try:
-            with SyncClient.open(scaled.cfg, role="cli") as cli:
+            with SyncClient.open(scaled.cfg, role="apiserver") as cli:
                 for i, jobid in enumerate(touched):
                     if stop.is_set():
                         return
