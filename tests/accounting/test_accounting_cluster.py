@@ -29,7 +29,7 @@ ADMINS = '[controller]\nadmins = ["ops"]\n'
 @contextmanager
 def cli(cl: LocalCluster) -> Iterator[SyncClient]:
     _, cfg = load(cl.config_path)
-    with SyncClient.open(client_config(cfg, "cli@test"), role="cli") as c:
+    with SyncClient.open(client_config(cfg, "apiserver@test"), role="apiserver") as c:  # a front end: it names users
         yield c
 
 

@@ -62,7 +62,8 @@ def front(cl: LocalCluster, role: str = "cli") -> Iterator[SyncClient]:
 
 def test_a_call_is_forwarded_with_the_callers_identity_and_relayed(xce_cluster: Any) -> None:
     cl: LocalCluster = xce_cluster(1, extra_config='[controller]\nadmins = ["ops"]\n')
-    with ExitStack() as serving, front(cl) as c:
+    # Only a front end may name the user a call is for (the identity rules); it is the API server.
+    with ExitStack() as serving, front(cl, "apiserver") as c:
         m, hooks = serving.enter_context(member(cl, "historian", ["history.jobs", "jobinfo", "no.such"]))
         answers: queue.Queue[Any] = queue.Queue()
 
@@ -76,7 +77,7 @@ def test_a_call_is_forwarded_with_the_callers_identity_and_relayed(xce_cluster: 
         call = hooks.calls.get(timeout=30)
         assert call["op"] == "history.jobs" and call["args"] == {"user": "alice", "queue": "normal"}
         assert call["caller"]["user"] == "alice" and call["caller"]["admin"] is False
-        assert call["caller"]["role"] == "cli"
+        assert call["caller"]["role"] == "apiserver"
         assert m.call("delegate_reply", {"call": call["call"], "result": {"rows": [1], "next": None}},
                       deadline=30) == {"relayed": True}
         assert answers.get(timeout=30) == {"rows": [1], "next": None}
@@ -117,7 +118,7 @@ def test_a_call_is_forwarded_with_the_callers_identity_and_relayed(xce_cluster: 
 
 def test_front_ends_serve_nothing_and_must_name_a_user(xce_cluster: Any) -> None:
     cl: LocalCluster = xce_cluster(1)
-    with member(cl, "cli", ["history.jobs"]), front(cl) as c:
+    with member(cl, "apiserver", ["history.jobs"]), front(cl, "apiserver") as c:
         with pytest.raises(RemoteError) as none:
             c.call("history.jobs", {"user": "alice"}, deadline=30)
         assert none.value.code == "UNAVAILABLE"

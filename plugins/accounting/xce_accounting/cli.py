@@ -7,6 +7,8 @@ accounting database themselves.
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 import time
 from datetime import UTC, datetime
@@ -147,7 +149,8 @@ def add_commands(group: click.Group) -> None:
                 raise CommandError(f"--format: unknown column(s) {', '.join(bad)}; columns: "
                                    f"{','.join(COLUMNS)}")
             s = _session(ctx)
-            owner = None if user == "all" else (user or s.user)
+            # The default filter is the real uid's name (never $LOGNAME); the controller enforces it.
+            owner = None if user == "all" else (user or pwd.getpwuid(os.getuid()).pw_name)
             args = _args(owner, queue, project, host, state, since, until)
             try:
                 summary = s.call("history.summary", args)

@@ -21,7 +21,7 @@ from xcecore.schema import types as t
 from xcecore.schema.delegated import PAGE_MAX
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
-Forward = Callable[[str, dict[str, Any], str, str], Awaitable[Any]]
+Forward = Callable[[str, dict[str, Any], str, str, str], Awaitable[Any]]  # op, args, what, rid, user
 SessionDep = Callable[..., Awaitable[Session]]
 Epoch = Annotated[float | None, Query(ge=0, le=1e11, description="seconds since 1970")]
 Cursor = Annotated[str | None, Query(min_length=1, max_length=256, pattern=r"^[0-9A-Za-z_.:-]+$",
@@ -39,7 +39,7 @@ def history_router(prefix: str, session: SessionDep, forward: Forward,
     async def call(s: Session, op: str, args: dict[str, Any], what: str) -> Any:
         body = {k: v for k, v in args.items() if v is not None}
         body["user"] = s.user.name
-        return await forward(op, body, what, f"history:{uuid.uuid4().hex}")
+        return await forward(op, body, what, f"history:{uuid.uuid4().hex}", s.user.name)
 
     @router.get("/jobs")
     async def history_jobs(

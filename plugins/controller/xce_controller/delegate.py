@@ -30,7 +30,8 @@ import anyio
 import orjson
 from loguru import logger
 
-from xce_controller.ops import FRONT_ENDS, WORKER, Caller
+from xce_controller.authz import FRONT_ENDS, Policy
+from xce_controller.ops import WORKER, Caller
 from xcecore import wire
 from xcecore.schema.delegated import DELEGATE_REPLY, compile_delegated
 from xcecore.wire import ErrorCode, RemoteError
@@ -63,11 +64,11 @@ class _Call:
 class Delegates:
     """The controller's table of served ops and calls in flight (on the event loop only)."""
 
-    def __init__(self, conns: dict[int, Any], is_admin: Callable[[str, str | None], bool],
+    def __init__(self, conns: dict[int, Any], policy: Callable[[], Policy],
                  max_frame: Callable[[], int], spawn: Callable[[Callable[[], Any]], None],
                  address: Callable[[], str]) -> None:
         self._conns = conns
-        self._is_admin = is_admin
+        self._policy = policy
         self._max_frame = max_frame
         self._spawn = spawn
         self._address = address
@@ -146,9 +147,9 @@ class Delegates:
     def _forward(self, conn: Conn, req: wire.Request) -> None:
         caller = conn.caller
         args = SCHEMAS[req.op].check(req.args)
-        user = args.get("user")
-        if caller.role in FRONT_ENDS and caller.role != "admin" and user is None:
-            raise RemoteError(ErrorCode.INVALID, f"{req.op}: argument 'user' is required", {"arg": "user"})
+        policy = self._policy()
+        # The authenticated user, or the one a front end acts for (nobody else may name one).
+        user = policy.acting_for(req.op, caller.who, args.get("user"), must_name=True)
         members = self.served.get(req.op)
         if not members:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"no member serves {req.op} (is the role that "
@@ -164,7 +165,7 @@ class Delegates:
         if member is None:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"{req.op}: every member serving it has "
                                                      f"{MAX_INFLIGHT} calls waiting; try again")
-        identity = {"user": user, "admin": self._is_admin(caller.role, user), "role": caller.role,
+        identity = {"user": user, "admin": policy.is_admin(user), "role": caller.role,
                     "identity": caller.identity}
         call = _Call(next(self._ids), req.op, conn.cid, req.id, member.cid, time.monotonic() + TIMEOUT)
         data = orjson.dumps({"call": call.id, "op": req.op, "args": args, "caller": identity})

@@ -173,7 +173,7 @@ class Controller:
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer_done = anyio.Event()
         self._fenced: str | None = None  # why this primary may no longer acknowledge
-        self.delegates = Delegates(self.conns, lambda role, user: self.state.is_admin(role, user),
+        self.delegates = Delegates(self.conns, lambda: self.policy,
                                    lambda: self.settings.max_frame, self.spawn, lambda: self.address)
 
     # -- life cycle ---------------------------------------------------------------------------
