@@ -144,6 +144,29 @@ class TestUsers:
         require("useradd", "userdel", root=True)
         self.made: list[User] = []
         self.tag = secrets.token_hex(3)
+        self._opened: dict[str, int] = {}  # directory -> its mode before :meth:`open_code`
+
+    def open_code(self) -> None:
+        """Let the test users reach this environment's code: every directory above the
+        interpreter's package paths and the sources of editable installs gets the others'
+        search bit (``o+x``) if it lacks it -- a checkout in a ``mktemp -d`` directory (0700)
+        or under ``/root`` is otherwise closed to them. Nothing is made readable that was not;
+        :meth:`remove` puts every mode back."""
+        import sysconfig
+
+        import xcecore
+
+        # The venv's packages and the checkout (the plugins' editable sources live in it);
+        # not the interpreter's own library: the users run the system's Python.
+        roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                 str(Path(xcecore.__file__).resolve().parents[1])}
+        for root in roots:
+            real = Path(os.path.realpath(root))
+            for d in [real, *real.parents]:
+                mode = os.stat(d).st_mode
+                if not mode & 0o001 and str(d) not in self._opened:
+                    self._opened[str(d)] = mode & 0o7777
+                    os.chmod(d, (mode & 0o7777) | 0o001)
 
     def add(self, label: str) -> User:
         """A new user ``xce<label><tag>`` (a short random tag: concurrent runs never clash),
@@ -164,6 +187,8 @@ class TestUsers:
         entry = pwd.getpwnam(name)
         user = User(name, entry.pw_uid, entry.pw_gid)
         self.made.append(user)
+        if len(self.made) == 1:
+            self.open_code()
         return user
 
     def leftovers(self) -> list[int]:
@@ -203,6 +228,12 @@ class TestUsers:
             if done.returncode != 0:
                 errors.append(f"userdel {user.name}: {done.stderr.strip()}")
         self.made.clear()
+        for d, mode in self._opened.items():
+            try:
+                os.chmod(d, mode)
+            except OSError as exc:
+                errors.append(f"chmod {d}: {exc}")
+        self._opened.clear()
         return errors
 
 
