@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from xce_worker.containment.cgroupfs import (
     CgroupMount,
     format_cpulist,
     group_path,
-    kill_pids,
+    kill_group,
     parse_flat_keyed,
     parse_mountinfo,
     parse_proc_cgroup,
@@ -220,16 +219,8 @@ class JobGroupV1(JobGroup):
 
     def kill(self) -> None:
         """Freeze, SIGKILL all, thaw; repeated until empty (bounded)."""
-        frozen = "freezer" in self.dirs
-        for _ in range(50):
-            if frozen:
-                self._state("FROZEN")
-            pids = self.pids()
-            kill_pids(pids, signal.SIGKILL)
-            if frozen:
-                self._state("THAWED")
-            if not pids or self.wait_empty(0.1):
-                return
+        freeze = (lambda on: self._state("FROZEN" if on else "THAWED")) if "freezer" in self.dirs else None
+        kill_group(self.pids, self.wait_empty, freeze)
 
     def usage(self) -> Usage:
         """CPU from cpuacct, memory from the memory hierarchy (else summed over members)."""

@@ -22,7 +22,6 @@ start line says which.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from xce_worker.containment.cgroupfs import (
     CgroupError,
     format_cpulist,
     group_path,
-    kill_pids,
+    kill_group,
     parse_flat_keyed,
     parse_mountinfo,
     parse_proc_cgroup,
@@ -234,16 +233,8 @@ class JobGroupV2(JobGroup):
         if (self.path / "cgroup.kill").exists():
             write_text(self.path / "cgroup.kill", "1")
             return
-        can_freeze = (self.path / "cgroup.freeze").exists()
-        for _ in range(50):
-            if can_freeze:
-                self._freeze("1")
-            pids = self.pids()
-            kill_pids(pids, signal.SIGKILL)
-            if can_freeze:
-                self._freeze("0")
-            if not pids or self.wait_empty(0.1):
-                return
+        freeze = (lambda on: self._freeze("1" if on else "0")) if (self.path / "cgroup.freeze").exists() else None
+        kill_group(self.pids, self.wait_empty, freeze)
 
     def usage(self) -> Usage:
         """``cpu.stat``; ``memory.current``/``memory.peak`` (else summed and sampled)."""

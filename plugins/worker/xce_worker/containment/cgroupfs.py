@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Iterable
+import signal
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,6 +196,22 @@ def kill_pids(pids: Iterable[int], sig: int) -> int:
         except ProcessLookupError:
             continue
     return n
+
+
+def kill_group(pids: Callable[[], list[int]], wait_empty: Callable[[float], bool],
+               freeze: Callable[[bool], None] | None) -> None:
+    """SIGKILL every member of a group until it is empty (bounded: 50 rounds). With a
+    freezer (``freeze``), each round freezes the group first, so a member forking as it
+    dies cannot leave a child outside the round, and thaws it so the kills land."""
+    for _ in range(50):
+        if freeze is not None:
+            freeze(True)
+        members = pids()
+        kill_pids(members, signal.SIGKILL)
+        if freeze is not None:
+            freeze(False)
+        if not members or wait_empty(0.1):
+            return
 
 
 # ----------------------------------------------------------------------------- /proc
