@@ -95,7 +95,7 @@ def test_view_round_trips_through_json() -> None:
 
 def test_time_arguments_of_xce_acct() -> None:
     import pytest
-    from xce_accounting.cli import parse_time
+    from xce_accounting.commands import parse_time
 
     from xcecore.cli.session import CommandError
 

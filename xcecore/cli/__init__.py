@@ -8,8 +8,13 @@ found by name before anything heavy is imported:
   :mod:`xcecore.cli.core`: version, plugins, config, run) are declared in
   :mod:`xcecore.cli.spec` and reach the controller through
   :class:`xcecore.client.OneShotClient` -- no event loop, no plugins, no entry-point scan;
+- a plugin distribution's **one-shot commands** are declared the same way, in a module its
+  ``xce.commands`` entry points name (``hist = "xce_accounting.commands"``: the entry point's
+  name is the command's): only that module is imported, no plugin manager, no config load --
+  a command that only talks to the controller answers as fast as a built-in one;
 - any **other name** is a plugin command, added through ``xce_cli_commands`` as a click
-  command (:mod:`xcecore.cli.plugins`): only then are the plugins loaded.
+  command (:mod:`xcecore.cli.plugins`): only then are the plugins loaded (for commands that
+  need them, such as ``xce up``).
 
 ``xce --help`` lists both (the plugins' from a cache, see :mod:`xcecore.cli.plugins`). Global options come before
 the command name.
@@ -23,6 +28,8 @@ from xcecore.cli.options import GLOBAL_HELP, Options, UsageError, parse_global
 from xcecore.cli.spec import COMMANDS, ArgError, HelpRequested, help_text, parse, usage
 
 BUILTIN_MODULES = ("xcecore.cli.commands", "xcecore.cli.core")
+COMMAND_GROUP = "xce.commands"
+"""The entry-point group of plugins' one-shot commands (``NAME = module``)."""
 
 
 def _builtins() -> None:
@@ -33,25 +40,50 @@ def _builtins() -> None:
         importlib.import_module(module)
 
 
+def _one_shot(name: str | None) -> list[str]:
+    """Import the modules of the plugins' one-shot commands (``name``'s only, or all of them
+    for a listing); problems, one line each, for the listing."""
+    from xcecore.entrypoints import scan
+
+    problems = []
+    for ep in scan(COMMAND_GROUP):
+        if name is not None and ep.name != name:
+            continue
+        try:
+            ep.load()
+        except Exception as exc:  # a broken distribution names itself, and hides nothing else
+            dist = "-".join(ep.distribution())
+            problems.append(f"{ep.name} ({dist}): {ep.value} cannot be imported: {exc}")
+            if name is not None:
+                from xcecore.cli.session import CommandError
+
+                raise CommandError(f"command {name!r} from {dist}: {ep.value} cannot be imported: "
+                                   f"{exc}") from None
+        if ep.name not in COMMANDS:
+            problems.append(f"{ep.name} ({ep.value}): the module declares no command {ep.name!r}")
+    return problems
+
+
 def main_help(opts: Options) -> str:
     """The top-level help: usage, global options, built-in and plugin commands."""
     _builtins()
-    found: list[tuple[str, str]] = []
-    problem = ""
+    builtin = list(COMMANDS.values())
+    problems = _one_shot(None)
+    found = [(c.name, c.help) for c in COMMANDS.values() if c not in builtin]
     try:
         from xcecore.cli.plugins import plugin_listing
 
-        found = plugin_listing(opts)
+        found += plugin_listing(opts)
     except Exception as exc:  # a broken plugin must not hide the built-in commands
-        problem = f"unavailable ({exc})"
+        problems.append(f"unavailable ({exc})")
     width = max(len(n) for n in [*COMMANDS, *(n for n, _ in found)]) + 2
     lines = ["usage: xce [OPTIONS] COMMAND [ARGS]...", "",
              "xce: cluster workload management with controller high availability.", "",
              GLOBAL_HELP, "", "commands:"]
-    lines += [f"  {c.name:<{width}}{c.help}" for c in COMMANDS.values()]
-    if found or problem:
-        lines += ["", f"plugin commands: {problem}".rstrip()]
-        lines += [f"  {n:<{width}}{text}" for n, text in found]
+    lines += [f"  {c.name:<{width}}{c.help}" for c in builtin]
+    if found or problems:
+        lines += ["", f"plugin commands: {'; '.join(problems)}".rstrip()]
+        lines += [f"  {n:<{width}}{text}" for n, text in sorted(found)]
     lines += ["", "Run `xce COMMAND --help` for the options of a command."]
     return "\n".join(lines)
 
@@ -73,6 +105,9 @@ def run(argv: list[str]) -> int:
     _builtins()
     try:
         cmd = COMMANDS.get(name)
+        if cmd is None:
+            _one_shot(name)
+            cmd = COMMANDS.get(name)
         if cmd is None:
             from xcecore.cli.plugins import run_plugin_command
 

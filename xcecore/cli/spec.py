@@ -108,15 +108,17 @@ class Command(NamedTuple):
 
 
 COMMANDS: dict[str, Command] = {}
-"""Every built-in command by name, in registration order."""
+"""Every built-in command (and the one-shot plugin commands imported so far) by name, in
+registration order."""
 
 
 def command(name: str, help: str, *args: Arg, epilog: str = "") -> Callable[[Runner], Runner]:
-    """Register the decorated function as the built-in command ``name``."""
+    """Register the decorated function as the command ``name`` (a built-in, or a plugin's
+    one-shot command: see :mod:`xcecore.cli`)."""
 
     def register(run: Runner) -> Runner:
         if name in COMMANDS:
-            raise RuntimeError(f"built-in command {name!r} is declared twice")
+            raise RuntimeError(f"command {name!r} is declared twice")
         COMMANDS[name] = Command(name, help, args, run, epilog)
         return run
 

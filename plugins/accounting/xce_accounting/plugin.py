@@ -16,7 +16,6 @@ from xcecore.records import ConfigSection, Field
 from xcecore.role import RoleSpec
 
 if TYPE_CHECKING:
-    import click
 
     from xcecore.role import Role, RoleContext
 
@@ -81,11 +80,3 @@ def xce_config_sections() -> Iterable[ConfigSection]:
         "query_threads": Field((int,), 2, "threads answering history queries"),
         "hname": Field((str,), None, "host name in this role's identity"),
     }, "the accounting role (job history)", check=_check)]
-
-
-@hookimpl
-def xce_cli_commands(group: click.Group) -> None:
-    """``xce hist`` and ``xce acct``."""
-    from xce_accounting.cli import add_commands
-
-    add_commands(group)
