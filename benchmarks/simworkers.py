@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import gc
 import json
 import random
@@ -94,8 +93,8 @@ async def serve(args: argparse.Namespace) -> None:
         # like a real cluster's (all at the same instant would align every heartbeat).
         await anyio.sleep(args.spread * i / args.count)
         n = args.first + i
-        cfg = dataclasses.replace(
-            base, sender=f"worker@{args.prefix}{n:05d}", heartbeat_interval=args.heartbeat,
+        cfg = base.replace(
+            sender=f"worker@{args.prefix}{n:05d}", heartbeat_interval=args.heartbeat,
             liveness_timeout=args.liveness, connect_timeout=args.connect_timeout,
             backoff_base=args.backoff_base, backoff_cap=args.backoff_cap)
         async with Client(cfg, role="worker", hooks=hooks[i], join_attrs=attrs_for(n, args.prefix),

@@ -65,6 +65,12 @@ def _check_log(values: dict[str, Any]) -> None:
             raise ValueError(f"{key} must be positive, got {value!r}")
 
 
+def _check_metrics(section: dict[str, Any]) -> None:
+    for role, port in (section.get("ports") or {}).items():
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise ValueError(f"ports.{role}: {port!r} is not a TCP port (0-65535; 0: any free one)")
+
+
 def _fields(keys: Mapping[str, KeySpec]) -> dict[str, Field]:
     """Config fields from a table of ``(types, default, doc)`` owned by another module."""
     return {name: Field(types, default, doc) for name, (types, default, doc) in keys.items()}
@@ -122,6 +128,17 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
         },
         "logging (and the pid file) of every role",
         check=_check_log,
+    ),
+    ConfigSection(
+        "metrics",
+        {
+            "host": Field(_S, "127.0.0.1", "address the roles' metrics exporters listen on"),
+            "ports": Field((dict,), {}, "role -> port of its Prometheus exporter (/metrics), "
+                                        "e.g. { controller = 9610, worker = 9611 }; a role not "
+                                        "named exports nothing; 0: any free port (logged)"),
+        },
+        "Prometheus metrics of the roles (xcecore.metrics; off unless a role has a port)",
+        check=_check_metrics,
     ),
 )
 

@@ -29,6 +29,7 @@ from xcecore.config import Config
 if TYPE_CHECKING:
     import pluggy
     from anyio.from_thread import BlockingPortal
+    from prometheus_client import CollectorRegistry
 
     from xcecore.client import Client, SyncClient
 
@@ -194,6 +195,18 @@ class Role:
         """The role's threads, started after the first join and stopped with the role."""
         return ()
 
+    def metrics(self) -> Iterable[Any]:
+        """The role's gauges at a scrape of its ``/metrics`` (:mod:`xcecore.metrics`):
+        prometheus-client metric families (``GaugeMetricFamily`` ...) named ``xce_<role>_*``.
+
+        Called on the event loop at each scrape, and only when ``[metrics] ports`` gives the
+        role a port. Read counts the role keeps: never walk its jobs or hosts (a scrape is a
+        request; its cost must not grow with the cluster), never block or call the client;
+        take the lock of what a thread updates. Counters and histograms updated as events
+        happen belong in ``ctx.metrics`` instead.
+        """
+        return ()
+
     async def main(self) -> None:
         """The role's work; the default serves pushes until the role is told to stop."""
         await self.ctx.stop.wait_async()
@@ -240,6 +253,7 @@ class RoleContext:
     stop: StopEvent = field(init=False)
     portal: BlockingPortal | None = None
     _sync: SyncClient | None = None
+    _metrics: Any = None
 
     def __post_init__(self) -> None:
         self.stop = StopEvent(self.bridge)
@@ -258,6 +272,17 @@ class RoleContext:
     def section(self) -> dict[str, Any]:
         """This role's config section (``[<role>]``)."""
         return self.config.section(self.role)
+
+    @property
+    def metrics(self) -> CollectorRegistry:
+        """The process's Prometheus registry: make counters and histograms with
+        ``registry=ctx.metrics`` (exported only when ``[metrics] ports`` names the role)."""
+        if self._metrics is None:
+            from xcecore.metrics import new_registry
+
+            self._metrics = new_registry()
+        registry: CollectorRegistry = self._metrics
+        return registry
 
     def call(self, op: str, args: dict[str, Any] | None = None, **kw: Any) -> Any:
         """Call the controller from a thread (never from the event loop); blocks for the answer.

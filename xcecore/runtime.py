@@ -12,6 +12,7 @@ import inspect
 import os
 import signal
 from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,6 +146,10 @@ async def run_role_async(spec: RoleSpec, ctx: RoleContext) -> None:
             outer.start_soon(_watch_signals, ctx, outer.cancel_scope)
             try:
                 role = build_role(spec, ctx)
+                from xcecore import metrics
+
+                await outer.start(partial(metrics.run, ctx.identity, spec.name,
+                                          ctx.config.section("metrics"), ctx.metrics, role))
                 if not spec.client:
                     await role.main()
                     return

@@ -16,6 +16,7 @@ import pytest
 
 from xcecore import auth
 from xcecore.auth.munge import Libmunge, MungeAuth, payload_for
+from xcecore.testing import wait_for
 from xcecore.testing.munge import Munged, shared_dir
 
 pytestmark = pytest.mark.timeout(60)
@@ -153,7 +154,9 @@ def test_a_munge_cluster_fails_over_with_the_fixtures(xce_munged: Any, xce_clust
     cluster.kill_primary()
     # Both re-authenticate with fresh credentials at the new primary; the worker re-joins.
     assert [h["name"] for h in cli.call("hostinfo", {}, deadline=10)["hosts"]] == ["mw1"]
-    assert worker.call("hello", deadline=10)["joined"] is True
+    # The re-join follows the first call after the reconnect (the worker's rejoin point), so
+    # that call's own answer may still say "not joined": wait for the one after.
+    wait_for(lambda: worker.call("hello", deadline=10)["joined"] is True, 20, what="the worker re-joined")
     jobid = cli.call("jobsubmit", {"command": "true"}, deadline=10)["jobid"]
     rec = cli.call("jobinfo", {"jobids": [jobid]}, deadline=10)["jobs"][0]
     assert (rec["user"], rec["uid"], rec["via"]) == ("root", 0, None)

@@ -143,6 +143,15 @@ class ClientConfig:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"ClientConfig is immutable (cannot set {name!r})")
 
+    def replace(self, **changes: Any) -> ClientConfig:
+        """A copy with ``changes`` (the constructor's keywords), checked as a new one is."""
+        values = {name: getattr(self, name) for name in self.__slots__}
+        unknown = sorted(set(changes) - set(values))
+        if unknown:
+            raise TypeError(f"ClientConfig has no field(s) {', '.join(unknown)}")
+        values.update(changes)
+        return ClientConfig(**values)
+
     def _fields(self) -> tuple[Any, ...]:
         return tuple(getattr(self, name) for name in self.__slots__)
 

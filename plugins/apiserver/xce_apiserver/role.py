@@ -7,6 +7,7 @@ from loguru import logger
 from xce_apiserver.app import create_app
 from xce_apiserver.auth import Authenticator, parse_users
 from xce_apiserver.backend import Backend
+from xce_apiserver.metrics import RequestMetrics
 from xce_apiserver.server import bind, bound_address, serve, write_port_file
 from xce_apiserver.session import ApiServerRole
 
@@ -25,6 +26,7 @@ async def run(role: ApiServerRole) -> None:
                       retries=section["backend_retries"])
     app = create_app(role.store, backend, role.health, auth, ctx.pm.resreq_evaluator,
                      max_body=section["max_body"])
+    app.add_middleware(RequestMetrics, stats=role.requests)
     sock = bind(section["listen"])
     address = bound_address(sock)
     if section.get("port_file"):

@@ -14,6 +14,7 @@ from loguru import logger
 
 from xce_apiserver.backend import REJOIN_POINTS
 from xce_apiserver.health import BackendHealth
+from xce_apiserver.metrics import RequestStats
 from xce_apiserver.store import Store
 from xcecore.candidates import Candidate
 from xcecore.role import Handled, Role, RoleContext
@@ -29,10 +30,17 @@ class ApiServerRole(Role):
         super().__init__(ctx)
         self.store = Store(name=ctx.identity)
         self.health = BackendHealth(grace=float(ctx.section["failover_grace"]))
+        self.requests = RequestStats()
 
     def join_attributes(self) -> dict[str, Any]:
         """The address its REST API listens on, for operators reading ``status``."""
         return {"listen": self.ctx.section["listen"]}
+
+    def metrics(self) -> list[Any]:
+        """``xce_apiserver_*`` (:mod:`xce_apiserver.metrics`)."""
+        from xce_apiserver.metrics import families
+
+        return families(self)
 
     def push(self, event: str, seq: int, data: Any) -> Handled:
         """Feed the store's replica (the sync after each join, then the changes)."""

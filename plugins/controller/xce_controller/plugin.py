@@ -8,7 +8,7 @@ imported when the role starts, so ``xce`` commands that never run a controller s
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from xce_controller import hookspecs
 from xce_controller.settings import SECTION
@@ -63,9 +63,20 @@ def tune_memory() -> None:
 class ControllerRole(Role):
     """One controller candidate: stand by, promote when elected, serve until told to stop."""
 
+    controller: Any = None  # the candidate, once it listens (its metrics read it)
+
+    def metrics(self) -> Iterable[Any]:
+        """``xce_controller_*`` (:mod:`xce_controller.metrics`), once the candidate listens."""
+        if self.controller is None:
+            return ()
+        from xce_controller.metrics import families
+
+        return list(families(self.controller))
+
     async def main(self) -> None:
         """Serve until ``ctx.stop`` (SIGTERM/SIGINT) or a ``shutdown`` op."""
         import anyio
+        import anyio.abc
 
         from xce_controller.server import serve
         from xce_controller.settings import settings_from_config
@@ -87,9 +98,13 @@ class ControllerRole(Role):
                 await ctx.stop.wait_async()
                 tg.cancel_scope.cancel()
 
+            async def run(*, task_status: anyio.abc.TaskStatus[Any]) -> None:
+                await serve(settings, election_factory=election, store_factory=store,
+                            task_status=task_status)
+                tg.cancel_scope.cancel()
+
             tg.start_soon(stop_when_told)
-            await serve(settings, election_factory=election, store_factory=store)
-            tg.cancel_scope.cancel()
+            self.controller = await tg.start(run)
 
 
 @hookimpl

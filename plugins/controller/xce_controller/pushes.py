@@ -80,6 +80,15 @@ class Gate:
         self.event.set()
 
 
+class Total:
+    """A sum many outboxes keep together (their unsent bytes, for the metrics)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The bounds of one connection (``[controller]`` settings)."""
@@ -126,14 +135,28 @@ class Stalled(Exception):
 class Outbox:
     """One connection's ordered outgoing frames, within its :class:`Limits`."""
 
+    _unsent: int
+
+    @property
+    def unsent(self) -> int:
+        """Bytes queued and not yet taken by the kernel; every change also moves the total
+        of the outboxes sharing ``total`` (for the metrics)."""
+        return self._unsent
+
+    @unsent.setter
+    def unsent(self, value: int) -> None:
+        self.total.value += value - self._unsent
+        self._unsent = value
+
     def __init__(self, max_pushes: int = 10000, max_replies: int = 4096,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, total: Total | None = None) -> None:
+        self.total = total or Total()
         self.limits = limits or Limits(max_pushes=max_pushes, max_replies=max_replies)
         self._send, self._recv = anyio.create_memory_object_stream[_Item](math.inf)
         self.seq = 0
         self.queued_pushes = 0
         self.queued_replies = 0
-        self.unsent = 0  # bytes queued and not yet taken by the kernel
+        self._unsent = 0  # bytes queued and not yet taken by the kernel (see unsent)
         self.overflow = ""  # why a push was refused (for the log line that drops the member)
         self._space: anyio.Event | None = None
         self._drain: tuple[int, anyio.Event] | None = None  # a sync waiting for room

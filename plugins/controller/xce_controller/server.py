@@ -44,6 +44,7 @@ from xce_controller.election import Election, FileLockElection
 from xce_controller.framing import FrameReader
 from xce_controller.isolation import check_encodable, label, request_id
 from xce_controller.jobs import Job
+from xce_controller.metrics import CommitStats
 from xce_controller.ops import OPS, WORKER, Caller, OpSpec, check_call, now
 from xce_controller.pushes import (
     ErrorFrame,
@@ -52,6 +53,7 @@ from xce_controller.pushes import (
     Limits,
     Outbox,
     Stalled,
+    Total,
     encode,
     encode_events,
     encode_rows,
@@ -168,6 +170,10 @@ class Controller:
         self.promoted = anyio.Event()
         self.stopped = anyio.Event()
         self.promote_ms: float | None = None
+        self.requests: dict[str, int] = {}  # op -> requests answered (xce_controller.metrics)
+        self.conn_roles: dict[str, int] = {}  # claimed role -> connections (metrics)
+        self.unsent = Total()  # bytes every connection's outbox holds unsent (metrics)
+        self.commits = CommitStats()
         self._cids = itertools.count(1)
         self.abandoned = 0  # handshakes the client gave up on, since the last report
         self._tg: anyio.abc.TaskGroup | None = None
@@ -467,6 +473,7 @@ class Controller:
         if not self._may_acknowledge(len(batch)):
             return
         t = time.time()
+        self.commits.observe(batch)
         recent = self._recent if self._lookups else None
         for w in batch:
             if w.rev:
@@ -722,11 +729,13 @@ class Controller:
             caller = await self._handshake(stream, reader, peer)
             if caller is None:
                 return
-            outbox = Outbox(limits=self.limits)
+            outbox = Outbox(limits=self.limits, total=self.unsent)
             conn = Connection(next(self._cids), caller, peer, outbox,
                               stream.extra(SocketAttribute.raw_socket, None))
             caller.cid = conn.cid
             self.conns[conn.cid] = conn
+            role = caller.role
+            self.conn_roles[role] = self.conn_roles.get(role, 0) + 1
             try:
                 async with anyio.create_task_group() as tg:
                     conn.scope, conn.tg = tg.cancel_scope, tg
@@ -737,6 +746,12 @@ class Controller:
                 pass
             finally:
                 self.conns.pop(conn.cid, None)
+                left = self.conn_roles.get(role, 1) - 1
+                if left:
+                    self.conn_roles[role] = left
+                else:
+                    self.conn_roles.pop(role, None)
+                outbox.unsent = 0  # what it still held is gone with it (the total unsent)
                 self.fanout.remove(conn.cid)
                 self.delegates.left(conn.cid)
                 if caller.joined and self.role == "primary" and not self.still_joined(caller):
@@ -940,6 +955,9 @@ class Controller:
 
     def handle_message(self, conn: Connection, msg: dict[str, Any]) -> None:
         """Answer one request (synchronously: applied in arrival order), whatever it holds."""
+        op = msg.get("op")
+        key = op if isinstance(op, str) and op in OPS else "other"  # never a client's string
+        self.requests[key] = self.requests.get(key, 0) + 1
         try:
             self._answer(conn, msg)
         except Exception:  # the last guard: one request's data never ends the process

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
@@ -88,6 +88,7 @@ class Inflight:
     op: str  # the op (or the controller's own reason) that made the change
     caller: Caller | None = None  # who asked, for undoing a join
     doomed: bool = False  # rolled back: the store fails it without an attempt
+    born: float = field(default_factory=time.monotonic)  # handed to the store (commit latency)
 
 
 def decode_image(table: str, image: tuple[bytes, bytes | None] | None) -> Any:

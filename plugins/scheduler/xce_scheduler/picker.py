@@ -219,8 +219,10 @@ class Picker:
         items = list(_batches(changes))
         self._propose(work.proposals, work.holds, items)
         self.status.add(cycles=1, proposed=len(work.proposals), reasons_sent=len(changes))
+        took = time.perf_counter() - started
+        self.status.passed(took)
         self.status.update(last_cycle=time.time(),
-                           last_cycle_seconds=time.perf_counter() - started,
+                           last_cycle_seconds=took,
                            pending=len(board.pending), hosts=len(board.hosts),
                            inflight=len(work.inflight) + len(work.proposals),
                            view_epoch=board.epoch, looked=work.looked,

@@ -119,6 +119,10 @@ class SchedulerRole(Role):
         holder["picker"] = picker
         return SchedulerApp(self.view, picker, allocator, status)
 
+    def metrics(self) -> list[Any]:
+        """``xce_scheduler_*`` from the picker's and allocator's status."""
+        return [] if self._app is None else self._app.status.metrics()
+
     def monitors(self) -> list[Monitor]:
         """The job picker, on its own thread."""
         return [Monitor("picker", self.app.picker.run)]

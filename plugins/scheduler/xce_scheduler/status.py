@@ -18,6 +18,11 @@ from typing import Any
 import orjson
 from loguru import logger
 
+from xcecore.metrics import Histogram
+
+PASS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+"""Seconds of a full scheduling cycle."""
+
 
 @dataclass
 class SchedulerStatus:
@@ -48,6 +53,8 @@ class SchedulerStatus:
     view_complete: bool = False
     looked: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _passes: Histogram = field(default_factory=lambda: Histogram(PASS_BUCKETS), repr=False,
+                               compare=False)  # seconds of each full cycle (metrics)
 
     def update(self, **values: Any) -> None:
         """Set counters (``cycles=3``) under the lock."""
@@ -61,10 +68,46 @@ class SchedulerStatus:
             for key, delta in deltas.items():
                 setattr(self, key, getattr(self, key) + delta)
 
+    def passed(self, seconds: float) -> None:
+        """A full cycle took ``seconds`` (its histogram, for ``xce_scheduler_pass_seconds``)."""
+        with self._lock:
+            self._passes.observe(seconds)
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-able copy of every counter."""
         with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+    def metrics(self) -> list[Any]:
+        """``xce_scheduler_*`` families (at a scrape, on the exporter's thread)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        with self._lock:
+            now = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+            passes = self._passes.family("xce_scheduler_pass_seconds", "seconds of each full "
+                                         "scheduling cycle")
+        out: list[Any] = [passes]
+        for key, what in (("cycles", "scheduling cycles (idle ones included)"),
+                          ("idle_cycles", "cycles that found nothing changed"),
+                          ("proposed", "dispatches proposed"),
+                          ("dispatched", "dispatches the controller accepted"),
+                          ("refused", "dispatches the controller refused"),
+                          ("failed", "dispatches that failed (no answer)"),
+                          ("reasons_sent", "pending-reason changes sent")):
+            c = CounterMetricFamily(f"xce_scheduler_{key}", what)
+            c.add_metric([], float(now[key]))
+            out.append(c)
+        for key, what in (("pending", "pending jobs in the view"),
+                          ("hosts", "hosts in the view"),
+                          ("inflight", "proposals not yet seen leaving PEND"),
+                          ("allocator_busy", "controller calls the allocator waits on"),
+                          ("view_complete", "1 when the view is whole (synced)"),
+                          ("last_cycle_seconds", "seconds the last full cycle took"),
+                          ("last_cycle", "when the last cycle ran (Unix time)")):
+            g = GaugeMetricFamily(f"xce_scheduler_{key}", what)
+            g.add_metric([], float(now[key]))
+            out.append(g)
+        return out
 
 
 class StatusReporter:

@@ -10,6 +10,7 @@ run of this worker left behind before any push is handled, so a job is never sta
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import anyio
@@ -65,6 +66,7 @@ class Worker:
                     "run", s.hname, s.state_dir, len(self.journal.pending()),
                     len(self.journal.active()))
         self.procman.adopt()
+        self.last_answer = time.monotonic()  # the join was the last answer (metrics)
 
     def monitors(self) -> list[Monitor]:
         """Every thread of the worker, as monitors the runtime starts and stops."""
@@ -95,6 +97,7 @@ class Worker:
         while not self.ctx.stop.is_set():
             try:
                 await client.call("hello", {})
+                self.last_answer = time.monotonic()
                 if failing:
                     logger.info("worker {}: liveness probe answered again by {}", hname,
                                 client.candidate)
@@ -149,6 +152,25 @@ class WorkerRole(Role):
     def monitors(self) -> list[Monitor]:
         """Hardware, system, job-usage, push and report-delivery loops, each on its own thread."""
         return self.worker.monitors()
+
+    def metrics(self) -> list[Any]:
+        """``xce_worker_*``: jobs running, reports not yet delivered, the controller's last answer."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        if self._worker is None:
+            return []
+        w = self._worker
+        out = []
+        for name, value, what in (
+                ("jobs_running", len(w.procman.running), "jobs this worker runs now"),
+                ("reports_unsent", w.journal.pending_count(), "job reports spooled, not yet "
+                 "acknowledged by the controller"),
+                ("controller_answer_age_seconds", time.monotonic() - w.last_answer,
+                 "seconds since the controller last answered the liveness probe")):
+            g = GaugeMetricFamily(f"xce_worker_{name}", what, labels=["host"])
+            g.add_metric([w.settings.hname], float(value))
+            out.append(g)
+        return out
 
     async def main(self) -> None:
         """Run until told to stop: the liveness probe, then a graceful stop."""

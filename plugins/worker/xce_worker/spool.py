@@ -365,6 +365,11 @@ class Journal:
         with self._lock:
             return list(self._pending.values())
 
+    def pending_count(self) -> int:
+        """How many notes are unacknowledged."""
+        with self._lock:
+            return len(self._pending)
+
     def wait_drained(self, timeout: float) -> bool:
         """Wait until every note is acknowledged; False on timeout."""
         with self._cond:
