@@ -205,6 +205,7 @@ class Config:
     ) -> None:
         self._sections = sections
         self.path = path
+        self.overrides: tuple[str, ...] = ()  # the command line's --set, kept for a reload
         self.unchecked: dict[str, Any] = dict(unchecked or {})
         self.missing: dict[str, tuple[str, ...]] = dict(missing or {})
         self._docs = dict(docs or {})

@@ -46,7 +46,15 @@ def load(
         raise ConfigError("plugins: must be a table ([plugins])")
     pm = PluginManager.load(plugins_section)
     sections = [*CORE_SECTIONS, *pm.config_sections()]
-    return pm, validate(raw, sections, skip=pm.skipped, path=path)
+    config = validate(raw, sections, skip=pm.skipped, path=path)
+    config.overrides = tuple(overrides)
+    return pm, config
+
+
+def reload(config: Config) -> Config:
+    """``config`` read again from its file, with the same command-line overrides (blocking:
+    call it on a thread). Raises ``ConfigError`` naming what is wrong with the file now."""
+    return load(config.path, config.overrides)[1]
 
 
 def client_config(config: Config, sender: str) -> ClientConfig:

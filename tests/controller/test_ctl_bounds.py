@@ -151,7 +151,12 @@ def test_non_reading_floods_leave_memory_bounded_and_others_served(ctl: Proc) ->
     for who in floods:  # held back once (logged once), then dropped
         assert sum(f"{who} (" in line and "is not reading its replies" in line
                    for line in log.splitlines()) == 1, who
-    assert "member scheduler@deaf is over its bound" in log and "max_unsent_bytes 2097152" in log
+    # The deaf member passes its byte bound (2 MiB) after ~1.3 s of these pushes on a quick
+    # machine, or stalls first (3 s) on a loaded one where the loop submits fewer: dropped
+    # either way, and the bound it passed named.
+    deaf_lines = [x for x in log.splitlines() if dropped("scheduler@deaf", x)]
+    assert deaf_lines, "the deaf member was never dropped"
+    assert all("max_unsent_bytes 2097152" in x or "stall_timeout" in x for x in deaf_lines), deaf_lines
     assert ctl.popen.poll() is None
     assert admin.call("hello")["ok"]
     for sock in socks:

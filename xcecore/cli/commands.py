@@ -306,9 +306,17 @@ def outcome(s: Session, ns: Parsed) -> int:
 
 @command(
     "admin", "Administrator commands (administrators only: [controller] admins, root).",
-    arg("action", choices=["shutdown"],
-        help="shutdown: shut down the primary controller candidate (a standby takes over)"),
+    arg("action", choices=["shutdown", "reconfig"],
+        help="shutdown: shut down the primary controller candidate (a standby takes over); "
+             "reconfig: the primary reads its configuration file again (like badmin reconfig)"),
 )
 def admin(s: Session, ns: Parsed) -> None:
-    res = s.call("shutdown")
-    echo(f"controller {res['server']} is shutting down")
+    if ns.action == "shutdown":
+        res = s.call("shutdown")
+        echo(f"controller {res['server']} is shutting down")
+        return
+    res = s.call("reconfig")
+    echo(f"reconfigured: queues added {', '.join(res['queues_added']) or 'none'}, changed "
+         f"{', '.join(res['queues_changed']) or 'none'}")
+    if res["restart_needed"]:
+        echo(f"changed in the file but applied only at a restart: {', '.join(res['restart_needed'])}")

@@ -465,6 +465,20 @@ class ShutdownArgs(TypedDict):
 
 
 @with_config(_STRICT)
+class ReconfigArgs(TypedDict):
+    """Admin. The primary reads its configuration file again (as at SIGHUP) and applies what
+    can change without a restart: queues (new ones created, priorities and descriptions),
+    administrators, grants, service users, host and user groups, the default queue and the
+    host timeout. Result ``{"queues_added": [...], "queues_changed": [...],
+    "restart_needed": [...]}``, the last naming settings that changed in the file but keep
+    their running value until a restart (listen, state_dir, peers, auth, resources, ...).
+    A file that does not load is ``INVALID`` naming the problem; nothing changes. Standbys
+    read their own files at SIGHUP."""
+
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
 class OutcomeArgs(TypedDict):
     """What became of the keyed write ``rid``, answered from the idempotency table. Result,
     one of:
@@ -506,6 +520,7 @@ OP_ARGS: dict[str, Any] = {
     "queueinfo": QueueInfoArgs,
     "status": StatusArgs,
     "shutdown": ShutdownArgs,
+    "reconfig": ReconfigArgs,
     "outcome": OutcomeArgs,
 }
 """Op name (:data:`xcecore.protocol.OP_NAMES`) -> its argument model (a TypedDict, or an

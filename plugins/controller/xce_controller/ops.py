@@ -70,6 +70,8 @@ class ServerView(Protocol):
 
     def request_shutdown(self, by: str) -> None: ...
 
+    def reconfigured(self, by: str) -> Changes: ...
+
     def outcome(self, rid: str) -> dict[str, Any]: ...
 
 
@@ -312,6 +314,10 @@ def op_shutdown(srv: ServerView, caller: Caller, args: dict[str, Any], now: floa
     return ch
 
 
+def op_reconfig(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
+    return srv.reconfigured(describe(args["user"], caller.who))
+
+
 ANY = None
 SCHED_ONLY = frozenset({SCHEDULER})
 WORKER_ONLY = frozenset({WORKER})
@@ -345,6 +351,9 @@ OPS: dict[str, OpSpec] = {
     "status": OpSpec(op_status, ANY, "read", needs_jobs=False),
     "shutdown": OpSpec(op_shutdown, NOBODY, "read", users=True, admin=True, acts=True,
                        dedupe=False, needs_jobs=False),
+    # The file is read off the loop before the op runs (Controller._prepare).
+    "reconfig": OpSpec(op_reconfig, NOBODY, "write", users=True, admin=True, acts=True,
+                       needs_jobs=False),
     # May record a tombstone (a durable write) under the rid it names, not under its own.
     "outcome": OpSpec(op_outcome, ANY, "write", dedupe=False, needs_jobs=False),
 }

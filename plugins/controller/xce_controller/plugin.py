@@ -75,15 +75,25 @@ class ControllerRole(Role):
 
     async def main(self) -> None:
         """Serve until ``ctx.stop`` (SIGTERM/SIGINT) or a ``shutdown`` op."""
+        import dataclasses
+        import signal
+
         import anyio
         import anyio.abc
+        from loguru import logger
 
         from xce_controller.server import serve
-        from xce_controller.settings import settings_from_config
+        from xce_controller.settings import ControllerSettings, settings_from_config
 
         ctx = self.ctx
         tune_memory()
-        settings = settings_from_config(ctx.config, ctx.auth)
+
+        def reload() -> ControllerSettings:  # blocking: the server calls it on a thread
+            from xcecore.runtime import reload as reread
+
+            return settings_from_config(reread(ctx.config), ctx.auth)
+
+        settings = dataclasses.replace(settings_from_config(ctx.config, ctx.auth), reload=reload)
         hook = ctx.pm.hook
 
         def election(state_dir: str, advertise: str) -> Election:
@@ -103,7 +113,16 @@ class ControllerRole(Role):
                             task_status=task_status)
                 tg.cancel_scope.cancel()
 
+            async def reconfigure_on_hup() -> None:
+                with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+                    async for _ in signals:
+                        logger.info("controller {}: SIGHUP: reading the configuration again",
+                                    self.controller.address if self.controller else ctx.identity)
+                        if self.controller is not None:
+                            await self.controller.reconfigure_now("SIGHUP")
+
             tg.start_soon(stop_when_told)
+            tg.start_soon(reconfigure_on_hup)
             self.controller = await tg.start(run)
 
 

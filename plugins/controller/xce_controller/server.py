@@ -19,6 +19,7 @@ into a read-only one until the store works again (:mod:`xce_controller.storage`)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import itertools
@@ -171,6 +172,7 @@ class Controller:
         self.stopped = anyio.Event()
         self.promote_ms: float | None = None
         self.requests: dict[str, int] = {}  # op -> requests answered (xce_controller.metrics)
+        self._reloaded: ControllerSettings | Exception | None = None  # for the next reconfig
         self.conn_roles: dict[str, int] = {}  # claimed role -> connections (metrics)
         self.unsent = Total()  # bytes every connection's outbox holds unsent (metrics)
         self.commits = CommitStats()
@@ -608,6 +610,54 @@ class Controller:
             await anyio.to_thread.run_sync(store.close)
         self.role = "stopped"
 
+    async def _reload(self) -> None:
+        """Read the configuration file again, off the loop, for the ``reconfig`` that follows
+        (or a SIGHUP): :attr:`_reloaded` holds the new settings or the error that stops it."""
+        reload = self.settings.reload
+        if reload is None:
+            self._reloaded = ValueError("this candidate was started without a configuration "
+                                        "file to read again")
+            return
+        try:
+            self._reloaded = await anyio.to_thread.run_sync(reload)
+        except Exception as exc:  # ConfigError, an unreadable file: the op says which
+            self._reloaded = exc
+
+    def reconfigured(self, by: str) -> Changes:
+        """Apply the settings :meth:`_reload` read (``reconfig``, SIGHUP): administrators,
+        grants, service users and the cluster conf at once, queue records as a write (on the
+        primary); settings that need a restart keep their running value and are listed."""
+        new, self._reloaded = self._reloaded, None
+        if not isinstance(new, ControllerSettings):
+            raise RemoteError(ErrorCode.INVALID, f"reconfig: nothing changed: {new or 'no file read'}")
+        old = self.settings
+        later = old.reconfigurable(new)
+        keep = {name: getattr(old, name) for name in later if "." not in name}
+        conf = dataclasses.replace(new.conf, resources=old.conf.resources, name=old.conf.name)
+        self.settings = dataclasses.replace(new, **keep, conf=conf, reload=old.reload)
+        self.policy = make_policy(self.settings, self.users)
+        ch = self.state.reconfigure(conf) if self.role == "primary" else Changes(result={})
+        if self.role != "primary":
+            self.state.conf = conf
+        ch.result = {**(ch.result or {}), "restart_needed": later}
+        logger.warning("controller {}: reconfigured by {} ({}): queues added {}, changed {}; "
+                       "administrators {}; {}", self.address, by, self.role,
+                       ch.result.get("queues_added") or "none", ch.result.get("queues_changed") or "none",
+                       ", ".join(sorted(conf.admins)) or "none",
+                       f"needs a restart to change: {', '.join(later)}" if later else "all applied")
+        return ch
+
+    async def reconfigure_now(self, by: str) -> None:
+        """SIGHUP: read the file and apply it (a file that does not load changes nothing)."""
+        await self._reload()
+        try:
+            ch = self.reconfigured(by)
+        except RemoteError as exc:
+            logger.error("controller {}: {}; keeping the running configuration", self.address, exc.message)
+            return
+        if ch.rows or ch.events:
+            self.apply_internal(ch, "reconfig")
+
     def request_shutdown(self, by: str) -> None:
         """``shutdown`` op: tell every member, then stop after the reply is flushed."""
         logger.warning("controller {}: shutdown requested by {}; stopping", self.address, by)
@@ -907,6 +957,8 @@ class Controller:
         wait for the jobs if it needs them and they are still loading, and fetch from the
         store, off the loop, the result of an idempotency key the filter may know."""
         op = msg.get("op")
+        if op == "reconfig":
+            await self._reload()
         loading = self.loading
         if loading is not None:
             spec = OPS.get(op) if isinstance(op, str) else None

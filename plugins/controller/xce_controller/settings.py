@@ -9,8 +9,8 @@ tests all build one), so no other module repeats a default. The server core take
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from xcecore.auth import AuthMethod
@@ -53,9 +53,17 @@ class ClusterConf:
     queues: tuple[dict[str, Any], ...] = DEFAULT_QUEUES
 
 
+RECONFIGURABLE = frozenset({"conf", "service_users", "grants", "reload"})
+"""Settings a reconfiguration applies at once (``conf`` but its resources and name)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ControllerSettings:
-    """Everything :func:`xce_controller.server.serve` needs; made by :func:`settings_from_config`."""
+    """Everything :func:`xce_controller.server.serve` needs; made by :func:`settings_from_config`.
+
+    ``reload`` (given by the role) reads the configuration file again into new settings
+    (blocking), for ``xce admin reconfig`` and SIGHUP; None: this candidate cannot reload.
+    """
 
     state_dir: str
     listen: str
@@ -77,6 +85,19 @@ class ControllerSettings:
     change_retention: int = CHANGE_RETENTION  # changes the retention window holds
     service_users: frozenset[str] = frozenset()  # [cluster] service_users (root always is one)
     grants: Mapping[str, frozenset[str]] = field(default_factory=dict)  # role -> ops
+    reload: Callable[[], ControllerSettings] | None = field(default=None, compare=False)
+
+    def reconfigurable(self, new: ControllerSettings) -> list[str]:
+        """What ``new`` changes that a reconfiguration cannot apply (a restart can): names of
+        settings, empty when every difference takes effect at once. Applied at once: the
+        cluster conf (queues, administrators, groups, default queue, host timeout) but its
+        resources and name, the service users and the grants."""
+        found = [f.name for f in fields(self) if f.name not in RECONFIGURABLE
+                 and getattr(self, f.name) != getattr(new, f.name)]
+        for name in ("resources", "name"):
+            if getattr(self.conf, name) != getattr(new.conf, name):
+                found.append(f"cluster.{name}")
+        return found
 
 
 def parse_listen(text: str) -> tuple[str, int]:

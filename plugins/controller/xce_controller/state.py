@@ -531,6 +531,36 @@ class ClusterState:
         ch.events.append(Event("job_removed", {"jobids": gone}))
         return ch
 
+    def reconfigure(self, conf: ClusterConf) -> Changes:
+        """Take a new configuration (``xce admin reconfig``, SIGHUP) at once.
+
+        A queue new to the configuration is created, a configured one takes its new priority
+        and description (whether it is open and active is its own state: kept); a queue no
+        longer configured keeps its record and its jobs, as at a restart. The default queue,
+        host timeout and groups are not records: they apply to what comes next. The result
+        lists the queues added and changed.
+        """
+        self.conf = conf
+        added: list[str] = []
+        changed: list[str] = []
+        ch = Changes()
+        for qcfg in conf.queues:
+            fresh = queue_record(qcfg)
+            name = fresh["name"]
+            q = self.queues.get(name)
+            if q is None:
+                self.queues[name] = q = fresh
+                added.append(name)
+            elif (q["priority"], q["description"]) != (fresh["priority"], fresh["description"]):
+                q["priority"], q["description"] = fresh["priority"], fresh["description"]
+                changed.append(name)
+            else:
+                continue
+            ch.rows.append(("queues", name, q))
+            ch.events.append(Event("queue", q))
+        ch.result = {"queues_added": added, "queues_changed": changed}
+        return ch
+
     def queue_control(self, name: str, action: str) -> Changes:
         q = self.queue(name)
         key, value = {"open": ("open", True), "close": ("open", False),
