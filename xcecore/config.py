@@ -22,6 +22,8 @@ from typing import Any
 
 from xcecore.client.settings import CLIENT_KEYS, CLUSTER_KEYS, KeySpec
 from xcecore.records import ConfigSection, Field
+from xcecore.tls import TLS_KEYS
+from xcecore.tls import check_section as _check_tls
 
 ENV_CONFIG = "XCE_CONFIG"
 
@@ -100,6 +102,13 @@ CORE_SECTIONS: tuple[ConfigSection, ...] = (
         "client",
         _fields(CLIENT_KEYS),
         "connection manager tuning shared by every client role",
+    ),
+    ConfigSection(
+        "tls",
+        _fields(TLS_KEYS),
+        "TLS between every role and the controller candidates, and HTTPS on the REST API "
+        "(on when ca is set)",
+        check=_check_tls,
     ),
     ConfigSection(
         "plugins",

@@ -61,7 +61,7 @@ def client_config(config: Config, sender: str) -> ClientConfig:
     """The client's settings from a loaded configuration (see ``xcecore.client.client_config``)."""
     from xcecore.client import client_config as from_sections
 
-    return from_sections(config.cluster, config.section("client"), sender)
+    return from_sections(config.cluster, config.section("client"), sender, config.section("tls"))
 
 
 def _awaitables(results: Iterable[object]) -> list[Awaitable[Any]] | None:

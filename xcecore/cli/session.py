@@ -52,18 +52,18 @@ class Session:
         self.timeout = opts.timeout if opts.timeout is not None else DEFAULT_TIMEOUT
         self._clients: dict[str, OneShotClient] = {}
         self._loaded: tuple[PluginManager, Config] | None = None
-        self._sections: tuple[dict[str, Any], dict[str, Any]] | None = None
+        self._sections: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None = None
 
-    def sections(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``[cluster]`` (its client keys) and ``[client]``, read and checked once."""
+    def sections(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """``[cluster]`` (its client keys), ``[client]`` and ``[tls]``, read and checked once."""
         if self._sections is None:
-            from xcecore.client.settings import read_sections
+            from xcecore.client.settings import read_client_sections
 
             try:
-                _, cluster, tuning = read_sections(self.opts.config)
+                _, cluster, tuning, tls = read_client_sections(self.opts.config)
             except ValueError as exc:  # SettingsError
                 raise CommandError(str(exc)) from None
-            self._sections = cluster, tuning
+            self._sections = cluster, tuning, tls
         return self._sections
 
     def client(self, role: str = "cli") -> OneShotClient:
@@ -73,10 +73,10 @@ class Session:
             from xcecore.client.oneshot import OneShotClient, stderr_logger
             from xcecore.client.settings import client_config
 
-            cluster, tuning = self.sections()
+            cluster, tuning, tls = self.sections()
             try:
-                cfg = client_config(cluster, tuning, f"{role}@{socket.gethostname()}")
-            except ValueError as exc:  # CandidateError, AuthError, bad tuning
+                cfg = client_config(cluster, tuning, f"{role}@{socket.gethostname()}", tls)
+            except ValueError as exc:  # CandidateError, AuthError, TLSConfigError, bad tuning
                 raise CommandError(str(exc)) from None
             found = self._clients[role] = OneShotClient(
                 cfg, role=role, log=stderr_logger(self.opts.command_log_level()))

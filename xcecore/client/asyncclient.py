@@ -618,7 +618,7 @@ class Client:
         cfg = self.config
         opened = await open_link(cand, sender=cfg.sender, auth=cfg.auth,
                                  connect_timeout=cfg.connect_timeout, max_frame=cfg.max_frame,
-                                 backend=self._backend)
+                                 backend=self._backend, tls=cfg.tls)
         if opened.stream is None:
             return Dialed(None, opened.redirect, opened.failure, opened.timed_out, opened.refused)
         return Dialed(Link(cand, opened.stream, max_frame=cfg.max_frame,

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import ssl
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
 
 import anyio
-from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteStream
 
+from xcecore import tls as tls_
 from xcecore import wire
 from xcecore.auth import AuthError, AuthFailed, AuthMethod
 from xcecore.candidates import Candidate
@@ -67,12 +68,14 @@ class Opened(NamedTuple):
 
 async def open_link(
     cand: Candidate, *, sender: str, auth: AuthMethod, connect_timeout: float, max_frame: int,
-    backend: NetworkBackend = TCP,
+    backend: NetworkBackend = TCP, tls: tls_.TLS | None = None,
 ) -> Opened:
     """Connect to ``cand`` and run the client side of the handshake within ``connect_timeout``.
 
-    A method that blocks (``auth.blocking``: munge asks munged) makes its credential on a
-    worker thread, never on the loop.
+    With ``tls`` the stream becomes TLS first (:func:`xcecore.tls.handshake`, the candidate's
+    address checked against its certificate); a refused certificate is a refusal (reported
+    once, not retried as an outage). A method that blocks (``auth.blocking``: munge asks
+    munged) makes its credential on a worker thread, never on the loop.
     """
     timeout = connect_timeout
     stream: BufferedByteStream | None = None
@@ -81,7 +84,16 @@ async def open_link(
     refused: str | None = None
     with anyio.move_on_after(timeout) as scope:
         try:
-            stream = BufferedByteStream(await backend.connect(cand))
+            raw = await backend.connect(cand)
+            if tls is not None:
+                try:
+                    raw = await tls_.handshake(raw, tls, peer=f"controller {cand}",
+                                               hostname=cand.host)
+                except BaseException:
+                    with anyio.CancelScope(shield=True), contextlib.suppress(*LINK_ERRORS):
+                        await raw.aclose()
+                    raise
+            stream = BufferedByteStream(raw)
             hello = await wire.read_message(stream, max_frame)
             if auth.blocking and hello_hint(hello) is None:
                 shake, answer = await anyio.to_thread.run_sync(
@@ -91,6 +103,12 @@ async def open_link(
             if answer is not None:
                 await wire.write_message(stream, answer)
                 shake = classify_handshake(await wire.read_message(stream, max_frame))
+        except tls_.TLSFailed as exc:
+            failure, refused = f"failed the TLS handshake: {exc}", f"TLS: {exc}"
+        except ssl.SSLError as exc:  # TLS 1.3: it refused our certificate after the handshake
+            assert tls is not None
+            text = tls_.describe(exc, f"controller {cand}", tls)
+            failure, refused = f"failed the TLS handshake: {text}", f"TLS: {text}"
         except LINK_ERRORS as exc:
             failure = f"refused or closed the connection ({describe_error(exc)})"
         except AuthFailed as exc:
@@ -151,7 +169,7 @@ class Link:
     ) -> None:
         self.candidate = candidate
         self.stream = stream
-        self.sock: wire.HasFileno | None = stream.extra(SocketAttribute.raw_socket, None)
+        self.sock: wire.HasFileno | None = tls_.raw_socket(stream)  # None on TLS
         self.max_frame = max_frame
         self.liveness_timeout = liveness_timeout
         self.pending: dict[int, _Pending] = {}

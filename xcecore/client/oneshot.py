@@ -41,6 +41,7 @@ from xcecore.client.dialer import (
 from xcecore.client.errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown
 from xcecore.client.machine import Budget, Call, Effect, Log, Machine, judge_reply
 from xcecore.client.settings import ClientConfig
+from xcecore.tls import TLSFailed
 
 LEVELS = {"TRACE": 5, "DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 
@@ -81,6 +82,14 @@ def _decode(body: bytes) -> dict[str, Any]:
     return obj
 
 
+def _is_ssl_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ``ssl.SSLError`` other than an end of stream (checked without
+    importing ``ssl``, which a plain-TCP command never loads)."""
+    ssl = sys.modules.get("ssl")
+    return ssl is not None and isinstance(exc, ssl.SSLError) and not isinstance(
+        exc, ssl.SSLEOFError | ssl.SSLZeroReturnError)
+
+
 def _connect_socket(cand: Candidate, timeout: float) -> socket.socket:
     """A connected TCP socket. An IP literal is connected without a name lookup (which would
     load the ``idna`` codec: a few ms of a command's start-up)."""
@@ -106,10 +115,13 @@ def _connect_socket(cand: Candidate, timeout: float) -> socket.socket:
 class _Conn:
     """One handshaken socket to the primary."""
 
-    __slots__ = ("candidate", "identity", "ids", "joined", "max_frame", "sock")
+    __slots__ = ("candidate", "flags", "identity", "ids", "joined", "max_frame", "sock")
 
     def __init__(self, sock: socket.socket, candidate: Candidate, max_frame: int) -> None:
         self.sock = sock
+        # A TLS socket takes no recv flags; it returns a record at a time, and the loop
+        # below asks again for the rest.
+        self.flags = 0 if hasattr(sock, "cipher") else socket.MSG_WAITALL
         self.candidate = candidate
         self.max_frame = max_frame
         self.ids = itertools.count(1)
@@ -127,11 +139,11 @@ class _Conn:
         return _decode(self._exactly(size))
 
     def _exactly(self, n: int) -> bytes:
-        data = self.sock.recv(n, socket.MSG_WAITALL)
+        data = self.sock.recv(n, self.flags)
         while len(data) < n:
             if not data:
                 raise EOFError("closed by the controller")
-            more = self.sock.recv(n - len(data), socket.MSG_WAITALL)
+            more = self.sock.recv(n - len(data), self.flags)
             if not more:
                 raise EOFError("closed by the controller")
             data += more
@@ -342,6 +354,10 @@ class OneShotClient:
         sock: socket.socket | None = None
         try:
             sock = _connect_socket(cand, limit)
+            if cfg.tls is not None:
+                from xcecore.tls import wrap_socket
+
+                sock = wrap_socket(sock, cfg.tls, peer=f"controller {cand}", hostname=cand.host)
             conn = _Conn(sock, cand, cfg.max_frame)
             hello = conn.read(max(0.001, stop - time.monotonic()))
             shake, answer = first_answer(hello, auth=cfg.auth, sender=cfg.sender)
@@ -354,7 +370,18 @@ class OneShotClient:
             return conn, shake, "", False, None
         except TimeoutError:
             failure, timed_out = f"did not answer within {limit:g} s", True
+        except TLSFailed as exc:  # a certificate refused, either way: not an outage
+            if sock is not None:
+                sock.close()
+            return None, None, f"failed the TLS handshake: {exc}", False, f"TLS: {exc}"
         except (OSError, EOFError) as exc:
+            if cfg.tls is not None and _is_ssl_error(exc):  # TLS 1.3: refused after the handshake
+                from xcecore.tls import describe
+
+                text = describe(exc, f"controller {cand}", cfg.tls)
+                if sock is not None:
+                    sock.close()
+                return None, None, f"failed the TLS handshake: {text}", False, f"TLS: {text}"
             failure, timed_out = f"refused or closed the connection ({describe_os_error(exc) or exc})", False
         except AuthFailed as exc:  # no credential for this server (munged down, another method)
             if sock is not None:

@@ -22,6 +22,7 @@ from xcecore.candidates import Candidate, candidates_from_config
 
 if TYPE_CHECKING:
     from xcecore.auth import AuthMethod
+    from xcecore.tls import TLS
 
 ENV_CONFIG = "XCE_CONFIG"
 
@@ -90,6 +91,7 @@ class ClientConfig:
         "liveness_timeout",
         "max_frame",
         "sender",
+        "tls",
     )
 
     candidates: tuple[Candidate, ...]
@@ -102,6 +104,7 @@ class ClientConfig:
     backoff_base: float
     backoff_cap: float
     max_frame: int
+    tls: TLS | None
 
     def __init__(
         self,
@@ -115,6 +118,7 @@ class ClientConfig:
         backoff_base: float = CLIENT_KEYS["backoff_base"][1],
         backoff_cap: float = CLIENT_KEYS["backoff_cap"][1],
         max_frame: int = wire.DEFAULT_MAX_FRAME,
+        tls: TLS | None = None,
     ) -> None:
         if not candidates:
             raise ValueError("ClientConfig needs at least one controller candidate")
@@ -136,6 +140,7 @@ class ClientConfig:
         setattr_(self, "auth", auth)
         setattr_(self, "allow_unlisted_redirect", allow_unlisted_redirect)
         setattr_(self, "max_frame", max_frame)
+        setattr_(self, "tls", tls)  # None: plain TCP
         setattr_(self, "heartbeat_interval", heartbeat_interval)
         for name, value in values.items():
             setattr_(self, name, value)
@@ -168,13 +173,15 @@ class ClientConfig:
         return f"ClientConfig({shown})"
 
 
-def client_config(cluster: Mapping[str, Any], client: Mapping[str, Any], sender: str) -> ClientConfig:
+def client_config(cluster: Mapping[str, Any], client: Mapping[str, Any], sender: str,
+                  tls: Mapping[str, Any] | None = None) -> ClientConfig:
     """The one translation of ``[cluster]`` and ``[client]`` into a :class:`ClientConfig`.
 
     ``cluster`` and ``client`` are validated sections (defaults filled in or not: missing
     keys take the defaults of :data:`CLUSTER_KEYS` / :data:`CLIENT_KEYS`). The
     authentication method is ``[cluster] auth``'s (:func:`xcecore.auth.load_method`): only
-    ``key`` reads a key file. Raises ``ValueError`` (a
+    ``key`` reads a key file. ``tls`` is the ``[tls]`` section (:func:`xcecore.tls.client_tls`;
+    None or no ``ca``: plain TCP). Raises ``ValueError`` (a
     :class:`xcecore.candidates.CandidateError`, an :class:`xcecore.auth.AuthError` or a bad
     tuning value) naming what is wrong.
     """
@@ -184,10 +191,13 @@ def client_config(cluster: Mapping[str, Any], client: Mapping[str, Any], sender:
     method = auth.load_method(auth.settings_from_cluster(cluster))
     method.check_peer_hosts([c.host for c in cands])
     tuning = {k: client.get(k, spec[1]) for k, spec in CLIENT_KEYS.items()}
+    from xcecore.tls import client_tls
+
     return ClientConfig(
         cands, sender, method,
         allow_unlisted_redirect=bool(cluster.get("allow_unlisted_redirect", False)),
         max_frame=int(cluster.get("max_frame") or wire.DEFAULT_MAX_FRAME),
+        tls=client_tls(tls),
         **tuning,
     )
 
@@ -232,7 +242,16 @@ def _section(raw: Mapping[str, Any], name: str, keys: dict[str, KeySpec], *,
 
 
 def read_sections(path: str | None = None) -> tuple[str | None, dict[str, Any], dict[str, Any]]:
-    """Read ``path`` (or ``$XCE_CONFIG``) and check its client keys: ``(path, cluster, client)``.
+    """Read ``path`` (or ``$XCE_CONFIG``) and check its client keys: ``(path, cluster, client)``
+    (:func:`read_client_sections` without ``[tls]``)."""
+    found, cluster, client, _ = read_client_sections(path)
+    return found, cluster, client
+
+
+def read_client_sections(path: str | None = None) -> \
+        tuple[str | None, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Read ``path`` (or ``$XCE_CONFIG``) and check its client keys: ``(path, cluster, client,
+    tls)``.
 
     ``[client]`` is checked whole; of ``[cluster]`` only :data:`CLUSTER_KEYS` (the others are
     the controller's, checked when a role loads the whole file). No file means the defaults.
@@ -255,4 +274,11 @@ def read_sections(path: str | None = None) -> tuple[str | None, dict[str, Any], 
             raise SettingsError(f"config file {path!r} cannot be read: {exc.strerror}") from None
     cluster = _section(raw, "cluster", CLUSTER_KEYS, closed=False)
     client = _section(raw, "client", CLIENT_KEYS, closed=True)
-    return path, cluster, client
+    from xcecore.tls import TLS_KEYS, check_section
+
+    tls = _section(raw, "tls", TLS_KEYS, closed=True)
+    try:
+        check_section(tls)
+    except ValueError as exc:
+        raise SettingsError(f"[tls]: {exc}") from None
+    return path, cluster, client, tls

@@ -25,6 +25,7 @@ from typing import Any
 
 from xcecore import wire
 from xcecore.auth import AuthError, AuthFailed, AuthMethod, AuthSettings, client_answer, load_method
+from xcecore.tls import TLS, TLSFailed, client_tls, wrap_socket
 
 DEFAULT_KEY = "xce-test-key"
 
@@ -37,12 +38,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def probe(host: str, port: int, method: AuthMethod, timeout: float = 1.0) -> dict[str, Any] | None:
-    """Handshake with a controller candidate (authenticating with ``method``); its answer
-    (``state`` primary/standby) or None."""
+def probe(host: str, port: int, method: AuthMethod, timeout: float = 1.0,
+          tls: TLS | None = None) -> dict[str, Any] | None:
+    """Handshake with a controller candidate (authenticating with ``method``, over ``tls``
+    when given); its answer (``state`` primary/standby) or None."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as s:
-            s.settimeout(timeout)
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            raw.settimeout(timeout)
+            s = raw if tls is None else wrap_socket(raw, tls, peer=f"controller {host}:{port}",
+                                                    hostname=host)
             dec = wire.FrameDecoder()
 
             def read() -> dict[str, Any]:
@@ -59,7 +63,7 @@ def probe(host: str, port: int, method: AuthMethod, timeout: float = 1.0) -> dic
                 return {"ok": True, **hello}
             s.sendall(wire.encode(client_answer(method, "probe@test", hello)))
             return read()
-    except (OSError, ConnectionError, wire.WireError, AuthError, AuthFailed):
+    except (OSError, ConnectionError, wire.WireError, AuthError, AuthFailed, TLSFailed):
         return None
 
 
@@ -132,6 +136,10 @@ class LocalCluster:
     state: Path | None = None
     auth: str = "key"  # [cluster] auth; "munge" needs munge_socket (xcecore.testing.munge)
     munge_socket: str | None = None
+    # TLS on: a CA and a certificate for the candidates' host are made in ``root/tls``, and
+    # every process of the cluster uses them (``tls_dir`` then says where they are).
+    tls: bool = False
+    require_client_cert: bool = False
 
     def __post_init__(self) -> None:
         self.server_role = self.server_role or find_server_role()
@@ -141,6 +149,12 @@ class LocalCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         self.state_dir = self.state or self.root / "state"
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.tls_dir = self.root / "tls"
+        if self.tls and not (self.tls_dir / "ca.pem").exists():
+            from xcecore.tlscerts import make_ca, make_host
+
+            make_ca(self.tls_dir)
+            make_host(self.tls_dir, "host", [self.host, "localhost"])
         self.config_path = self.root / "xce.toml"
         self.config_path.write_text(self.config_text())
 
@@ -164,8 +178,25 @@ class LocalCluster:
             f'[cluster]\npeers = "{self.peers}"\n{key}{self.cluster_extra}'
             "[client]\nliveness_timeout = 1.5\nheartbeat_interval = 0.2\n"
             "connect_timeout = 0.5\nbackoff_base = 0.02\nbackoff_cap = 0.5\n"
-            f"{self.extra_config}"
+            f"{self.tls_config()}{self.extra_config}"
         )
+
+    def tls_config(self) -> str:
+        """The ``[tls]`` table of a TLS cluster ("" otherwise)."""
+        if not self.tls:
+            return ""
+        d = self.tls_dir
+        return (f'[tls]\nca = "{d / "ca.pem"}"\ncert = "{d / "host.pem"}"\n'
+                f'key = "{d / "host-key.pem"}"\n'
+                f"require_client_cert = {'true' if self.require_client_cert else 'false'}\n")
+
+    def client_tls(self) -> TLS | None:
+        """The client side's TLS of this cluster's processes (None: plain TCP)."""
+        if not self.tls:
+            return None
+        d = self.tls_dir
+        return client_tls({"ca": str(d / "ca.pem"), "cert": str(d / "host.pem"),
+                           "key": str(d / "host-key.pem")})
 
     def spawn(self, name: str, role: str, *overrides: str, env: dict[str, str] | None = None,
               netns: str | None = None) -> Proc:
@@ -214,13 +245,20 @@ class LocalCluster:
     def state_of(self, index: int) -> str | None:
         """``primary``, ``standby`` or None (down) for candidate ``index``."""
         if self.netns is None:
-            answer = probe(self.host, self.ports[index], self.method())
+            answer = probe(self.host, self.ports[index], self.method(), tls=self._probe_tls)
         else:
             from xcecore.testing.netns import entered
 
             with entered(self.netns):  # the probe's socket is made on the candidates' host
-                answer = probe(self.host, self.ports[index], self.method())
+                answer = probe(self.host, self.ports[index], self.method(), tls=self._probe_tls)
         return answer.get("state") if answer and answer.get("ok") else None
+
+    @property
+    def _probe_tls(self) -> TLS | None:
+        found = self.__dict__.get("_tls_cache")
+        if found is None and self.tls:
+            found = self.__dict__["_tls_cache"] = self.client_tls()
+        return found
 
     def method(self) -> AuthMethod:
         """The authentication method this cluster's processes use."""

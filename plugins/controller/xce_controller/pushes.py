@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import anyio
 import orjson
-from anyio.abc import ByteSendStream, SocketAttribute
+from anyio.abc import ByteSendStream
 from loguru import logger
 
 from xce_controller.jobs import Job, Slot
@@ -35,6 +35,7 @@ from xce_controller.state import Event
 from xce_controller.store import Row
 from xce_controller.subscribe import HOSTED, Subscription, default_for
 from xcecore import wire
+from xcecore.tls import raw_socket
 
 _LEN = struct.Struct(">I")
 _FLUSH_BYTES = 1 << 20  # the most the writer gathers into one send
@@ -304,7 +305,7 @@ class Outbox:
         Raises :class:`Stalled` when the peer stops taking data (the caller drops it).
         """
         recv = self._recv
-        self._sock = stream.extra(SocketAttribute.raw_socket, None)
+        self._sock = raw_socket(stream)  # None on TLS: every frame then goes through the stream
         try:
             while True:
                 self._busy = False

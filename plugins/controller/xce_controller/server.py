@@ -34,7 +34,7 @@ from typing import Any
 
 import anyio
 import orjson
-from anyio.abc import SocketAttribute, SocketStream, TaskStatus
+from anyio.abc import ByteStream, SocketAttribute, SocketStream, TaskStatus
 from loguru import logger
 
 from xce_controller import members, sync
@@ -70,6 +70,7 @@ from xce_controller.subscribe import Subscription
 from xcecore import auth, wire
 from xcecore.log import bind_fields
 from xcecore.protocol import format_hostport as format_address
+from xcecore.tls import TLS, TLSFailed, handshake
 from xcecore.wire import ErrorCode, RemoteError
 
 ElectionFactory = Callable[[str, str], Any]
@@ -83,6 +84,15 @@ SWEEP_PARTS = 16  # idempotency-filter partitions swept per host-expiry pass
 ACCEPT_BATCH = 512  # most connections accepted per wake-up of the accept loop
 AUTH_THREADS = 16  # handshakes verifying a blocking credential (munge) at once
 ABANDONED_REPORT_INTERVAL = 5.0  # seconds between reports of handshakes clients gave up on
+
+
+def _peer_of(stream: ByteStream) -> str:
+    """The client's ``host:port`` for log lines ("?" when the stream cannot say)."""
+    try:
+        raw = stream.extra(SocketAttribute.remote_address)
+    except Exception:
+        return "?"
+    return f"{raw[0]}:{raw[1]}" if isinstance(raw, tuple) else str(raw)
 
 
 TOMBSTONE = b'{"outcome":"not_applied","tombstone":true}'
@@ -263,11 +273,37 @@ class Controller:
 
     async def _accepted(self, conn: socket.socket) -> None:
         try:
-            stream = await SocketStream.from_socket(conn)
+            stream: ByteStream = await SocketStream.from_socket(conn)
         except OSError:  # the client is already gone
             conn.close()
             return
+        tls = self.settings.tls
+        if tls is not None:
+            secured = await self._tls_handshake(stream, tls)
+            if secured is None:
+                return
+            stream = secured
         await self._handle(stream)
+
+    async def _tls_handshake(self, stream: ByteStream, tls: TLS) -> ByteStream | None:
+        """``stream`` made TLS (within the handshake timeout), or None when it failed (said
+        once, naming the client and the problem, and closed)."""
+        peer = _peer_of(stream)
+        try:
+            with anyio.fail_after(self.settings.handshake_timeout):
+                return await handshake(stream, tls, peer=f"client {peer}")
+        except TLSFailed as exc:
+            logger.warning("controller {}: TLS handshake refused: {}; closing", self.address, exc)
+        except TimeoutError:
+            logger.warning("controller {}: TLS handshake from {} timed out (a client without "
+                           "[tls] waits for our hello); closing", self.address, peer)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            # A probe (connect and close) or a client that gave up: nothing worth a line.
+            logger.debug("controller {}: {} closed the connection during the TLS handshake",
+                         self.address, peer)
+        with anyio.CancelScope(shield=True), contextlib.suppress(OSError, anyio.BrokenResourceError):
+            await stream.aclose()
+        return None
 
     async def _report_abandoned(self) -> None:
         """One line every ``ABANDONED_REPORT_INTERVAL`` s while clients abandon handshakes."""
@@ -768,12 +804,8 @@ class Controller:
 
     # -- connections --------------------------------------------------------------------------
 
-    async def _handle(self, stream: SocketStream, *_: Any) -> None:
-        try:
-            raw = stream.extra(SocketAttribute.remote_address)
-            peer = f"{raw[0]}:{raw[1]}" if isinstance(raw, tuple) else str(raw)
-        except Exception:
-            peer = "?"
+    async def _handle(self, stream: ByteStream, *_: Any) -> None:
+        peer = _peer_of(stream)
         async with stream:
             reader = FrameReader(stream, self.settings.max_frame)
             caller = await self._handshake(stream, reader, peer)
@@ -781,7 +813,7 @@ class Controller:
                 return
             outbox = Outbox(limits=self.limits, total=self.unsent)
             conn = Connection(next(self._cids), caller, peer, outbox,
-                              stream.extra(SocketAttribute.raw_socket, None))
+                              stream.extra(SocketAttribute.raw_socket, None))  # for abort()
             caller.cid = conn.cid
             self.conns[conn.cid] = conn
             role = caller.role
@@ -826,7 +858,7 @@ class Controller:
             for cid in self.fanout.members if (c := self.conns.get(cid)) is not None
         )
 
-    async def _write_loop(self, conn: Connection, stream: SocketStream) -> None:
+    async def _write_loop(self, conn: Connection, stream: ByteStream) -> None:
         try:
             await conn.outbox.run_writer(stream)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
@@ -836,7 +868,7 @@ class Controller:
                            self.address, conn.caller.identity, conn.peer, exc)
             conn.abort()
 
-    async def _handshake(self, stream: SocketStream, reader: FrameReader, peer: str) -> Caller | None:
+    async def _handshake(self, stream: ByteStream, reader: FrameReader, peer: str) -> Caller | None:
         challenge, hello = auth.server_hello(self.auth)
         hinted = self.role == "standby"
         if hinted:

@@ -17,6 +17,7 @@ from xcecore.auth import AuthMethod
 from xcecore.config import CORE_SECTIONS, Config, validate
 from xcecore.protocol import parse_hostport
 from xcecore.records import ConfigSection, Field
+from xcecore.tls import TLS, server_tls
 
 DEFAULT_HUNG_TIMEOUT = 2.0
 """Seconds without a primary heartbeat before a standby fences it (the default)."""
@@ -85,6 +86,7 @@ class ControllerSettings:
     change_retention: int = CHANGE_RETENTION  # changes the retention window holds
     service_users: frozenset[str] = frozenset()  # [cluster] service_users (root always is one)
     grants: Mapping[str, frozenset[str]] = field(default_factory=dict)  # role -> ops
+    tls: TLS | None = None  # [tls]: the listener's TLS (None: plain TCP)
     reload: Callable[[], ControllerSettings] | None = field(default=None, compare=False)
 
     def reconfigurable(self, new: ControllerSettings) -> list[str]:
@@ -280,4 +282,5 @@ def settings_from_config(config: Config, auth: AuthMethod) -> ControllerSettings
         change_retention=int(c["change_retention"]),
         service_users=frozenset(cluster["service_users"]),
         grants=check_grants(c["grants"]),
+        tls=server_tls(config.section("tls"), what="a controller candidate"),
     )
