@@ -83,3 +83,37 @@ def run(s: Session, ns: Parsed) -> None:
         if isinstance(exc, ConfigError | PluginError | RoleError | ValueError):
             raise CommandError(str(exc)) from None
         raise
+
+
+@command(
+    "tls", "Make a small cluster CA and host certificates for [tls] (test and small sites).",
+    arg("what", choices=["init"],
+        help="init: make DIR/ca.pem and ca-key.pem unless DIR holds a CA, then a certificate "
+             "for the hosts (DIR/NAME.pem, DIR/NAME-key.pem, keys mode 0600)"),
+    arg("dir", metavar="DIR"),
+    arg("--host", dest="hosts", action="append", default=[], metavar="HOST",
+        help="a host name or IP address the certificate is for (repeatable; default: this "
+             "host's name, localhost, 127.0.0.1, ::1)"),
+    arg("--name", default="host", help="file name of the certificate (default: host)"),
+    arg("--days", type=float, default=825.0, help="validity of the host certificate in days"),
+)
+def tls(s: Session, ns: Parsed) -> None:
+    from pathlib import Path
+
+    from xcecore.tlscerts import CA_CERT, CertError, default_hosts, make_ca, make_host
+
+    directory = Path(ns.dir)
+    if ns.days <= 0:
+        raise CommandError(f"--days must be positive, got {ns.days:g}")
+    try:
+        if not (directory / CA_CERT).exists():
+            make_ca(directory)
+            echo(f"made the cluster CA {directory / CA_CERT} (its key: keep it off the hosts)")
+        files = make_host(directory, ns.name, ns.hosts or default_hosts(), days=ns.days)
+    except CertError as exc:
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(f"cannot write in {directory}: {exc.strerror or exc}") from None
+    echo(f"made {files.cert} and {files.key} for {', '.join(ns.hosts or default_hosts())}")
+    echo(f'[tls]\nca = "{(directory / CA_CERT).resolve()}"\ncert = "{files.cert.resolve()}"\n'
+         f'key = "{files.key.resolve()}"')

@@ -44,19 +44,22 @@ __all__ = ["DEFAULT_KEY", "LocalCluster", "Proc", "free_port", "probe", "wait_fo
 @pytest.fixture
 def xce_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalCluster]]:
     """Factory: ``xce_cluster(ncandidates=3, start=True, extra_config="", cluster_extra="",
-    auth="key", munge_socket=None)``.
+    auth="key", munge_socket=None, tls=False, require_client_cert=False)``.
 
     ``extra_config`` is appended to the config file (whole tables); ``cluster_extra`` adds keys
     to its ``[cluster]`` table (e.g. ``resources = [...]``); ``auth = "munge"`` with the
-    ``munge_socket`` of a running munged (``xce_munged``) makes a MUNGE cluster.
+    ``munge_socket`` of a running munged (``xce_munged``) makes a MUNGE cluster; ``tls``
+    a TLS cluster (its CA and certificate in the cluster's ``tls_dir``).
     """
     made: list[LocalCluster] = []
 
     def make(ncandidates: int = 3, *, start: bool = True, extra_config: str = "",
              key: str | None = DEFAULT_KEY, cluster_extra: str = "", auth: str = "key",
-             munge_socket: str | None = None) -> LocalCluster:
+             munge_socket: str | None = None, tls: bool = False,
+             require_client_cert: bool = False) -> LocalCluster:
         cluster = LocalCluster(tmp_path / f"cluster{len(made)}", ncandidates, key, extra_config,
-                               cluster_extra=cluster_extra, auth=auth, munge_socket=munge_socket)
+                               cluster_extra=cluster_extra, auth=auth, munge_socket=munge_socket,
+                               tls=tls, require_client_cert=require_client_cert)
         made.append(cluster)
         if start:
             cluster.start()

@@ -8,7 +8,7 @@ from xce_apiserver.app import create_app
 from xce_apiserver.auth import Authenticator, parse_users
 from xce_apiserver.backend import Backend
 from xce_apiserver.metrics import RequestMetrics
-from xce_apiserver.server import bind, bound_address, serve, write_port_file
+from xce_apiserver.server import bind, bound_address, serve, ssl_options, write_port_file
 from xce_apiserver.session import ApiServerRole
 
 
@@ -27,13 +27,15 @@ async def run(role: ApiServerRole) -> None:
     app = create_app(role.store, backend, role.health, auth, ctx.pm.resreq_evaluator,
                      max_body=section["max_body"])
     app.add_middleware(RequestMetrics, stats=role.requests)
+    ssl = ssl_options(ctx.config.section("tls"))  # before binding: a bad file is said first
     sock = bind(section["listen"])
     address = bound_address(sock)
     if section.get("port_file"):
         write_port_file(section["port_file"], sock.getsockname()[1])
-    logger.info("apiserver: REST API listening on http://{}/xce/v1 ({} users); next: serving "
-                "from pushes, writes to the controller", address, len(users))
+    logger.info("apiserver: REST API listening on {}://{}/xce/v1 ({} users); next: serving "
+                "from pushes, writes to the controller", "https" if ssl else "http", address,
+                len(users))
     try:
-        await serve(app, sock, ctx.stop)
+        await serve(app, sock, ctx.stop, ssl=ssl)
     finally:
         logger.info("apiserver: REST API on {} stopped", address)

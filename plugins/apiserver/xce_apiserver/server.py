@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +66,26 @@ def _http_impl() -> str:
     return "httptools"
 
 
-async def serve(app: Any, sock: socket.socket, stop: StopEvent) -> None:
-    """Serve ``app`` on ``sock`` until ``stop`` is set or this task is cancelled."""
+def ssl_options(tls: Mapping[str, Any] | None) -> dict[str, Any]:
+    """uvicorn's TLS options from ``[tls]`` (empty: plain HTTP): the server certificate and
+    key, and the CA that verifies a client certificate when one is presented (required with
+    ``require_client_cert``). Raises :class:`xcecore.tls.TLSConfigError` naming a bad file
+    now, at start-up, rather than uvicorn's exit later."""
+    from xcecore.tls import server_tls
+
+    if tls is None or not tls.get("rest", True) or server_tls(tls, what="the API server") is None:
+        return {}
+    import ssl
+
+    return {"ssl_certfile": tls["cert"], "ssl_keyfile": tls["key"], "ssl_ca_certs": tls["ca"],
+            "ssl_cert_reqs": ssl.CERT_REQUIRED if tls.get("require_client_cert")
+            else ssl.CERT_OPTIONAL}
+
+
+async def serve(app: Any, sock: socket.socket, stop: StopEvent, *,
+                ssl: Mapping[str, Any] | None = None) -> None:
+    """Serve ``app`` on ``sock`` until ``stop`` is set or this task is cancelled; over TLS
+    with ``ssl`` (:func:`ssl_options`)."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -80,7 +98,7 @@ async def serve(app: Any, sock: socket.socket, stop: StopEvent) -> None:
     # every request. httptools (C) parses HTTP when installed.
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=3, proxy_headers=False,
-                            server_header=False, http=_http_impl())
+                            server_header=False, http=_http_impl(), **(ssl or {}))
     server = _Server(config)
 
     async def watch_stop() -> None:
