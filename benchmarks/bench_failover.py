@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/bench_failover.py [--kills 50] [--quick]
     python benchmarks/bench_failover.py --fault stop [--kills 30] [--hung-timeout 2] [--liveness 3]
     python benchmarks/bench_failover.py --auth munge [--kills 50]     (as root: runs a munged)
+    python benchmarks/bench_failover.py --tls [--kills 50]
 
 ``--fault kill`` (the default) SIGKILLs the primary; ``--fault stop`` SIGSTOPs it instead (a
 hung primary: it keeps the state-directory lock until a standby sees its heartbeat stop for
@@ -31,8 +32,11 @@ recorded; at the end the checker (``xcecore.testing.checker``) verifies that no 
 write was lost or applied twice and that no candidate acknowledged a write issued after a later
 candidate's promotion. Writes ``benchmarks/results/failover.json`` and ``failover.png`` (with
 ``--fault stop``: ``failover-stop.json`` and ``.png``; with ``--liveness S``, ``-livenessS`` is
-added to the name; with ``--auth munge``, ``-munge``). ``--auth munge`` runs the whole cluster
-with ``[cluster] auth = "munge"`` against a real munged with its own key (every connection,
+added to the name; with ``--auth munge``, ``-munge``; with ``--tls``, ``-tls``). ``--tls``
+turns TLS on for every connection to a candidate and HTTPS on REST (a CA and certificates
+made for the run). ``--tag T`` adds ``-T`` to the name (a comparison run that must not
+replace the figures of section 1). ``--auth munge`` runs the whole cluster with
+``[cluster] auth = "munge"`` against a real munged with its own key (every connection,
 re-join and reconnect authenticates with a fresh MUNGE credential).
 """
 
@@ -324,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the writer's [client] liveness_timeout (default: the cluster's 1.5 s)")
     ap.add_argument("--auth", choices=("key", "munge"), default="key",
                     help="the cluster's authentication (munge: a real munged, run here)")
+    ap.add_argument("--tls", action="store_true",
+                    help="TLS on every connection to a candidate ([tls], a CA made here)")
+    ap.add_argument("--tag", default=None, help="add -TAG to the results' name")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs)")
     args = ap.parse_args(argv)
@@ -333,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
         part += f"-liveness{args.liveness:g}"
     if args.auth == "munge":
         part += "-munge"
+    if args.tls:
+        part += "-tls"
+    if args.tag:
+        part += f"-{args.tag}"
     quiet_logs()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     root = Path(tempfile.mkdtemp(prefix="xce-bench-failover-"))
@@ -342,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
 
         munged = Munged(root / "munge").start()
     bc = BenchCluster(root, api=True, controller=f"hung_timeout = {args.hung_timeout}\n",
-                      munge_socket=munged.socket if munged else None)
+                      munge_socket=munged.socket if munged else None, tls=args.tls)
     try:
         bc.start()
         bc.start_workers(2)
@@ -367,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(records)
     summary["fenced"] = sum(1 for r in records if r["victim_exit"] == -signal.SIGKILL)
     summary["first_write_from_old_primary"] = sum(1 for r in records if r["first_write_server_is_old"])
-    result = {**meta(), "fault": args.fault, "auth": args.auth, "kills": kills, "seed": seed,
+    result = {**meta(), "fault": args.fault, "auth": args.auth, "tls": args.tls, "kills": kills,
+              "seed": seed,
               "hung_timeout": args.hung_timeout, "write_gap_ms": WRITE_GAP * 1e3,
               "jobs_in_state_at_end": jobs,
               "client_settings": {"heartbeat_interval": 0.2, "liveness_timeout": 1.5,

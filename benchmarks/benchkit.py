@@ -126,19 +126,20 @@ class BenchCluster:
     def __init__(self, root: Path, *, candidates: int = 3, extra: str = "", api: bool = False,
                  failover_grace: float | None = None, host_timeout: float = 60.0, cluster: str = "",
                  hash_iterations: int | None = None, controller: str = "",
-                 munge_socket: str | None = None) -> None:
+                 munge_socket: str | None = None, tls: bool = False) -> None:
         from xcecore.testing.cluster import DEFAULT_KEY, LocalCluster
 
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         # ``cluster``: extra lines of the [cluster] table (e.g. event_loop = "asyncio")
         # ``munge_socket``: authenticate with MUNGE through that munged (no cluster key)
+        # ``tls``: TLS on every connection to a candidate, HTTPS on REST (a CA made here)
         self.cluster = LocalCluster(
             root, candidates, None if munge_socket else DEFAULT_KEY, cluster_extra=cluster,
             extra_config=cluster_extra(
                 root, api=api, failover_grace=failover_grace, host_timeout=host_timeout, extra=extra,
                 hash_iterations=hash_iterations, controller=controller),
-            auth="munge" if munge_socket else "key", munge_socket=munge_socket)
+            auth="munge" if munge_socket else "key", munge_socket=munge_socket, tls=tls)
         self.roles: dict[str, Any] = {}
         # A MUNGE cluster is multi-user: its workers run jobs as their submitters.
         self.worker_extra = ("worker.run_as_user=true",) if munge_socket else ()

@@ -115,9 +115,9 @@ def test_wrong_ca_is_refused_with_a_clear_message_on_both_sides(
     _, cfg = load(config)
     from xcecore.client import AuthenticationFailed
 
-    with pytest.raises(AuthenticationFailed, match="refused our certificate"):
-        with SyncClient.open(client_config(cfg, "cli@wrong"), role="cli") as c:
-            c.call("status", {})
+    with pytest.raises(AuthenticationFailed, match="refused our certificate"), \
+            SyncClient.open(client_config(cfg, "cli@wrong"), role="cli") as c:
+        c.call("status", {})
 
 
 def test_expired_certificates_are_refused_with_a_clear_message_on_both_sides(
