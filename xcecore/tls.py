@@ -165,6 +165,9 @@ def server_tls(section: Mapping[str, Any] | None, *, what: str) -> TLS | None:
     except PermissionError as exc:
         raise TLSConfigError(f"tls.key {key!r} cannot be read by this user: {exc}") from None
     ctx.verify_mode = ssl.CERT_REQUIRED if section.get("require_client_cert") else ssl.CERT_OPTIONAL
+    # No TLS 1.3 session tickets: no client resumes (a failover reaches another candidate,
+    # which could not read them), and making and sending two per handshake costs ~15%.
+    ctx.num_tickets = 0
     return TLS(ctx, ca=section["ca"], cert=cert, server_side=True)
 
 

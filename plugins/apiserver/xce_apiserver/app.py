@@ -11,7 +11,9 @@ refuse, and none ends in a 5xx.
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run
 # time, and the dependency aliases (User, Admin) are local to create_app.
+import math
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
@@ -36,12 +38,14 @@ from xce_apiserver.envelope import (
     remote_to_api,
 )
 from xce_apiserver.envelope import dumps as _dumps
+from xce_apiserver.frontdoor import AccessLog, client_of, denied
 from xce_apiserver.health import BackendHealth
 from xce_apiserver.history import history_router
 from xce_apiserver.hosts import evaluator_host, lsf_host
 from xce_apiserver.idempotency import HEADER as IDEMPOTENCY_HEADER
 from xce_apiserver.idempotency import Idempotent, Memory, parse_key
 from xce_apiserver.store import Store
+from xce_apiserver.throttle import Throttle
 from xcecore.schema import limits as lim
 from xcecore.schema import types as t
 from xcecore.wire import RemoteError
@@ -242,6 +246,7 @@ def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         409: "the state forbids it (e.g. queue closed)",
         413: "request body too large",
         422: "invalid request: the msg names each field and its limit",
+        429: "too many failed logons for this user or client address; see Retry-After",
         503: "backend unavailable, nothing was sent; see Retry-After",
         504: "outcome unknown: the write was sent and no answer came; retry with the same "
              "Idempotency-Key (data.idempotency_key), which is safe",
@@ -261,8 +266,14 @@ def create_app(
     evaluator_factory: EvaluatorFactory,
     *,
     max_body: int = DEFAULT_MAX_BODY,
+    throttle: Throttle | None = None,
+    access_log: bool = False,
 ) -> FastAPI:
-    """Build the application over the given store, backend wrapper, health and users."""
+    """Build the application over the given store, backend wrapper, health and users.
+
+    ``throttle`` counts failed logons (default: 5 per user and per address in 60 s);
+    ``access_log`` logs one line per request."""
+    throttle = throttle if throttle is not None else Throttle(5, 60.0)
     declared: dict[int, frozenset[str]] = {}
 
     async def no_unknown_query(request: Request) -> None:
@@ -286,6 +297,8 @@ def create_app(
         redoc_url=None,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body)
+    if access_log:
+        app.add_middleware(AccessLog)
     selector = HostSelector(store, evaluator_factory)
     resreq_error = _resreq_error_type()
     memory = Memory()
@@ -324,18 +337,22 @@ def create_app(
 
     # ------------------------------------------------------------------ auth
     async def session(
+        request: Request,
         cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Session:
         if cred is None or cred.scheme.lower() != "bearer":
+            denied(request, 401, None, "no bearer token")
             raise ApiError(401, "authentication required: send 'Authorization: Bearer <token>' "
                                 "(POST /xce/v1/auth/logon gives one)", headers={"WWW-Authenticate": "Bearer"})
         found = auth.lookup(cred.credentials)
         if found is None:
+            denied(request, 401, None, "invalid, expired or revoked token")
             raise ApiError(401, "invalid or expired token; log on again", headers={"WWW-Authenticate": "Bearer"})
         return found
 
-    async def admin(s: Annotated[Session, Depends(session)]) -> Session:
+    async def admin(request: Request, s: Annotated[Session, Depends(session)]) -> Session:
         if not s.user.is_admin:
+            denied(request, 403, s.user.name, "not an administrator")
             raise ApiError(403, f"user {s.user.name!r} is not an administrator")
         return s
 
@@ -380,18 +397,43 @@ def create_app(
                                       _responses(*READ, 403, 404, 503, 504)))
 
     # ------------------------------------------------------------------ auth routes
+    def token_body(s: Session) -> dict[str, Any]:
+        return {"token": s.token, "token_type": "bearer", "expires_in": auth.token_ttl,
+                "username": s.user.name, "role": s.user.role}
+
     @app.post(f"{PREFIX}/auth/logon", response_model=m.Envelope[m.Token], tags=["auth"],
-              responses=_responses(401, 405, 413, 422))
-    async def logon(body: m.LogonBody, idem: Once) -> Response:
-        """Exchange a user name and password for a bearer token."""
+              responses=_responses(401, 405, 413, 422, 429))
+    async def logon(request: Request, body: m.LogonBody, idem: Once) -> Response:
+        """Exchange a user name and password for a bearer token (a signed JWT). Failed
+        logons are counted per user and per client address: past the limit, 429 with
+        Retry-After, without the password being checked."""
+        keys = (f"user:{body.username}", f"addr:{client_of(request)}")
+
         async def handle() -> Response:
+            wait = throttle.retry_after(keys, time.monotonic())
+            if wait > 0:
+                after = max(1, math.ceil(wait))
+                denied(request, 429, body.username, f"{throttle.limit} failed logons of this "
+                       f"user or address within {throttle.window:g} s; retry in {after} s")
+                raise ApiError(429, f"too many failed logons for this user or address; retry "
+                                    f"in {after} s", headers={"Retry-After": str(after)})
             user = await anyio.to_thread.run_sync(auth.check_password, body.username, body.password)
             if user is None:
+                throttle.failed(keys, time.monotonic())
+                denied(request, 401, body.username, "logon failed: unknown user or wrong password")
                 raise ApiError(401, "logon failed: unknown user or wrong password")
-            s = auth.issue(user)
-            return ok({"token": s.token, "token_type": "bearer", "expires_in": auth.token_ttl,
-                       "username": user.name, "role": user.role})
+            throttle.succeeded(keys[0])
+            return ok(token_body(auth.issue(user)))
         return await once(idem, f"logon:{body.username}", handle)
+
+    @app.post(f"{PREFIX}/auth/refresh", response_model=m.Envelope[m.Token], tags=["auth"],
+              responses=_responses(*READ))
+    async def refresh(s: User, idem: Once) -> Response:
+        """Swap this request's live token for a fresh one (a new expiry); the old one is
+        revoked."""
+        async def handle() -> Response:
+            return ok(token_body(auth.refresh(s)))
+        return await once(idem, s.user.name, handle)
 
     @app.post(f"{PREFIX}/auth/logout", response_model=m.Envelope[None], tags=["auth"],
               responses=_responses(*READ))

@@ -2,16 +2,27 @@
 
 Users come from ``[apiserver] users = [{name, password_hash, role}]``; ``role`` is ``user`` or
 ``admin``. A hash looks like ``pbkdf2_sha256$<iterations>$<salt b64>$<digest b64>`` (print
-one with ``xce apiserver hash-password``). A logon returns a random bearer token valid for
-``token_ttl`` seconds; logout revokes it.
+one with ``xce apiserver hash-password``).
+
+A logon returns a signed bearer token (a JWT, HS256) valid for ``token_ttl`` seconds, naming
+the user (``sub``), its expiry (``exp``) and a unique id (``jti``). The signing key is
+``[apiserver] token_key_file`` (mode 0600, shared by the site's API servers: a token is then
+accepted by every one of them and after a restart; ``xce apiserver token-key FILE`` makes one)
+or, unset, a random key of this process (tokens die with it). The user's role is read from
+the configuration at every request, never from the token. ``/auth/refresh`` swaps a live
+token for a fresh one; logout revokes a token by its id until it would have expired --
+at this API server (the revocation is not yet replicated to the others).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import heapq
 import hmac
+import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -19,6 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("user", "admin")
+ISSUER = "xce"
+TOKEN_ALGORITHM = "HS256"
+KEY_BYTES = 32  # the least a token key file may hold (RFC 7518: a key as long as the hash)
 ALGORITHM = "pbkdf2_sha256"
 DEFAULT_ITERATIONS = 310_000  # OWASP's 2023 figure for PBKDF2-HMAC-SHA256
 
@@ -99,28 +113,68 @@ def parse_users(entries: Iterable[Any]) -> dict[str, User]:
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """A logged-on user's token."""
+    """A logged-on user's token: the token itself, its user, expiry (epoch s) and id."""
 
     token: str
     user: User
     expires: float
+    jti: str = ""
+
+
+def load_token_key(path: str) -> bytes:
+    """The token signing key in ``path``: at least 32 bytes, mode 0600 or stricter (a key
+    others can read lets them mint tokens for anyone). Raises :class:`AuthConfigError`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise AuthConfigError(f"apiserver.token_key_file {path!r} cannot be read: "
+                              f"{exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise AuthConfigError(f"apiserver.token_key_file {path!r} has mode "
+                                  f"{stat.S_IMODE(mode):04o}: others could mint tokens; "
+                                  "chmod 0600 it")
+        key = fh.read(4096).strip()
+    if len(key) < KEY_BYTES:
+        raise AuthConfigError(f"apiserver.token_key_file {path!r} holds {len(key)} bytes; a "
+                              f"key needs at least {KEY_BYTES} (`xce apiserver token-key FILE`)")
+    return key
+
+
+def write_token_key(path: str) -> None:
+    """Write a new random token key to ``path`` (mode 0600, never over an existing file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(48) + "\n")
 
 
 class Authenticator:
-    """Checks passwords and issues, looks up and revokes bearer tokens (thread-safe)."""
+    """Checks passwords and issues, checks, refreshes and revokes signed tokens (thread-safe).
+
+    ``key``: the signing key shared by the site's API servers (None: a random one of this
+    process). ``clock`` is the wall clock (tokens carry epoch times).
+    """
 
     def __init__(
         self,
         users: Mapping[str, User],
         *,
         token_ttl: float = 8 * 3600.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+        key: bytes | None = None,
     ) -> None:
+        import jwt
+
+        self._jwt = jwt
         self.users = dict(users)
         self.token_ttl = token_ttl
+        self.shared_key = key is not None
+        self._key = key if key is not None else secrets.token_bytes(KEY_BYTES)
         self._clock = clock
         self._lock = threading.Lock()
-        self._tokens: dict[str, Session] = {}
+        self._revoked: dict[str, float] = {}  # jti -> when the token expires anyway
+        self._expiry: list[tuple[float, str]] = []  # heap of (expires, jti): purged in order
         # Unknown users are checked against this so a logon takes as long either way.
         self._dummy = hash_password("", iterations=DEFAULT_ITERATIONS // 10)
 
@@ -133,30 +187,57 @@ class Authenticator:
         return user if verify_password(password, user.password_hash) else None
 
     def issue(self, user: User) -> Session:
-        """A new token for ``user``."""
-        session = Session(secrets.token_urlsafe(32), user, self._clock() + self.token_ttl)
-        with self._lock:
-            self._purge()
-            self._tokens[session.token] = session
-        return session
+        """A new signed token for ``user``."""
+        now = self._clock()
+        expires = now + self.token_ttl
+        jti = secrets.token_urlsafe(16)
+        claims = {"iss": ISSUER, "sub": user.name, "iat": int(now), "exp": expires, "jti": jti}
+        token = self._jwt.encode(claims, self._key, algorithm=TOKEN_ALGORITHM)
+        return Session(token, user, expires, jti)
 
     def lookup(self, token: str) -> Session | None:
-        """The live session of ``token``, or None (unknown, revoked or expired)."""
+        """The live session of ``token``, or None (forged, malformed, expired, revoked, or its
+        user is no longer configured)."""
+        try:
+            claims = self._jwt.decode(
+                token, self._key, algorithms=[TOKEN_ALGORITHM], issuer=ISSUER,
+                options={"verify_exp": False, "verify_iat": False,
+                         "require": ["exp", "sub", "jti", "iss"]})
+        except self._jwt.InvalidTokenError:
+            return None
+        expires, name, jti = claims["exp"], claims["sub"], claims["jti"]
+        if not isinstance(expires, int | float) or not isinstance(name, str) \
+                or not isinstance(jti, str) or self._clock() >= expires:
+            return None
+        user = self.users.get(name)
+        if user is None:
+            return None
         with self._lock:
-            session = self._tokens.get(token)
-            if session is None:
+            if jti in self._revoked:
                 return None
-            if self._clock() >= session.expires:
-                del self._tokens[token]
-                return None
-            return session
+        return Session(token, user, float(expires), jti)
 
     def revoke(self, token: str) -> bool:
-        """Forget ``token``; True if it was live."""
+        """Revoke ``token`` (until it would expire); True if it was live."""
+        session = self.lookup(token)
+        if session is None:
+            return False
         with self._lock:
-            return self._tokens.pop(token, None) is not None
+            self._purge()
+            self._revoked[session.jti] = session.expires
+            heapq.heappush(self._expiry, (session.expires, session.jti))
+        return True
+
+    def refresh(self, session: Session) -> Session:
+        """A fresh token for ``session``'s user; the old one is revoked."""
+        fresh = self.issue(session.user)
+        self.revoke(session.token)
+        return fresh
 
     def _purge(self) -> None:
+        """Forget revocations of tokens that have expired anyway (oldest first: each entry is
+        dropped once, so the cost is per revocation, not per revoked token)."""
         now = self._clock()
-        for token in [t for t, s in self._tokens.items() if now >= s.expires]:
-            del self._tokens[token]
+        while self._expiry and self._expiry[0][0] <= now:
+            _, jti = heapq.heappop(self._expiry)
+            self._revoked.pop(jti, None)

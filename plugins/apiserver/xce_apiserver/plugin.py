@@ -38,6 +38,10 @@ def _check_section(values: dict[str, Any]) -> None:
         raise ValueError(f"failover_grace must be >= 0, got {values['failover_grace']}")
     if values["max_body"] < 1024:
         raise ValueError(f"max_body must be at least 1024 bytes, got {values['max_body']}")
+    if values["logon_failures"] < 1:
+        raise ValueError(f"logon_failures must be at least 1, got {values['logon_failures']}")
+    if not values["logon_window"] > 0:
+        raise ValueError(f"logon_window must be positive, got {values['logon_window']}")
 
 
 SECTION = ConfigSection(
@@ -53,6 +57,15 @@ SECTION = ConfigSection(
                                                      "answer 503 at once until a heartbeat reconnects"),
         "max_body": Field((int,), 1024 * 1024, "bytes a request body may have (larger: 413)"),
         "token_ttl": Field((float, int), 8 * 3600.0, "seconds a bearer token stays valid"),
+        "token_key_file": Field((str,), None, "file (mode 0600) holding the key that signs tokens, "
+                                              "shared by the site's API servers (tokens then work "
+                                              "on each and across restarts); unset: a random key "
+                                              "per process (`xce apiserver token-key FILE`)"),
+        "logon_failures": Field((int,), 5, "failed logons allowed per user and per client "
+                                           "address within logon_window; then 429"),
+        "logon_window": Field((float, int), 60.0, "seconds over which failed logons are counted"),
+        "access_log": Field((bool,), False, "log one line per request (client, method, path, "
+                                            "status, ms)"),
         "users": Field((list,), [], "[{name, password_hash, role = 'user'|'admin'}]; admins must "
                                     "also be in [controller] admins for admin ops"),
     },
@@ -88,6 +101,19 @@ def xce_cli_commands(group: click.Group) -> None:
     @group.group(ROLE)
     def apiserver() -> None:
         """API server tools."""
+
+    @apiserver.command("token-key")
+    @click.argument("path")
+    def token_key_cmd(path: str) -> None:
+        """Write a new token signing key to PATH (mode 0600) for [apiserver] token_key_file."""
+        from xce_apiserver.auth import write_token_key
+
+        try:
+            write_token_key(path)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {path}: {exc.strerror or exc}") from None
+        click.echo(f"wrote a token key to {path}; copy it (mode 0600) to every API server and "
+                   f"set [apiserver] token_key_file = \"{path}\"")
 
     @apiserver.command("hash-password")
     @click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")

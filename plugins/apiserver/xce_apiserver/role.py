@@ -5,11 +5,12 @@ from __future__ import annotations
 from loguru import logger
 
 from xce_apiserver.app import create_app
-from xce_apiserver.auth import Authenticator, parse_users
+from xce_apiserver.auth import Authenticator, load_token_key, parse_users
 from xce_apiserver.backend import Backend
 from xce_apiserver.metrics import RequestMetrics
 from xce_apiserver.server import bind, bound_address, serve, ssl_options, write_port_file
 from xce_apiserver.session import ApiServerRole
+from xce_apiserver.throttle import Throttle
 
 
 async def run(role: ApiServerRole) -> None:
@@ -21,11 +22,18 @@ async def run(role: ApiServerRole) -> None:
     if not users:
         logger.warning("apiserver: no [apiserver] users configured: every route but health "
                        "answers 401 (add users with `xce apiserver hash-password`)")
-    auth = Authenticator(users, token_ttl=float(section["token_ttl"]))
+    key_file = section.get("token_key_file")
+    key = load_token_key(key_file) if key_file else None
+    if key is None:
+        logger.warning("apiserver: no [apiserver] token_key_file: tokens are signed with a key of "
+                       "this process, so they die with it and no other API server accepts them")
+    auth = Authenticator(users, token_ttl=float(section["token_ttl"]), key=key)
+    throttle = Throttle(int(section["logon_failures"]), float(section["logon_window"]))
     backend = Backend(ctx.client, role.health, timeout=float(section["backend_timeout"]),
                       retries=section["backend_retries"])
     app = create_app(role.store, backend, role.health, auth, ctx.pm.resreq_evaluator,
-                     max_body=section["max_body"])
+                     max_body=section["max_body"], throttle=throttle,
+                     access_log=bool(section["access_log"]))
     app.add_middleware(RequestMetrics, stats=role.requests)
     ssl = ssl_options(ctx.config.section("tls"))  # before binding: a bad file is said first
     sock = bind(section["listen"])
