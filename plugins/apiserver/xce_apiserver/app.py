@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from xce_apiserver import models as m
 from xce_apiserver.auth import Authenticator, Session
 from xce_apiserver.backend import RETRY_AFTER, Backend, BackendUnavailableError, OutcomeUnknownError
+from xce_apiserver.docs import mount_docs
 from xce_apiserver.edge import DEFAULT_MAX_BODY, BodyLimit, allowed_methods, unknown_query, validation_response
 from xce_apiserver.envelope import (
     ApiError,
@@ -293,9 +294,10 @@ def create_app(
                     "takes an Idempotency-Key header (IETF httpapi draft).",
         default_response_class=EnvelopeResponse,
         openapi_url=f"{PREFIX}/openapi.json",
-        docs_url=f"{PREFIX}/docs",
+        docs_url=None,  # mount_docs: the same page, its assets shipped with xce (no CDN)
         redoc_url=None,
     )
+    mount_docs(app, PREFIX, f"{PREFIX}/openapi.json", "xce")
     app.add_middleware(BodyLimit, max_bytes=max_body)
     if access_log:
         app.add_middleware(AccessLog)
