@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("user", "admin")
+PAM_HASH = "pam"  # the password_hash of a user PAM vouched for (not in [apiserver] users)
 ISSUER = "xce"
 TOKEN_ALGORITHM = "HS256"
 KEY_BYTES = 32  # the least a token key file may hold (RFC 7518: a key as long as the hash)
@@ -163,6 +164,7 @@ class Authenticator:
         token_ttl: float = 8 * 3600.0,
         clock: Callable[[], float] = time.time,
         key: bytes | None = None,
+        pam_service: str | None = None,
     ) -> None:
         import jwt
 
@@ -170,6 +172,7 @@ class Authenticator:
         self.users = dict(users)
         self.token_ttl = token_ttl
         self.shared_key = key is not None
+        self.pam_service = pam_service
         self._key = key if key is not None else secrets.token_bytes(KEY_BYTES)
         self._clock = clock
         self._lock = threading.Lock()
@@ -179,19 +182,39 @@ class Authenticator:
         self._dummy = hash_password("", iterations=DEFAULT_ITERATIONS // 10)
 
     def check_password(self, username: str, password: str) -> User | None:
-        """The user if ``password`` is right (slow on purpose: run it on a thread)."""
+        """The user if ``password`` is right (slow on purpose: run it on a thread).
+
+        A configured user is checked against its hash; any other, with ``pam_service`` set,
+        against PAM (the system's users: ``pam_authenticate`` then ``pam_acct_mgmt``, so an
+        expired or locked account is refused too), as role ``user``.
+        """
         user = self.users.get(username)
-        if user is None:
-            verify_password(password, self._dummy)
-            return None
-        return user if verify_password(password, user.password_hash) else None
+        if user is not None:
+            return user if verify_password(password, user.password_hash) else None
+        if self.pam_service is not None:
+            return User(username, PAM_HASH, "user") if self._pam(username, password) else None
+        verify_password(password, self._dummy)
+        return None
+
+    def _pam(self, username: str, password: str) -> bool:
+        import pam
+
+        checker = pam.PamAuthenticator()  # one per call: it keeps its handle
+        try:
+            return bool(checker.authenticate(username, password, service=self.pam_service,
+                                             resetcreds=False))
+        except (ValueError, TypeError):  # a NUL in the name or password
+            return False
 
     def issue(self, user: User) -> Session:
         """A new signed token for ``user``."""
         now = self._clock()
         expires = now + self.token_ttl
         jti = secrets.token_urlsafe(16)
-        claims = {"iss": ISSUER, "sub": user.name, "iat": int(now), "exp": expires, "jti": jti}
+        claims: dict[str, Any] = {"iss": ISSUER, "sub": user.name, "iat": int(now),
+                                  "exp": expires, "jti": jti}
+        if user.password_hash == PAM_HASH:
+            claims["pam"] = True  # a system user: no [apiserver] users entry to find it by
         token = self._jwt.encode(claims, self._key, algorithm=TOKEN_ALGORITHM)
         return Session(token, user, expires, jti)
 
@@ -210,6 +233,8 @@ class Authenticator:
                 or not isinstance(jti, str) or self._clock() >= expires:
             return None
         user = self.users.get(name)
+        if user is None and claims.get("pam") is True and self.pam_service is not None:
+            user = User(name, PAM_HASH, "user")
         if user is None:
             return None
         with self._lock:

@@ -61,6 +61,9 @@ SECTION = ConfigSection(
                                               "shared by the site's API servers (tokens then work "
                                               "on each and across restarts); unset: a random key "
                                               "per process (`xce apiserver token-key FILE`)"),
+        "pam_service": Field((str,), None, "also log on the system's users through this PAM "
+                                           "service (e.g. 'login', or a site's /etc/pam.d/xce), "
+                                           "as role user; [apiserver] users are checked first"),
         "logon_failures": Field((int,), 5, "failed logons allowed per user and per client "
                                            "address within logon_window; then 429"),
         "logon_window": Field((float, int), 60.0, "seconds over which failed logons are counted"),

@@ -19,7 +19,7 @@ async def run(role: ApiServerRole) -> None:
     assert ctx.client is not None
     section = ctx.section
     users = parse_users(section["users"])
-    if not users:
+    if not users and not section.get("pam_service"):
         logger.warning("apiserver: no [apiserver] users configured: every route but health "
                        "answers 401 (add users with `xce apiserver hash-password`)")
     key_file = section.get("token_key_file")
@@ -27,7 +27,8 @@ async def run(role: ApiServerRole) -> None:
     if key is None:
         logger.warning("apiserver: no [apiserver] token_key_file: tokens are signed with a key of "
                        "this process, so they die with it and no other API server accepts them")
-    auth = Authenticator(users, token_ttl=float(section["token_ttl"]), key=key)
+    auth = Authenticator(users, token_ttl=float(section["token_ttl"]), key=key,
+                         pam_service=section.get("pam_service"))
     throttle = Throttle(int(section["logon_failures"]), float(section["logon_window"]))
     backend = Backend(ctx.client, role.health, timeout=float(section["backend_timeout"]),
                       retries=section["backend_retries"])
