@@ -4,7 +4,8 @@
 # PostgreSQL's server (initdb, pg_ctl: postgresql) for the accounting role's tests;
 # and what the MUNGE authentication tests need (tests/core/test_munge*.py, [cluster] auth =
 # "munge"): munged, munge and unmunge (munge), libmunge.so.2 (libmunge2), useradd and userdel
-# (passwd) for the test users.
+# (passwd) for the test users, chpasswd (passwd) and libpam.so.0 with pam_unix (libpam0g,
+# libpam-modules) for the API server's PAM logon test (tests/apiserver/test_api_pam.py).
 # Idempotent: installs only what is missing. Run as root (CI runs as root).
 set -euo pipefail
 if [ "$(id -u)" -ne 0 ]; then
@@ -23,6 +24,10 @@ command -v munged >/dev/null || need+=(munge)
 command -v unmunge >/dev/null || need+=(munge)
 ldconfig -p | grep -q 'libmunge\.so\.2 ' || need+=(libmunge2)
 command -v useradd >/dev/null || need+=(passwd)
+command -v chpasswd >/dev/null || need+=(passwd)
+ldconfig -p | grep -q 'libpam\.so\.0 ' || need+=(libpam0g)
+compgen -G "/lib/*/security/pam_unix.so" >/dev/null || compgen -G "/usr/lib/*/security/pam_unix.so" \
+  >/dev/null || need+=(libpam-modules)
 if [ ${#need[@]} -eq 0 ]; then
   echo "install-system-deps.sh: everything is installed"
   exit 0
