@@ -101,7 +101,9 @@ def test_wrong_ca_is_refused_with_a_clear_message_on_both_sides(
     wait_for(lambda: "refused our certificate: it is not signed by a CA it trusts" in server.text(),
              10, what="the candidate's line about the refusal")
     assert "TLS handshake refused: client 127.0.0.1:" in server.text()
-    # A client certificate from another CA: the candidate refuses it (verified when presented).
+    # A client certificate from another CA, where one is required: the candidate refuses it.
+    cl = xce_cluster(1, tls=True, require_client_cert=True)
+    server = cl.candidates[0]
     config = other_config(cl, tmp_path / "wrong-cert.toml",
                           f'[tls]\nca = "{cl.tls_dir / "ca.pem"}"\ncert = "{files.cert}"\n'
                           f'key = "{files.key}"\n')

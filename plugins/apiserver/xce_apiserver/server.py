@@ -68,9 +68,9 @@ def _http_impl() -> str:
 
 def ssl_options(tls: Mapping[str, Any] | None) -> dict[str, Any]:
     """uvicorn's TLS options from ``[tls]`` (empty: plain HTTP): the server certificate and
-    key, and the CA that verifies a client certificate when one is presented (required with
-    ``require_client_cert``). Raises :class:`xcecore.tls.TLSConfigError` naming a bad file
-    now, at start-up, rather than uvicorn's exit later."""
+    key, and, with ``require_client_cert``, the CA every client's certificate must be signed
+    by. Raises :class:`xcecore.tls.TLSConfigError` naming a bad file now, at start-up, rather
+    than uvicorn's exit later."""
     from xcecore.tls import server_tls
 
     if tls is None or not tls.get("rest", True) or server_tls(tls, what="the API server") is None:
@@ -79,7 +79,7 @@ def ssl_options(tls: Mapping[str, Any] | None) -> dict[str, Any]:
 
     return {"ssl_certfile": tls["cert"], "ssl_keyfile": tls["key"], "ssl_ca_certs": tls["ca"],
             "ssl_cert_reqs": ssl.CERT_REQUIRED if tls.get("require_client_cert")
-            else ssl.CERT_OPTIONAL}
+            else ssl.CERT_NONE}
 
 
 async def serve(app: Any, sock: socket.socket, stop: StopEvent, *,
