@@ -23,6 +23,7 @@ The failover figures with TLS on come from ``bench_failover.py --tls``. Writes
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 import tempfile
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logs()
     root = Path(tempfile.mkdtemp(prefix="xce-bench-tls-"))
     result: dict[str, Any] = {**meta(), "runs": runs, "jobs_per_run": jobs, "reps": reps,
-                              "tls_version": None, "cipher": None}
+                              "tls_version": None, "cipher": None,
+                              "loadavg_1min_at_start": round(os.getloadavg()[0], 2)}
     clusters = {"plain": BenchCluster(root / "plain", candidates=1),
                 "tls": BenchCluster(root / "tls", candidates=1, tls=True)}
     try:
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for bc in clusters.values():
             bc.close()
+    result["loadavg_1min_at_end"] = round(os.getloadavg()[0], 2)
     write_result(PART, result)
     return 0
 
