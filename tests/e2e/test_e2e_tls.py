@@ -162,6 +162,31 @@ def test_expired_certificates_are_refused_with_a_clear_message_on_both_sides(
         stale.close()
 
 
+def test_a_certificate_for_another_host_and_a_plain_candidate_are_named(
+        xce_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
+    root = tmp_path / "elsewhere"
+    make_ca(root / "tls")
+    make_host(root / "tls", "host", ["ctl9.example"])  # not the address the clients dial
+    cl = LocalCluster(root, 1, tls=True)
+    try:
+        cand = cl.start_candidate(0)
+        wait_for(lambda: "candidate started" in cand.text() or not cand.alive(), 30,
+                 what="the candidate listening")
+        out = xce(cl.config_path, "status")
+        assert out.returncode != 0
+        assert f"controller {cl.address(0)}'s certificate is not for that address" in out.stderr, \
+            out.stderr
+    finally:
+        cl.close()
+    plain = xce_cluster(1)  # TLS client, plain candidate
+    config = other_config(plain, tmp_path / "tls-to-plain.toml",
+                          f'[tls]\nca = "{root / "tls" / "ca.pem"}"\n')
+    out = xce(config, "status")
+    assert out.returncode != 0
+    assert f"controller {plain.address(0)} does not speak TLS (is [tls] set on both sides?)" \
+        in out.stderr, out.stderr
+
+
 def test_tls_config_errors_name_the_file(tmp_path: Path, xce_cluster: Any) -> None:
     cl = xce_cluster(1, start=False)
     bad = other_config(cl, tmp_path / "missing.toml", f'[tls]\nca = "{tmp_path / "nope.pem"}"\n')
