@@ -195,3 +195,16 @@ def test_tls_config_errors_name_the_file(tmp_path: Path, xce_cluster: Any) -> No
     half = other_config(cl, tmp_path / "half.toml", f'[tls]\nca = "x"\ncert = "{tmp_path}"\n')
     out = xce(half, "status")
     assert out.returncode != 0 and "[tls]: cert and key go together" in out.stderr, out.stderr
+
+
+def test_the_same_tls_section_read_again_is_the_same_tls(tmp_path: Path) -> None:
+    """A reconfiguration (SIGHUP) compares the settings read again: unchanged [tls] files must
+    not show up as a change that needs a restart."""
+    from xcecore.tls import server_tls
+
+    make_ca(tmp_path)
+    files = make_host(tmp_path, "h", ["127.0.0.1"])
+    section = {"ca": str(tmp_path / "ca.pem"), "cert": str(files.cert), "key": str(files.key)}
+    assert server_tls(section, what="x") == server_tls(section, what="x")
+    assert server_tls(section, what="x") != server_tls({**section, "require_client_cert": True},
+                                                       what="x")
