@@ -14,12 +14,14 @@ from typing import Final, Literal
 
 # -- job states --------------------------------------------------------------------------------
 
-JobState = Literal["PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT"]
-JOB_STATES: Final[tuple[JobState, ...]] = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT")
+JobState = Literal["PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "UNKWN", "DONE", "EXIT"]
+JOB_STATES: Final[tuple[JobState, ...]] = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "UNKWN",
+                                           "DONE", "EXIT")
 PENDING: Final = frozenset({"PEND", "PSUSP"})
 """Waiting to run (PSUSP: held by its owner or an administrator)."""
-ACTIVE: Final = frozenset({"RUN", "USUSP", "SSUSP"})
-"""Dispatched to hosts, holding their slots (suspended ones too)."""
+ACTIVE: Final = frozenset({"RUN", "USUSP", "SSUSP", "UNKWN"})
+"""Dispatched to hosts, holding their slots (suspended ones too; UNKWN: its host is
+unavail, so whether it still runs is not known)."""
 FINISHED: Final = frozenset({"DONE", "EXIT"})
 """Ended; kept until the controller's ``clean_period`` has passed."""
 UNFINISHED: Final = PENDING | ACTIVE

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 INVOKED, OK, FAILED, UNKNOWN = "invoked", "ok", "failed", "unknown"
-RANK = {"PEND": 0, "PSUSP": 0, "RUN": 1, "USUSP": 1, "SSUSP": 1, "DONE": 2, "EXIT": 2}
+RANK = {"PEND": 0, "PSUSP": 0, "RUN": 1, "USUSP": 1, "SSUSP": 1, "UNKWN": 1, "DONE": 2, "EXIT": 2}
 LOG_SLACK = 0.002  # log times are truncated to the millisecond
 # A line starts with an ISO 8601 time (xcecore.log), or, in logs of older versions, the local
 # time of day only.

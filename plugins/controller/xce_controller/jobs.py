@@ -99,6 +99,8 @@ class Job:
     forced: bool = False
     usage: dict[str, Any] = field(default_factory=lambda: EMPTY)
     rev: int = 0
+    lost_at: float | None = None  # when it went UNKWN (its host went unavail)
+    lost_from: str | None = None  # the state it had then, which its worker's re-join restores
 
     def json(self) -> bytes:
         """The record as members see it: every field and the submission's, one object."""
@@ -151,6 +153,8 @@ def normalise(job: Job, intern: Any = sys.intern, states: Mapping[str, str] = ST
         job.usage = EMPTY
     if job.pend_reason is not None:
         job.pend_reason = intern(job.pend_reason)
+    if job.lost_from is not None:
+        job.lost_from = states[job.lost_from]
 
 
 def new_spec(args: Mapping[str, Any]) -> bytes:

@@ -563,14 +563,34 @@ class Controller:
             await anyio.sleep(period)
             if self.storage.writable():  # a host that cannot be marked durably stays as it is
                 ch = self.state.expire_hosts(now())
+                lost = [row[1] for row in ch.rows if row[0] == "jobs"]
                 for row in ch.rows:
+                    if row[0] == "hosts":
+                        logger.warning(
+                            "controller {}: host {} sent no heartbeat for {:g} s; marked "
+                            "unavail (its worker's re-join makes it ok again)",
+                            self.address, row[1], self.settings.conf.host_timeout)
+                if lost:
                     logger.warning(
-                        "controller {}: host {} sent no heartbeat for {:g} s; marked unavail "
-                        "(its worker's re-join makes it ok again)",
-                        self.address, row[1], self.settings.conf.host_timeout,
-                    )
+                        "controller {}: job(s) {} on unavail hosts are UNKWN: RUN again when "
+                        "their worker re-joins with them alive, else {} after {:g} s",
+                        self.address, ", ".join(map(str, lost[:20])) + (" ..." if len(lost) > 20 else ""),
+                        self.settings.conf.lost_job_action, self.settings.conf.lost_job_timeout)
                 self.apply_internal(ch, "expire hosts")
+                self._expire_lost_jobs()
             self.rids.sweep(time.time() - self.settings.idem_ttl, SWEEP_PARTS)
+
+    def _expire_lost_jobs(self) -> None:
+        """Jobs UNKWN past ``lost_job_timeout``: ``lost_job_action`` (one bounded batch)."""
+        conf = self.settings.conf
+        ch = self.state.expire_lost(now())
+        for jobid, what in ch.result:
+            logger.warning(
+                "controller {}: job {} was UNKWN for {:g} s (its host stayed unavail); {}",
+                self.address, jobid, conf.lost_job_timeout,
+                "requeued as a new attempt" if what == "requeued" else "marked EXIT (host lost)")
+        if ch.rows:
+            self.apply_internal(ch, "expire lost jobs")
 
     async def _housekeep(self) -> None:
         """Every few seconds, one bounded housekeeping write: idempotency keys past their TTL

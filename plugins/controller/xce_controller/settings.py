@@ -29,6 +29,9 @@ DEFAULT_QUEUES: tuple[dict[str, Any], ...] = (
 )
 HOST_TIMEOUT = 30.0
 """Seconds without a worker heartbeat before its host is unavail (the default)."""
+LOST_JOB_TIMEOUT = 600.0
+"""Seconds a job stays UNKWN on a lost host before ``lost_job_action`` (the default)."""
+LOST_JOB_ACTIONS = ("requeue", "exit")
 IDEM_TTL = 86400.0
 """Seconds an idempotency key's result is kept (the default: one day)."""
 HANDSHAKE_TIMEOUT = 10.0
@@ -52,6 +55,8 @@ class ClusterConf:
     host_groups: dict[str, Any] = field(default_factory=dict)
     user_groups: dict[str, Any] = field(default_factory=dict)
     queues: tuple[dict[str, Any], ...] = DEFAULT_QUEUES
+    lost_job_timeout: float = LOST_JOB_TIMEOUT  # 0: an UNKWN job waits for its host forever
+    lost_job_action: str = "exit"  # or "requeue"
 
 
 RECONFIGURABLE = frozenset({"conf", "service_users", "grants", "reload"})
@@ -174,6 +179,12 @@ def check_controller_section(section: dict[str, Any]) -> None:
     if not section["clean_period"] >= 0:  # also refuses NaN
         raise ValueError(
             f"controller.clean_period must be >= 0 (0 keeps finished jobs), got {section['clean_period']!r}")
+    if not section["lost_job_timeout"] >= 0:  # also refuses NaN
+        raise ValueError("controller.lost_job_timeout must be >= 0 (0: wait for the host "
+                         f"forever), got {section['lost_job_timeout']!r}")
+    if section["lost_job_action"] not in LOST_JOB_ACTIONS:
+        raise ValueError("controller.lost_job_action must be 'requeue' or 'exit', got "
+                         f"{section['lost_job_action']!r}")
     hung = section["hung_timeout"]
     if isinstance(hung, bool) or not isinstance(hung, int | float) or not (hung == 0 or hung >= MIN_HUNG_TIMEOUT):
         raise ValueError(f"controller.hung_timeout must be 0 (off) or a number of seconds >= "
@@ -194,6 +205,15 @@ SECTION = ConfigSection(
                                      "{ healthcheck = [\"hostctrl\"] } (such a role must run "
                                      "as root or a service user)"),
         "host_timeout": Field(_NUM, HOST_TIMEOUT, "seconds without a worker heartbeat before unavail"),
+        "lost_job_timeout": Field(
+            _NUM, LOST_JOB_TIMEOUT,
+            "seconds a running job stays UNKWN after its host went unavail before "
+            "lost_job_action is taken (its worker re-joining with the job alive makes it RUN "
+            "again); 0 waits for the host forever"),
+        "lost_job_action": Field(
+            (str,), "exit",
+            "what becomes of a job UNKWN for lost_job_timeout: 'exit' (EXIT, reason 'host "
+            "lost') or 'requeue' (PEND again, a new attempt)"),
         "queues": Field((list,), [dict(q) for q in DEFAULT_QUEUES],
                         "queues: tables {name, priority, description, open, active}"),
         "default_queue": Field((str,), "normal", "queue of a submission that names none"),
@@ -261,6 +281,8 @@ def settings_from_config(config: Config, auth: AuthMethod) -> ControllerSettings
         host_groups=dict(c["host_groups"]),
         user_groups=dict(c["user_groups"]),
         queues=check_queues(c["queues"]),
+        lost_job_timeout=float(c["lost_job_timeout"]),
+        lost_job_action=str(c["lost_job_action"]),
     )
     return ControllerSettings(
         state_dir=str(c["state_dir"]),

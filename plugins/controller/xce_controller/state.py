@@ -8,7 +8,17 @@ No I/O happens here: the server commits the rows (giving them a rev) and fans th
 Jobs live in a :class:`~xce_controller.jobs.JobTable`; every transition that changes a job
 takes its index keys first and reindexes it after, so queries, the cleaner and the fan-out
 always see a consistent table. Nothing here walks every job or every host: the cleaner takes
-what is due from the end-time buckets, host expiry from the last-seen buckets.
+what is due from the end-time buckets, host expiry from the last-seen buckets, the lost-job
+timer from the buckets of the time each job went UNKWN.
+
+Lost hosts (LSF's UNKWN). A host whose worker is silent for ``host_timeout`` becomes unavail
+and the active jobs that run on it (its first host) become UNKWN, keeping their slots:
+
+    RUN | USUSP | SSUSP --host unavail--> UNKWN
+    UNKWN --worker reports ``alive`` (re-adopted) or ``start``--> the state it had
+    UNKWN --worker reports ``finish``/``fail``--> DONE | EXIT (it ended meanwhile)
+    UNKWN --``lost_job_timeout`` passed--> EXIT "host lost" | PEND (requeued, attempt + 1)
+    UNKWN --``jobctrl`` kill / requeue--> as for any active job (stop/resume are refused)
 """
 
 from __future__ import annotations
@@ -102,6 +112,7 @@ class ClusterState:
         self.roles: dict[str, int] = {}  # role -> members
         self.last_seen: dict[str, float] = {}  # host -> last worker heartbeat/join
         self.seen = TimeBuckets[str](max(0.01, conf.host_timeout / 8))
+        self.lost = TimeBuckets[int](max(0.01, (conf.lost_job_timeout or 60.0) / 8))
         self.next_jobid = 1
         for qcfg in conf.queues:
             q = queue_record(qcfg)
@@ -134,6 +145,8 @@ class ClusterState:
             table.remove(job.jobid)
             table.add(job)
         self.jobs = table
+        for jobid in table.by_state["UNKWN"]:  # their lost-job timers (jobs of one state only)
+            self._file_lost(table[jobid])
         if used is None:
             used = table.used_slots()
         for name, host in self.hosts.items():
@@ -345,6 +358,65 @@ class ClusterState:
             if host["available"]:
                 host["available"] = False
                 self._host_changed(ch, _host_state(host))
+                self._lose_jobs(ch, name, now)
+        return ch
+
+    # -- lost hosts --------------------------------------------------------------------------
+
+    def _lose_jobs(self, ch: Changes, host: str, now: float) -> None:
+        """The jobs running on ``host`` (their first host) become UNKWN: whether they still
+        run is not known until its worker re-joins. Costs the host's active jobs."""
+        for job in self.jobs.active_jobs(host):
+            if job.state == "UNKWN" or not job.alloc or job.alloc[0].host != host:
+                continue
+            keys = self.jobs.keys(job)
+            was = job.state
+            job.state, job.lost_at, job.lost_from = "UNKWN", now, was
+            self.jobs.reindex(job, keys)
+            self._file_lost(job)
+            self._job_changed(ch, job, was)
+
+    def _file_lost(self, job: Job) -> None:
+        if job.lost_at is not None and self.conf.lost_job_timeout > 0:
+            self.lost.file(job.jobid, job.lost_at)
+
+    def _found(self, job: Job) -> None:
+        """An UNKWN job its worker reported on: back to the state it had (before reindex)."""
+        job.state = job.lost_from or "RUN"
+        job.lost_at = job.lost_from = None
+
+    def expire_lost(self, now: float, most: int = EXPIRE_BATCH) -> Changes:
+        """Jobs UNKWN for longer than ``lost_job_timeout``: EXIT, or requeued
+        (``lost_job_action``); only the jobs filed in buckets older than that are looked at.
+        ``result``: the ``(jobid, what became of it)`` pairs."""
+        ch = Changes(result=[])
+        timeout = self.conf.lost_job_timeout
+        if timeout <= 0:
+            return ch
+        limit = now - timeout
+        for jobid in self.lost.due(limit, most):
+            job = self.jobs.get(jobid)
+            if job is None or job.state != "UNKWN" or job.lost_at is None:
+                continue  # found, ended or gone since it was filed
+            if job.lost_at >= limit:
+                self.lost.refile(jobid, job.lost_at, limit)
+                continue
+            host = job.alloc[0].host if job.alloc else "?"
+            why = f"host {host} lost: unavail for {now - job.lost_at:.0f} s"
+            keys = self.jobs.keys(job)
+            old_hosts = [s.host for s in job.alloc]
+            self._signal(ch, job, "kill")  # a worker that comes back ends what it still runs
+            self._release_slots(ch, job)
+            job.lost_at = job.lost_from = None
+            if self.conf.lost_job_action == "requeue":
+                self._requeue(job)
+                job.reason = "requeued: " + why
+                ch.result.append((jobid, "requeued"))
+            else:
+                job.state, job.end_time, job.signal, job.reason = "EXIT", now, None, why
+                ch.result.append((jobid, "exit"))
+            self.jobs.reindex(job, keys)
+            self._job_changed(ch, job, "UNKWN", old_hosts)
         return ch
 
     # -- jobs -----------------------------------------------------------------------------------
@@ -405,6 +477,7 @@ class ClusterState:
     def _requeue(job: Job) -> None:
         job.state, job.alloc, job.pid, job.start_time, job.end_time = "PEND", (), None, None, None
         job.exit_status = job.reason = job.signal = None
+        job.lost_at = job.lost_from = None
         job.forced = False
         job.attempt += 1
 
@@ -466,8 +539,15 @@ class ClusterState:
             return ch
         keys = self.jobs.keys(job)
         when = args.get("time", now)  # the worker's clock at the event, if it says
-        if event == "start" and st in ACTIVE:
+        if event == "alive" and st in ACTIVE:  # re-adopted by its worker; once is enough
+            if st != "UNKWN":
+                ch.result = job
+                return ch
+            self._found(job)
+        elif event == "start" and st in ACTIVE:
             job.pid, job.start_time = args["pid"], when
+            if st == "UNKWN":
+                self._found(job)
         elif event == "finish" and st in ACTIVE:
             code, why = args["exit_status"], args.get("exit_reason")
             done = code == 0 and why in (None, "done")
@@ -475,12 +555,14 @@ class ClusterState:
                       else f"exit status {code}")
             job.state, job.exit_status, job.end_time = ("DONE" if done else "EXIT"), code, when
             job.signal, job.reason = None, None if done else reason
+            job.lost_at = job.lost_from = None
             if "usage" in args:  # the final figures
                 job.usage = args["usage"]
             self._release_slots(ch, job)
         elif event == "fail" and st in ACTIVE:
             job.state, job.exit_status, job.end_time = "EXIT", args.get("exit_status"), when
             job.signal, job.reason = None, "failed: " + args.get("reason", "failed")
+            job.lost_at = job.lost_from = None
             if "usage" in args:
                 job.usage = args["usage"]
             self._release_slots(ch, job)
@@ -637,6 +719,8 @@ class ClusterState:
         if old is not None and keep_volatile:
             image.usage, image.pend_reason = old.usage, old.pend_reason
         self.jobs.add(image)
+        if image.state == "UNKWN":
+            self._file_lost(image)
         hosts_touched.update(s.host for s in image.alloc)
 
     def _restore_host(self, name: str, image: Record | None, keep_volatile: bool) -> None:

@@ -18,7 +18,8 @@ keeps the start time, run limit and devices for re-adoption.
   ``run_limit``; cores: as many distinct ones as the job has slots here; GPUs:
   ``rusage[ngpus=N]`` gets ``CUDA_VISIBLE_DEVICES`` with N distinct devices;
 - reports (spooled in the journal, delivered in order), each with the worker's ``time`` of
-  the event: ``start`` with the pid; ``finish`` with a shell-style exit status (128+N for
+  the event: ``start`` with the pid; ``alive`` for a running job the controller shows UNKWN
+  (its host was lost to it; e.g. after a worker restart re-adopted the job); ``finish`` with a shell-style exit status (128+N for
   death by signal N), an ``exit_reason`` (:data:`xcecore.jobspec.EXIT_REASONS`) and the final
   ``usage``; ``fail`` with a reason when the job cannot start (bad cwd, unwritable output,
   no input file, cannot be contained) or its command is not found/executable (127/126);
@@ -484,6 +485,19 @@ class ProcessManager:
         if status is not None:
             args["exit_status"] = status
         self.journal.notify(args)
+
+    def report_alive(self, jobid: int, attempt: int) -> bool:
+        """The controller shows a job of ours UNKWN (this host was lost to it): if it runs
+        here, report ``alive`` (spooled after its start report); True if reported."""
+        with self._lock:
+            rj = self.running.get(jobid)
+        if rj is None or rj.attempt != attempt or rj.done.is_set():
+            return False
+        logger.info("worker {}: job {} (attempt {}) is UNKWN at the controller and runs here "
+                    "(pid {}); reporting it alive", self.hname, jobid, attempt, rj.pid)
+        self.journal.notify({"jobid": jobid, "attempt": attempt, "event": "alive",
+                             "time": round(time.time(), 6)})
+        return True
 
     # ------------------------------------------------------------------ signals
     def signal(self, jobid: int, attempt: int | None, name: str) -> None:

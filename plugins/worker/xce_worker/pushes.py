@@ -8,7 +8,7 @@ on what changed:
 
 - a job record (from the sync after every join, or a push): start a job allocated here that is
   active and not yet started (never twice: the journal's claims decide), apply its pending
-  signal;
+  signal; report ``alive`` for one the controller shows UNKWN that runs here;
 - the end of a sync (``sync_end``: the truth): kill the jobs this worker runs that the
   controller no longer lists (requeued or ended while the worker was away);
 - ``signal``: kill/stop/resume the job's process group;
@@ -105,6 +105,9 @@ class PushHandler(ReplicaObserver):
         attempt = job.get("attempt") or 0
         if sig == "kill" and isinstance(job.get("jobid"), int):
             self.procman.signal(job["jobid"], attempt, "kill")  # also: killed before start
+            return
+        if job.get("state") == "UNKWN" and isinstance(job.get("jobid"), int) and \
+                self.procman.report_alive(job["jobid"], attempt):
             return
         started = self.procman.start(job)
         if not started and sig in ("stop", "resume") and isinstance(job.get("jobid"), int):
