@@ -93,7 +93,7 @@ async def test_pending_job_control_and_reasons(tmp_path):
         ckpt = {"jobid": j, "action": "checkpoint", "user": "alice"}
         assert err(await cli.call("jobctrl", ckpt))["code"] == "CONFLICT"
         k = await cli.ok("jobctrl", {"jobid": j, "action": "kill", "user": "alice"})
-        assert k["state"] == "EXIT" and k["reason"] == "killed"
+        assert k["state"] == "EXIT" and k["reason"] == "killed by owner alice"
         assert err(await cli.call("jobctrl", {"jobid": j, "action": "kill", "user": "alice"}))["code"] == "CONFLICT"
         assert err(await cli.call("jobctrl", {"jobid": 999, "action": "kill", "user": "alice"}))["code"] == "NOT_FOUND"
 

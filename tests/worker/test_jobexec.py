@@ -49,14 +49,21 @@ def test_limits_and_reasons_through_a_real_controller(
                      mem_limit=64 * MB)
         late = submit(c, "x1", command="sleep 30", run_limit=60)
         ok = submit(c, "x1", command="exit 3")
+        timed = submit(c, "x1", command="sleep 30", run_limit=1)
+        signalled = submit(c, "x1", command="kill -9 $$")
+        nowhere = submit(c, "x1", command="true", cwd=str(tmp_path / "missing"))
         rec = finished(c, hog)
         assert rec["state"] == "EXIT" and rec["reason"] == "memory limit exceeded"
         assert rec["usage"]["max_mem"] <= 65 and rec["mem_limit"] == 64 * MB
         assert rec["start_time"] <= rec["end_time"]
         assert finished(c, ok)["reason"] == "exit code 3"
+        assert finished(c, timed)["reason"] == "run limit reached"
+        assert finished(c, signalled)["reason"] == "killed by signal 9"
+        assert finished(c, nowhere)["reason"].startswith("could not start: ")
         assert finished(c, neighbour)["state"] == "DONE"  # the neighbour was untouched
         c.call("jobctrl", {"jobid": late, "action": "kill"})
-        assert finished(c, late)["reason"] == "killed"
+        killed = finished(c, late)
+        assert killed["reason"] == f"killed by owner {killed['user']}"
 
 
 @pytest.mark.e2e

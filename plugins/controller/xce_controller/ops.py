@@ -185,7 +185,8 @@ def op_jobctrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float
     if job.user != user and not srv.policy.may_administer(caller.role, "jobctrl", user):
         raise RemoteError(ErrorCode.DENIED, f"jobctrl: job {job.jobid} belongs to "
                                             f"{job.user}, not {describe(user, caller.who)}")
-    return srv.state.control(args["jobid"], args["action"], now)
+    by = f"owner {user}" if job.user == user else f"administrator {user}"
+    return srv.state.control(args["jobid"], args["action"], now, by)
 
 
 def op_queuectrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:

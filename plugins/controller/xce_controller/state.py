@@ -93,6 +93,11 @@ def _queue_status(q: Record) -> Record:
     return q
 
 
+def _killed(by: str | None) -> str:
+    """A kill's reason: ``killed by owner alice``, ``killed by administrator root``."""
+    return "killed" if not by else f"killed by {by}"
+
+
 def _host_state(h: Record) -> Record:
     h["state"] = "unavail" if not h["available"] else "closed" if h["closed"] else "ok"
     return h
@@ -437,17 +442,21 @@ class ClusterState:
         self._job_changed(ch, job, "PEND")
         return ch
 
-    def control(self, jobid: int, action: str, now: float) -> Changes:
-        """``jobctrl``: kill, stop, resume, checkpoint, requeue (permission checked by caller)."""
+    def control(self, jobid: int, action: str, now: float, by: str | None = None) -> Changes:
+        """``jobctrl``: kill, stop, resume, checkpoint, requeue (permission checked by caller).
+
+        ``by``: who asked, for a kill's reason (``owner alice``, ``administrator root``): a
+        pending job's at once, a running job's when its worker reports it killed."""
         job = self.job(jobid)
         st = job.state
         keys = self.jobs.keys(job)
         ch = Changes()
         old_hosts = [s.host for s in job.alloc]
         if action == "kill" and st in PENDING:
-            job.state, job.end_time, job.reason, job.pend_reason = "EXIT", now, "killed", None
+            job.state, job.end_time, job.reason, job.pend_reason = "EXIT", now, _killed(by), None
         elif action == "kill" and st in ACTIVE:
             self._signal(ch, job, "kill")
+            job.reason = _killed(by)  # the reason its end report will have, if killed
         elif action == "stop" and st == "PEND":
             job.state = "PSUSP"
         elif action == "stop" and st in ("RUN", "SSUSP"):
@@ -553,6 +562,8 @@ class ClusterState:
             done = code == 0 and why in (None, "done")
             reason = (describe_exit(cast(ExitReason, why), code) if why not in (None, "done")
                       else f"exit status {code}")
+            if why == "killed" and job.reason is not None and job.reason.startswith("killed"):
+                reason = job.reason  # who asked (control)
             job.state, job.exit_status, job.end_time = ("DONE" if done else "EXIT"), code, when
             job.signal, job.reason = None, None if done else reason
             job.lost_at = job.lost_from = None
@@ -561,7 +572,11 @@ class ClusterState:
             self._release_slots(ch, job)
         elif event == "fail" and st in ACTIVE:
             job.state, job.exit_status, job.end_time = "EXIT", args.get("exit_status"), when
-            job.signal, job.reason = None, "failed: " + args.get("reason", "failed")
+            text = args.get("reason", "failed")
+            killed = job.signal == "kill" and job.reason is not None and job.reason.startswith("killed")
+            job.reason = (job.reason if killed else "could not start: " + text
+                          if args.get("exit_reason") == "no_start" else "failed: " + text)
+            job.signal = None
             job.lost_at = job.lost_from = None
             if "usage" in args:
                 job.usage = args["usage"]
