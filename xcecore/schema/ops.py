@@ -309,12 +309,12 @@ class NotifyJobFields(TypedDict):
 
     | event | args | effect |
     |---|---|---|
-    | `start` | `pid` (required) | sets `pid`, `start_time`; state stays RUN (or USUSP if stopped before it started; UNKWN -> the state it had) |
+    | `start` | `pid` (required) | sets `pid`, `start_time`; RUN (USUSP if stopped first); UNKWN: as `alive` |
     | `finish` | `exit_status` (required) | 0 -> DONE, else EXIT; slots released; `signal` cleared |
     | `fail` | `reason` (default "failed"), `exit_status` (optional) | -> EXIT with `reason` |
     | `stop` | — | RUN -> SSUSP (USUSP stays) |
     | `resume` | — | USUSP, SSUSP -> RUN |
-    | `alive` | — | UNKWN -> the state it had before its host was lost (the worker runs it, re-adopted); no change for another active job |
+    | `alive` | — | UNKWN -> the state it had before its host was lost (its worker runs it); else no change |
 
     Every report may carry ``time``, the worker's clock when it happened (it becomes the
     job's ``start_time`` / ``end_time``, so a report delivered after an outage keeps the true

@@ -92,7 +92,8 @@ class SubmitBody(_Body):
     stdout: t.JobPath | None = Field(None, description="output file; %J job id, %I index, %A attempt (bsub -o)")
     stderr: t.JobPath | None = Field(None, description="error file (bsub -e); default: with stdout")
     stdin: t.JobPath | None = Field(None, description="input file (bsub -i)")
-    exclusive: bool | None = Field(None, description="hosts to itself (bsub -x); recorded, not yet enforced")
+    exclusive: bool | None = Field(None, description="hosts to itself (bsub -x): the scheduler "
+                                   "puts it on empty hosts and nothing else beside it")
 
 
 class Submitted(BaseModel):

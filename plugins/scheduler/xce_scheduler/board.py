@@ -10,7 +10,8 @@ together in submit order (a sorted list of ``(submit_time, jobid)``). Once a sha
 job does not fit, none of its later jobs can fit in the same cycle (free slots only shrink),
 so the picker stops looking at it: 1,000,000 jobs of a few shapes cost a few steps per cycle.
 A shape remembers the pend reason its jobs were last given and which jobs arrived since, so
-reasons are worked out again only for what changed.
+reasons are worked out again only for what changed. Exclusive jobs (``-x``) are shapes of
+their own, and the board knows the hosts active exclusive jobs hold (no other job goes there).
 """
 
 from __future__ import annotations
@@ -23,13 +24,20 @@ from loguru import logger
 from sortedcontainers import SortedList
 
 from xce_scheduler.view import Entry, Record
+from xcecore.protocol import ACTIVE
 
-ShapeKey = tuple[str, int]  # (resource requirement text, ntasks)
+ShapeKey = tuple[str, int] | tuple[str, int, bool]
+"""(resource requirement text, ntasks), and True third for exclusive (``-x``) jobs."""
 
 
 def order_key(job: Record) -> tuple[float, int]:
     """Order of pending jobs within one queue: submit time, then job id."""
     return (float(job.get("submit_time") or 0.0), job["jobid"])
+
+
+def exclusive(job: Record) -> bool:
+    """Whether a job wants its hosts to itself (``-x``: the record's ``exclusive``)."""
+    return job.get("exclusive") is True
 
 
 def placement(job: Record) -> tuple[str, str, int, tuple[float, int]]:
@@ -48,13 +56,14 @@ def placement(job: Record) -> tuple[str, str, int, tuple[float, int]]:
 class Shape:
     """The pending jobs of one queue that share a requirement and a task count, in order."""
 
-    __slots__ = ("fresh", "jobs", "key", "ntasks", "queue", "reason", "resreq")
+    __slots__ = ("exclusive", "fresh", "jobs", "key", "ntasks", "queue", "reason", "resreq")
 
-    def __init__(self, queue: str, resreq: str, ntasks: int) -> None:
+    def __init__(self, queue: str, resreq: str, ntasks: int, exclusive: bool = False) -> None:
         self.queue = queue
         self.resreq = resreq
         self.ntasks = ntasks
-        self.key: ShapeKey = (resreq, ntasks)
+        self.exclusive = exclusive
+        self.key: ShapeKey = (resreq, ntasks, True) if exclusive else (resreq, ntasks)
         self.jobs: Any = SortedList()  # of (submit_time, jobid)
         self.fresh: set[int] = set()  # jobs that need their reason worked out again
         self.reason: str | None = None  # what every job past the first misfit was last given
@@ -89,6 +98,8 @@ class Board:
         self._shape_of: dict[int, Shape] = {}
         self.reasons: dict[int, str] = {}  # pushed (volatile) pend reasons
         self.complete = False  # the view is whole: reasons may be worked out
+        self.exclusive_on: dict[str, set[int]] = {}  # host -> the exclusive jobs active on it
+        self._exclusive_hosts: dict[int, tuple[str, ...]] = {}  # such a job -> its hosts
         self.epoch = 0  # syncs begun: a new one forgets the reasons requested
 
     # ------------------------------------------------------------------ reading
@@ -186,6 +197,8 @@ class Board:
             self.pending, self.by_queue, self._shape_of = {}, {}, {}
         if "hosts" in kinds:
             self.hosts = {}
+        if "jobs" in kinds:
+            self.exclusive_on, self._exclusive_hosts = {}, {}
         if "queues" in kinds:
             self.queues = {}
         if "resvals" in kinds:
@@ -199,6 +212,7 @@ class Board:
                 shape.reason = None
 
     def _job(self, jobid: int, job: Record | None, out: Drained) -> None:
+        self._exclusive(jobid, job)
         if job is not None and job.get("state") == "PEND":
             try:
                 place = placement(job)
@@ -213,22 +227,47 @@ class Board:
             out.left.append(jobid)
             self._unshape(jobid, old)
 
+    def _exclusive(self, jobid: int, job: Record | None) -> None:
+        """Keep :attr:`exclusive_on`: the hosts of active exclusive jobs (no other job goes
+        there). Costs the job's hosts."""
+        hosts: tuple[str, ...] = ()
+        if job is not None and exclusive(job) and job.get("state") in ACTIVE:
+            hosts = tuple(str(a.get("host")) for a in job.get("alloc") or ()
+                          if isinstance(a, dict))
+        old = self._exclusive_hosts.pop(jobid, ())
+        if old == hosts:
+            if hosts:
+                self._exclusive_hosts[jobid] = hosts
+            return
+        for name in old:
+            on = self.exclusive_on.get(name)
+            if on is not None:
+                on.discard(jobid)
+                if not on:
+                    del self.exclusive_on[name]
+        for name in hosts:
+            self.exclusive_on.setdefault(name, set()).add(jobid)
+        if hosts:
+            self._exclusive_hosts[jobid] = hosts
+
     def _put(self, jobid: int, job: Record, place: tuple[str, str, int, tuple[float, int]]) -> None:
         queue, resreq, ntasks, key = place
+        excl = exclusive(job)
         old = self.pending.get(jobid)
         self.pending[jobid] = job
         shape = self._shape_of.get(jobid)
         if shape is not None and old is not None:
             if shape.queue == queue and shape.resreq == resreq and shape.ntasks == ntasks \
-                    and order_key(old) == key:
+                    and shape.exclusive == excl and order_key(old) == key:
                 return  # same place: only the record changed (a pend reason, a signal)
             self._unshape(jobid, old)
         shapes = self.by_queue.get(queue)
         if shapes is None:
             shapes = self.by_queue[queue] = {}
-        shape = shapes.get((resreq, ntasks))
+        skey: ShapeKey = (resreq, ntasks, True) if excl else (resreq, ntasks)
+        shape = shapes.get(skey)
         if shape is None:
-            shape = shapes[(resreq, ntasks)] = Shape(queue, resreq, ntasks)
+            shape = shapes[skey] = Shape(queue, resreq, ntasks, excl)
         shape.jobs.add(key)
         if shape.reason is not None:  # else its whole tail is looked at again anyway
             shape.fresh.add(jobid)

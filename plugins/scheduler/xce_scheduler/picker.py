@@ -17,6 +17,10 @@ changes, and sent only when it differs from what the controller has. No reason i
 while the view is incomplete (a sync streaming): "fits nowhere" from a partial view would
 be wrong.
 
+Exclusive jobs (``-x``): a host an exclusive job runs on (or is proposed to) gets no other
+job, and an exclusive job goes only to hosts with nothing running or proposed; the pend
+reasons say which of the two keeps a job waiting.
+
 The picker never calls the controller itself, so it keeps cycling while the allocator waits
 for a reconnect.
 """
@@ -37,7 +41,7 @@ from loguru import logger
 
 from xce_scheduler import reasons as R
 from xce_scheduler.allocator import Dispatch, ReasonBatch
-from xce_scheduler.board import Board, Shape, order_key
+from xce_scheduler.board import Board, Shape, exclusive, order_key
 from xce_scheduler.matching import (
     HostMap,
     OrderedCandidates,
@@ -64,6 +68,8 @@ class _Cycle:
     eligible: list[HostMap]
     maps: dict[str, HostMap]
     rsv: Reservations
+    empty: set[str] = field(default_factory=set)  # usable hosts with nothing running or proposed
+    taken: set[str] = field(default_factory=set)  # hosts exclusive jobs run on or are proposed to
     entries: dict[str, Any] = field(default_factory=dict)
     failed_from: dict[str, int] = field(default_factory=dict)
     diagnosis: dict[str, str] = field(default_factory=dict)
@@ -278,6 +284,9 @@ class Picker:
                     continue
                 for a in alloc:
                     cyc[0].free[a["host"]] -= a["ntasks"]
+                    cyc[0].empty.discard(a["host"])
+                    if shape.exclusive:
+                        cyc[0].free[a["host"]] = 0  # the host is the job's alone
                 for name, amounts in holds:
                     cyc[0].rsv.add(name, amounts)
                 work.proposals.append(Dispatch(jobid, alloc))
@@ -335,9 +344,14 @@ class Picker:
     def _start_cycle(self, inflight: Mapping[int, tuple[Alloc, Holds]]) -> _Cycle:
         proposed: Counter[str] = Counter()
         rsv = Reservations()
-        for alloc, holds in inflight.values():
+        board = self.board
+        taken = set(board.exclusive_on)  # hosts of exclusive jobs: no other job goes there
+        for jobid, (alloc, holds) in inflight.items():
+            excl = exclusive(board.pending.get(jobid) or {})
             for a in alloc:
                 proposed[a["host"]] += a["ntasks"]
+                if excl:
+                    taken.add(a["host"])
             for name, amounts in holds:
                 rsv.add(name, amounts)
         hosts = self.board.hosts
@@ -346,13 +360,16 @@ class Picker:
                 del self._base[gone]
         free: dict[str, int] = {}
         maps: dict[str, HostMap] = {}  # as reported; held amounts come off when evaluating
+        empty: set[str] = set()
         for name, host in hosts.items():
             slots = free_slots(host) - proposed[name]
-            if host.get("state") == "ok" and slots > 0:
+            if host.get("state") == "ok" and slots > 0 and name not in taken:
                 free[name] = slots
                 maps[name] = {**self._base_map(name), "slots": slots}
+                if not host.get("used_slots") and not proposed[name]:
+                    empty.add(name)
         eligible = [rsv.adjusted(m) for m in maps.values()]
-        return _Cycle(free, eligible, maps, rsv)
+        return _Cycle(free, eligible, maps, rsv, empty, taken)
 
     def _entry(self, text: str, cyc: _Cycle) -> Any:
         """Per requirement and cycle: OrderedCandidates, a compiled req (slow path) or a reason."""
@@ -396,14 +413,19 @@ class Picker:
         """(allocation, rusage holds, None) for a job that fits, else (None, [], its reason)."""
         text = job.get("resreq") or ""
         ntasks = job.get("ntasks") or 1
+        excl = exclusive(job)
         entry = self._entry(text, cyc)
         if isinstance(entry, str):
             return None, [], entry
-        if ntasks >= cyc.failed_from.get(text, math.inf):
+        key = text + "\0exclusive" if excl else text  # an exclusive misfit says nothing of others
+        if ntasks >= cyc.failed_from.get(key, math.inf):
             # Free slots and held amounts only grow scarcer within a cycle.
-            return None, [], cyc.diagnosis[text]
+            return None, [], cyc.diagnosis[key]
         if isinstance(entry, OrderedCandidates):
             compiled = entry.compiled
+            if excl:  # its own candidates: the requirement's hosts that are empty
+                entry = OrderedCandidates([n for n in entry.names if n in cyc.empty], entry.free,
+                                          entry.span, compiled, entry.qualifies)
             alloc = entry.place(ntasks)
             holds: Holds = []
             if alloc is not None and entry.qualifies is not None:
@@ -412,20 +434,24 @@ class Picker:
                     holds.append((a["host"], rusage_amounts(compiled, compiled.fit(adjusted))))
         else:
             compiled = entry
-            alloc, holds = self._place_by_evaluator(entry, ntasks, cyc)
+            alloc, holds = self._place_by_evaluator(entry, ntasks, cyc, excl)
         if alloc is not None:
             return alloc, holds, None
-        before = cyc.failed_from.get(text)
-        cyc.failed_from[text] = ntasks if before is None else min(before, ntasks)
-        if text not in cyc.diagnosis:
-            cyc.diagnosis[text] = self._diagnose(compiled)
-        return None, [], cyc.diagnosis[text]
+        before = cyc.failed_from.get(key)
+        cyc.failed_from[key] = ntasks if before is None else min(before, ntasks)
+        if key not in cyc.diagnosis:
+            why = self._diagnose(compiled, cyc.taken)
+            cyc.diagnosis[key] = R.EXCLUSIVE_WAIT if excl and why in (R.NO_SLOTS,
+                                                                      R.HOSTS_EXCLUSIVE) else why
+        return None, [], cyc.diagnosis[key]
 
-    def _place_by_evaluator(self, compiled: Any, ntasks: int,
-                            cyc: _Cycle) -> tuple[Alloc | None, Holds]:
-        """Placement by the evaluator itself (``same[...]``, site evaluators), current slots."""
+    def _place_by_evaluator(self, compiled: Any, ntasks: int, cyc: _Cycle,
+                            excl: bool = False) -> tuple[Alloc | None, Holds]:
+        """Placement by the evaluator itself (``same[...]``, site evaluators), current slots
+        (``excl``: on empty hosts only)."""
         hosts = [cyc.rsv.adjusted({**cyc.maps[name], "slots": slots})
-                 for name, slots in cyc.free.items() if slots > 0]
+                 for name, slots in cyc.free.items() if slots > 0 and (
+                     not excl or name in cyc.empty)]
         matches = [m for m in compiled.match(hosts, ntasks=ntasks) if m.tasks > 0]
         alloc = [{"host": m.name, "ntasks": m.tasks} for m in matches]
         fits = sum(a["ntasks"] for a in alloc) == ntasks and all(
@@ -434,7 +460,7 @@ class Picker:
             return None, []
         return alloc, [(m.name, rusage_amounts(compiled, m.alternative)) for m in matches]
 
-    def _diagnose(self, compiled: Any) -> str:
+    def _diagnose(self, compiled: Any, taken: set[str] | None = None) -> str:
         """Why a requirement fits nowhere: no host matches, all closed/unavailable, or slots."""
         # Every host as if open and empty: does any satisfy the requirement at all?
         hosts = self.board.hosts
@@ -446,6 +472,9 @@ class Picker:
             return R.NO_HOST
         if all(hosts[n].get("state") != "ok" for n in matching if n in hosts):
             return R.HOSTS_UNUSABLE
+        held = taken or ()
+        if held and any(n in held and free_slots(hosts[n]) > 0 for n in matching if n in hosts):
+            return R.HOSTS_EXCLUSIVE
         return R.NO_SLOTS
 
 

@@ -20,6 +20,8 @@ NO_SLOTS: Final = "not enough free slots on matching hosts"
 QUEUE_INACTIVE: Final = "queue is inactive"
 HOSTS_UNUSABLE: Final = "all matching hosts are closed or unavailable"
 BAD_REQUIREMENT: Final = "bad resource requirement: "
+EXCLUSIVE_WAIT: Final = "exclusive job: no matching host is empty"
+HOSTS_EXCLUSIVE: Final = "matching hosts with free slots run exclusive jobs"
 
 
 def bad_requirement(message: str) -> str:

@@ -19,10 +19,11 @@ keeps the start time, run limit and devices for re-adoption.
   ``rusage[ngpus=N]`` gets ``CUDA_VISIBLE_DEVICES`` with N distinct devices;
 - reports (spooled in the journal, delivered in order), each with the worker's ``time`` of
   the event: ``start`` with the pid; ``alive`` for a running job the controller shows UNKWN
-  (its host was lost to it; e.g. after a worker restart re-adopted the job); ``finish`` with a shell-style exit status (128+N for
-  death by signal N), an ``exit_reason`` (:data:`xcecore.jobspec.EXIT_REASONS`) and the final
-  ``usage``; ``fail`` with a reason when the job cannot start (bad cwd, unwritable output,
-  no input file, cannot be contained) or its command is not found/executable (127/126);
+  (its host was lost to it; e.g. after a worker restart re-adopted the job); ``finish``
+  with a shell-style exit status (128+N for death by signal N), an ``exit_reason``
+  (:data:`xcecore.jobspec.EXIT_REASONS`) and the final ``usage``; ``fail`` with a reason
+  when the job cannot start (bad cwd, unwritable output, no input file, cannot be
+  contained) or its command is not found/executable (127/126);
 - when the job's command ends, whatever it left behind in its group is killed (as Slurm
   does), the final usage is read, and the group is removed;
 - kill: SIGTERM (and SIGCONT/thaw, so a stopped job can act on it) to every member,
