@@ -274,7 +274,7 @@ def test_rusage_is_held_within_a_cycle_and_while_in_flight() -> None:
         for a in alloc:
             per_host[a["host"]] = per_host.get(a["host"], 0) + 1
     assert per_host == {"a": 2, "b": 1}
-    assert set(reasons(sent).values()) == {R.NO_SLOTS}
+    assert set(reasons(sent).values()) == {R.RESERVED}  # the slots are free: memory is held
     # Still in flight (no push yet): the next cycle holds the same amounts.
     sent.clear()
     picker.view.apply("host", dict(picker.view.replica.get("hosts", "a")))
@@ -291,4 +291,4 @@ def test_rusage_hold_with_same_uses_the_evaluator() -> None:
     got = dispatches(sent)
     # Each job lands on one host (2 tasks, 8 slots) and holds 2000 of its 3000 MB.
     assert sorted(a["host"] for alloc in got.values() for a in alloc) == ["a", "b"]
-    assert 3 not in got and reasons(sent) == {"3": R.NO_SLOTS}
+    assert 3 not in got and reasons(sent) == {"3": R.RESERVED}

@@ -100,6 +100,8 @@ class Board:
         self.complete = False  # the view is whole: reasons may be worked out
         self.exclusive_on: dict[str, set[int]] = {}  # host -> the exclusive jobs active on it
         self._exclusive_hosts: dict[int, tuple[str, ...]] = {}  # such a job -> its hosts
+        self.rusage_active: dict[int, Record] = {}  # active jobs with rusage: their reservations
+        self.rusage_changes: list[tuple[int, Record | None]] = []  # started/ended, for the picker
         self.epoch = 0  # syncs begun: a new one forgets the reasons requested
 
     # ------------------------------------------------------------------ reading
@@ -199,6 +201,8 @@ class Board:
             self.hosts = {}
         if "jobs" in kinds:
             self.exclusive_on, self._exclusive_hosts = {}, {}
+            self.rusage_changes.extend((jobid, None) for jobid in self.rusage_active)
+            self.rusage_active = {}
         if "queues" in kinds:
             self.queues = {}
         if "resvals" in kinds:
@@ -213,6 +217,7 @@ class Board:
 
     def _job(self, jobid: int, job: Record | None, out: Drained) -> None:
         self._exclusive(jobid, job)
+        self._rusage(jobid, job)
         if job is not None and job.get("state") == "PEND":
             try:
                 place = placement(job)
@@ -249,6 +254,21 @@ class Board:
             self.exclusive_on.setdefault(name, set()).add(jobid)
         if hosts:
             self._exclusive_hosts[jobid] = hosts
+
+    def _rusage(self, jobid: int, job: Record | None) -> None:
+        """Note active jobs with rusage starting and ending (their reservations are held
+        while they run: :mod:`xce_scheduler.holds`)."""
+        active = (job is not None and job.get("state") in ACTIVE and bool(job.get("alloc"))
+                  and "rusage" in str(job.get("resreq") or ""))
+        old = self.rusage_active.get(jobid)
+        if active and job is not None:
+            if old is None or old.get("alloc") != job.get("alloc") or \
+                    old.get("attempt") != job.get("attempt"):
+                self.rusage_changes.append((jobid, job))
+            self.rusage_active[jobid] = job
+        elif old is not None:
+            del self.rusage_active[jobid]
+            self.rusage_changes.append((jobid, None))
 
     def _put(self, jobid: int, job: Record, place: tuple[str, str, int, tuple[float, int]]) -> None:
         queue, resreq, ntasks, key = place

@@ -109,6 +109,8 @@ class Reservations:
 
     def add(self, host: str, amounts: Mapping[str, float]) -> None:
         """Hold ``amounts`` (resource -> amount) on ``host``."""
+        if not amounts:
+            return
         mine = self.held.setdefault(host, {})
         for name, amount in amounts.items():
             mine[name] = mine.get(name, 0.0) + float(amount)

@@ -42,6 +42,7 @@ from loguru import logger
 from xce_scheduler import reasons as R
 from xce_scheduler.allocator import Dispatch, ReasonBatch
 from xce_scheduler.board import Board, Shape, exclusive, order_key
+from xce_scheduler.holds import RunningHolds
 from xce_scheduler.matching import (
     HostMap,
     OrderedCandidates,
@@ -129,6 +130,7 @@ class Picker:
         self._last_full = 0.0
         self._dirty = True
         self._base: dict[str, tuple[Record, Record | None, HostMap]] = {}
+        self.holds = RunningHolds()  # rusage of running jobs (the picker thread's own)
 
     # ------------------------------------------------------------------ allocator feedback
     def answered(self, jobid: int, ok: bool) -> None:
@@ -192,6 +194,9 @@ class Picker:
         started = time.perf_counter()
         board = self.board
         drained = board.drain(self.view.take())
+        if board.rusage_changes:  # before the jobs that left PEND leave the in-flight table
+            ran, board.rusage_changes = board.rusage_changes, []
+            self._hold_running(ran, time.time())
         self.reasons.settle(drained.echoed)
         if drained.left:
             self.reasons.drop(drained.left)
@@ -205,6 +210,7 @@ class Picker:
             lost, self._lost = self._lost, []
             self._loads_waiting = self._loads_waiting or bool(drained.loads)
             load_due = self._loads_waiting and started - self._last_full >= self.load_interval
+            load_due = load_due or self.holds.due(time.time())  # a reservation's duration ended
             if not (drained.changes or self._dirty or load_due or lost or returned):
                 self.status.add(cycles=1, idle_cycles=1)
                 self.status.update(last_cycle=time.time())
@@ -234,6 +240,36 @@ class Picker:
                            view_epoch=board.epoch, looked=work.looked,
                            view_complete=board.complete)
         return len(work.proposals)
+
+    def _hold_running(self, changes: list[tuple[int, Record | None]], now: float) -> None:
+        """Jobs with rusage that started or ended: their hosts' reservations while they run.
+
+        A job the picker proposed holds the alternative it was placed by; one it did not
+        (a forced dispatch, a job running before this scheduler started) its first one."""
+        for jobid, rec in changes:
+            if rec is None:
+                self.holds.end(jobid)
+                continue
+            try:
+                alts = getattr(self.requirements.compile(rec.get("resreq") or ""), "rusage", None)
+            except Exception:  # a bad requirement: the job runs, it reserves nothing
+                alts = None
+            if not alts:
+                self.holds.end(jobid)
+                continue
+            with self._lock:
+                flight = self._inflight.get(jobid)
+            holds: Holds = list(flight[1]) if flight is not None and flight[1] else []
+            index = 0
+            if holds:
+                index = next((i for i, alt in enumerate(alts) if dict(alt) == dict(holds[0][1])), 0)
+            else:
+                hosts = dict.fromkeys(str(a.get("host")) for a in rec.get("alloc") or ()
+                                      if isinstance(a, dict))
+                holds = [(host, dict(alts[0])) for host in hosts]
+            alt = alts[index]
+            self.holds.start(jobid, holds, float(rec.get("start_time") or now),
+                             getattr(alt, "durations", {}), getattr(alt, "decays", {}))
 
     # ------------------------------------------------------------------ pieces of a cycle
     def _schedule(self, work: _Pass) -> None:
@@ -354,6 +390,8 @@ class Picker:
                     taken.add(a["host"])
             for name, amounts in holds:
                 rsv.add(name, amounts)
+        for name, amounts in self.holds.held(time.time()).items():  # running jobs' rusage
+            rsv.add(name, amounts)
         hosts = self.board.hosts
         if len(self._base) > len(hosts):
             for gone in [n for n in self._base if n not in hosts]:
@@ -440,7 +478,7 @@ class Picker:
         before = cyc.failed_from.get(key)
         cyc.failed_from[key] = ntasks if before is None else min(before, ntasks)
         if key not in cyc.diagnosis:
-            why = self._diagnose(compiled, cyc.taken)
+            why = self._diagnose(compiled, cyc.taken, cyc.rsv.held)
             cyc.diagnosis[key] = R.EXCLUSIVE_WAIT if excl and why in (R.NO_SLOTS,
                                                                       R.HOSTS_EXCLUSIVE) else why
         return None, [], cyc.diagnosis[key]
@@ -460,7 +498,8 @@ class Picker:
             return None, []
         return alloc, [(m.name, rusage_amounts(compiled, m.alternative)) for m in matches]
 
-    def _diagnose(self, compiled: Any, taken: set[str] | None = None) -> str:
+    def _diagnose(self, compiled: Any, taken: set[str] | None = None,
+                  reserved: Mapping[str, Any] | None = None) -> str:
         """Why a requirement fits nowhere: no host matches, all closed/unavailable, or slots."""
         # Every host as if open and empty: does any satisfy the requirement at all?
         hosts = self.board.hosts
@@ -475,6 +514,9 @@ class Picker:
         held = taken or ()
         if held and any(n in held and free_slots(hosts[n]) > 0 for n in matching if n in hosts):
             return R.HOSTS_EXCLUSIVE
+        if reserved and any(reserved.get(n) and free_slots(hosts[n]) > 0 for n in matching
+                            if n in hosts):
+            return R.RESERVED
         return R.NO_SLOTS
 
 

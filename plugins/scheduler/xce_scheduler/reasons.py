@@ -20,6 +20,7 @@ NO_SLOTS: Final = "not enough free slots on matching hosts"
 QUEUE_INACTIVE: Final = "queue is inactive"
 HOSTS_UNUSABLE: Final = "all matching hosts are closed or unavailable"
 BAD_REQUIREMENT: Final = "bad resource requirement: "
+RESERVED: Final = "resources of matching hosts are reserved (rusage of running or dispatched jobs)"
 EXCLUSIVE_WAIT: Final = "exclusive job: no matching host is empty"
 HOSTS_EXCLUSIVE: Final = "matching hosts with free slots run exclusive jobs"
 
