@@ -49,7 +49,7 @@ def test_reservations_and_exclusive_hosts_keep_jobs_apart(
         assert waiting["state"] == "PEND" and "reserved" in waiting["pend_reason"]
         for jobid in (a, b, small):
             assert done(c, jobid)["state"] == "DONE"
-        (a0, a1), (b0, b1), (s0, s1) = span(tmp_path, "a"), span(tmp_path, "b"), span(tmp_path, "s")
+        (a0, a1), (b0, b1), (s0, _) = span(tmp_path, "a"), span(tmp_path, "b"), span(tmp_path, "s")
         assert a1 <= b0 or b1 <= a0, "the two 6-license jobs ran at the same time"
         assert s0 < max(a1, b1)  # the small one did not wait for both (it fit beside one)
 
@@ -64,5 +64,5 @@ def test_reservations_and_exclusive_hosts_keep_jobs_apart(
         assert rec["state"] == "PEND" and "exclusive" in rec["pend_reason"]
         for jobid in (x, shared, x2):
             assert done(c, jobid)["state"] == "DONE"
-        (x0, x1), (y0, y1), (z0, z1) = span(tmp_path, "x"), span(tmp_path, "y"), span(tmp_path, "z")
+        (_, x1), (y0, y1), (z0, z1) = span(tmp_path, "x"), span(tmp_path, "y"), span(tmp_path, "z")
         assert x1 <= y0 and (y1 <= z0 or z1 <= y0), "a job shared an exclusive job's host"

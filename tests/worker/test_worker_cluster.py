@@ -127,6 +127,7 @@ def test_failover_and_outage_without_a_restart(
     assert f"reported job {jobid} finish" not in w.text()
 
     # 3. The candidates come back: re-join, then the spooled finish is delivered, once.
+    back = time.time()  # the job ended before this; its report arrives after it
     cl.start_candidate(0)
     cl.wait_primary()
     cl.start_candidate(1)
@@ -135,6 +136,9 @@ def test_failover_and_outage_without_a_restart(
         job = wait_for(lambda: (j := job_state(c, jobid))["state"] in ("DONE", "EXIT") and j,
                        30, what="job reported after the outage")
         assert job["state"] == "DONE" and job["exit_status"] == 0
+        # Its times are the worker's, taken when it started and ended, not when the reports
+        # arrived: it ran its 1.5 s and ended during the outage.
+        assert job["end_time"] < back and job["end_time"] - job["start_time"] >= 1.4
         values = c.call("resval", {"host": "n2"})["hosts"]["n2"]
         assert "r1m" in values and "mem" in values  # monitors report again after the outage
     wait_log(w, f"reported job {jobid} finish")
