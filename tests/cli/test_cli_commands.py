@@ -65,6 +65,10 @@ def test_job_control_and_errors(cluster: LocalCluster) -> None:
     assert res.returncode == 1
     assert "Job <1>: kill accepted" in res.stdout and "no such job: 99" in res.stderr
     wait_for(lambda: jobs_json(cluster, "1")[0]["state"] == "EXIT", 60, what="the killed job to end")
+    long = xce(cluster, "jobs", "-l", "1").stdout
+    assert long.startswith(f"Job <1>, User <{getpass.getuser()}>, Project <default>, Status <EXIT>")
+    assert f"Reason: killed by owner {getpass.getuser()}" in long and "Dispatched to <cn1>, pid " in long
+    assert "Exited with exit status" in long and "Usage: CPU time " in long and "peak memory" in long
     bad = xce(cluster, "submit", "-R", "select[gpus]", "--", "true", ok=False)
     assert bad.returncode == 1 and "unknown resource 'gpus'" in bad.stderr and "Traceback" not in bad.stderr
     nq = xce(cluster, "submit", "-q", "nosuch", "--", "true", ok=False)

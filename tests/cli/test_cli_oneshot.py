@@ -48,7 +48,8 @@ def cluster(xce_cluster: Callable[..., LocalCluster]) -> LocalCluster:
 
 
 def test_one_shot_commands_load_no_plugin_no_event_loop(cluster: LocalCluster) -> None:
-    for args in (["submit", "--json", "--", "true"], ["jobs", "--json"], ["status", "--json"],
+    for args in (["submit", "--json", "--", "true"], ["jobs", "--json"], ["jobs", "-l", "-a"],
+                 ["status", "--json"],
                  ["queues"], ["hosts"], ["outcome", "no-such-key"], ["version"]):
         res = _run(cluster.config_path, *args)
         assert res.returncode == 0, (args, res.stdout, res.stderr)

@@ -108,6 +108,8 @@ PAGE = 1000
     arg("-q", "--queue", help="only jobs of this queue"),
     arg("-s", "--state", type=_state, help=f"only jobs in this state ({', '.join(JOB_STATES)})"),
     arg("-a", "--all", dest="show_all", action="store_true", help="include finished jobs"),
+    arg("-l", "--long", dest="long", action="store_true",
+        help="every field of each job: times, hosts, limits, usage, exit reason (like bjobs -l)"),
     JSON,
     arg("jobids", nargs="*", type=int, help="only these jobs"),
 )
@@ -130,6 +132,17 @@ def jobs(s: Session, ns: Parsed) -> None:
         for page in _pages(s, args):
             listing.add(page)
         listing.close()
+        return
+    if ns.long:
+        from xcecore.cli.joblong import long_format
+
+        found = False
+        for page in _pages(s, args):
+            for j in page:
+                echo(("\n" if found else "") + long_format(j))
+                found = True
+        if not found:
+            echo("No matching job found")
         return
     out = StreamTable(["JOBID", "USER", "STAT", "QUEUE", "EXEC_HOST", "JOB_NAME", "SUBMIT_TIME",
                        "REASON"])
@@ -219,8 +232,8 @@ def queues(s: Session, ns: Parsed) -> None:
     for name, by_state in info.get("counts", {}).items():  # the controller's counts: no listing
         c = counts.setdefault(name, {"PEND": 0, "RUN": 0, "SUSP": 0})
         for state, n in by_state.items():
-            if state in UNFINISHED:
-                c[state if state in ("PEND", "RUN") else "SUSP"] += n
+            if state in UNFINISHED:  # UNKWN jobs hold their slots: counted as running
+                c["RUN" if state in ("RUN", "UNKWN") else state if state == "PEND" else "SUSP"] += n
     zero = {"PEND": 0, "RUN": 0, "SUSP": 0}
     if ns.as_json:
         emit_json([{**q, **counts.get(q["name"], zero)} for q in found])
