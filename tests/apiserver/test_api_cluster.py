@@ -76,6 +76,11 @@ def test_registers_through_one_connect_with_redirect(xce_cluster: Any, tmp_path:
     jobid = env["data"]["jobid"]
     seen = wait_for(lambda: [j for j in run.jobs() if j["jobid"] == jobid], 10, what="the job's push")
     assert seen[0]["user"] == "alice" and seen[0]["state"] == "PEND"
+    r = run.http.post(f"/xce/v1/jobs/{jobid}/control", json={"action": "kill"}, headers=run.hdr)
+    assert r.status_code == 200, r.text
+    gone = wait_for(lambda: [j for j in run.jobs() if j["jobid"] == jobid and j["state"] == "EXIT"],
+                    10, what="the killed job's push")
+    assert gone[0]["reason"] == "killed by owner alice"  # the exit reason, in REST
     r = run.http.post("/xce/v1/jobs", json={"command": "x", "queue": "nope"}, headers=run.hdr)
     assert r.status_code == 404
     run.http.close()

@@ -183,6 +183,9 @@ class Job(BaseModel):
     attempt: int = 0
     forced: bool = False
     usage: dict[str, Any] = {}
+    lost_at: float | None = Field(None, description="UNKWN since (its host went unavail)")
+    lost_from: JobState | None = Field(None, description="the state UNKWN returns to when its "
+                                                         "worker reports the job alive")
     mem_limit: int | None = Field(None, description="bytes, if submitted with one")
     run_limit: int | None = Field(None, description="seconds, if submitted with one")
     stdout: str | None = None
