@@ -182,14 +182,14 @@ class JobCtrlArgs(TypedDict):
 
     | action | from state | effect |
     |---|---|---|
-    | `kill` | PEND, PSUSP | -> EXIT (`reason` "killed") |
-    | `kill` | RUN, USUSP, SSUSP | `signal` "kill" to its hosts; the state changes at the worker's finish report |
+    | `kill` | PEND, PSUSP | -> EXIT (`reason` "killed by owner NAME" / "by administrator NAME") |
+    | `kill` | RUN, USUSP, SSUSP, UNKWN | `signal` "kill" to its hosts, `reason` as above; ends at its end report |
     | `stop` | PEND | -> PSUSP |
     | `stop` | RUN, SSUSP | -> USUSP, `signal` "stop" |
     | `resume` | PSUSP | -> PEND |
     | `resume` | USUSP, SSUSP | -> RUN, `signal` "resume" |
     | `checkpoint` | RUN | `signal` "checkpoint" (no state change) |
-    | `requeue` | RUN, USUSP, SSUSP | `signal` "kill" to the old hosts, -> PEND, alloc cleared, `attempt` + 1 |
+    | `requeue` | RUN, USUSP, SSUSP, UNKWN | `signal` "kill" to the old hosts, -> PEND, alloc cleared, `attempt` + 1 |
     | `requeue` | DONE, EXIT | -> PEND, `attempt` + 1 |
 
     Any other combination is CONFLICT (e.g. killing a finished job, stopping a stopped one).
