@@ -9,6 +9,9 @@ Run from the repository root::
    bad one, an inactive queue), in process, no network: the first (cold) cycle of a fresh
    picker, and a second cycle over the same view (everything proposed is still in flight, so it
    re-examines the ~2,000 jobs that did not fit).
+   With 5,000 running jobs besides (40 % holding ``rusage[mem=2048]`` while they run, some
+   with ``duration``/``decay``, 2 % exclusive): the first cycle (it takes every hold), a
+   warm one, and one after 100 of them ended and 100 started.
 2. **latency**: submit -> dispatch of a single job on an idle cluster of real processes (three
    controller candidates, one ``xce run scheduler``, one host joined as a worker): the time
    from sending ``jobsubmit`` to receiving the ``job`` push with state RUN, repeated.
@@ -150,6 +153,58 @@ def bench_cycle(trials: int, njobs: int, nhosts: int) -> dict[str, Any]:
             "cycle_warm": summary(warm, "ms", jobs=njobs, hosts=nhosts)}
 
 
+def running_jobs(state: dict[str, Any], nrunning: int, seed: int = 12) -> list[dict[str, Any]]:
+    """``nrunning`` running jobs on the state's ok hosts: 40 % hold ``rusage[mem=2048]`` (a
+    tenth of those for 10 minutes, decaying), 2 % are exclusive (``-x``)."""
+    rnd = random.Random(seed)
+    ok = [h["name"] for h in state["hosts"] if h["state"] == "ok"]
+    out = []
+    for i in range(nrunning):
+        kind = rnd.random()
+        resreq = ("rusage[mem=2048:duration=10:decay=1]" if kind < 0.04 else
+                  "rusage[mem=2048]" if kind < 0.4 else "")
+        out.append({"jobid": 1_000_000 + i, "queue": "normal", "resreq": resreq, "ntasks": 1,
+                    "state": "RUN", "submit_time": 900.0, "start_time": time.time(),
+                    "pend_reason": None, "alloc": [{"host": rnd.choice(ok), "ntasks": 1}],
+                    "exclusive": rnd.random() < 0.02, "attempt": 0})
+    return out
+
+
+def bench_cycle_running(trials: int, njobs: int, nhosts: int, nrunning: int,
+                        churn: int) -> dict[str, Any]:
+    """Cycles with ``nrunning`` running jobs whose rusage is held and some exclusive: the first
+    cycle (it takes every running job's hold), a warm one (holds kept, nothing changed but a
+    host), and one after ``churn`` running jobs ended and as many started (costs the change)."""
+    state = make_state(njobs, nhosts)
+    run = running_jobs(state, nrunning)
+    state = {**state, "jobs": state["jobs"] + run}
+    first, warm, churned = [], [], []
+    held = 0
+    for _ in range(trials):
+        view = SchedulerView()
+        feed(view, state)
+        picker = Picker(view, Requirements(Evaluator), lambda items: None, max_dispatch=njobs)
+        gc.collect()
+        t0 = time.perf_counter()
+        picker.cycle()
+        first.append((time.perf_counter() - t0) * 1000)
+        view.apply("host", dict(state["hosts"][0]))
+        t0 = time.perf_counter()
+        picker.cycle()
+        warm.append((time.perf_counter() - t0) * 1000)
+        for i, job in enumerate(run[:churn]):
+            view.apply("job", {**job, "state": "DONE"})
+            view.apply("job", {**job, "jobid": 2_000_000 + i})
+        t0 = time.perf_counter()
+        picker.cycle()
+        churned.append((time.perf_counter() - t0) * 1000)
+        held = len(picker.holds)
+    extra = {"jobs": njobs, "hosts": nhosts, "running": nrunning}
+    return {"cycle_running_first": summary(first, "ms", **extra, holding=held),
+            "cycle_running_warm": summary(warm, "ms", **extra),
+            "cycle_running_churn": summary(churned, "ms", **extra, churn=churn)}
+
+
 # ------------------------------------------------------------------------------ latency
 class _Watch:
     """Client hooks recording when each job's RUN push arrives."""
@@ -254,6 +309,7 @@ def main() -> None:
 
     logger.remove()  # the picker logs per cycle; keep the figures clean
     results = bench_cycle(3 if args.quick else 9, 10_000, 1_000)
+    results.update(bench_cycle_running(3 if args.quick else 9, 10_000, 1_000, 5_000, 100))
     print(json.dumps(results, indent=2))
     if not args.skip_latency:
         lat = bench_latency(10 if args.quick else 40)

@@ -15,7 +15,7 @@ verifies, from the final state and the evidence the cluster left:
 - **no job run twice**: the run markers the jobs wrote (one line per run, on whichever host
   ran it) hold each (jobid, attempt) at most once;
 - **legal state histories**: the states each job was seen in (pushes to an observer, then the
-  final state) follow the job state machine, per attempt: PEND/PSUSP, then RUN/USUSP/SSUSP,
+  final state) follow the job state machine, per attempt: PEND/PSUSP, then RUN/USUSP/SSUSP/UNKWN,
   then DONE or EXIT, never back; a new attempt only by requeue;
 - **one primary at a time**: no candidate acknowledged a write invoked after another
   candidate's later promotion (promotion times from the candidates' logs), i.e. a fenced or

@@ -344,7 +344,7 @@ def _finish_jobs(cc: ChaosCluster, timeout: float) -> list[dict[str, Any]]:
     left: list[dict[str, Any]] = []
     with cc.client("finisher") as c:
         while time.monotonic() < deadline:
-            jobs = all_jobs(c, {"states": ["PEND", "PSUSP", "RUN", "USUSP", "SSUSP"]})
+            jobs = all_jobs(c, {"states": ["PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "UNKWN"]})
             left = [j for j in jobs if j["queue"] != PARKED]
             if not left:
                 return []

@@ -478,7 +478,7 @@ class Picker:
         before = cyc.failed_from.get(key)
         cyc.failed_from[key] = ntasks if before is None else min(before, ntasks)
         if key not in cyc.diagnosis:
-            why = self._diagnose(compiled, cyc.taken, cyc.rsv.held)
+            why = self._diagnose(compiled, cyc)
             cyc.diagnosis[key] = R.EXCLUSIVE_WAIT if excl and why in (R.NO_SLOTS,
                                                                       R.HOSTS_EXCLUSIVE) else why
         return None, [], cyc.diagnosis[key]
@@ -498,9 +498,9 @@ class Picker:
             return None, []
         return alloc, [(m.name, rusage_amounts(compiled, m.alternative)) for m in matches]
 
-    def _diagnose(self, compiled: Any, taken: set[str] | None = None,
-                  reserved: Mapping[str, Any] | None = None) -> str:
-        """Why a requirement fits nowhere: no host matches, all closed/unavailable, or slots."""
+    def _diagnose(self, compiled: Any, cyc: _Cycle | None = None) -> str:
+        """Why a requirement fits nowhere: no host matches, all closed/unavailable, hosts
+        taken by exclusive jobs, amounts reserved (with this cycle's ``cyc``), or slots."""
         # Every host as if open and empty: does any satisfy the requirement at all?
         hosts = self.board.hosts
         every = [{**self._base_map(name), "status": "ok",
@@ -511,12 +511,12 @@ class Picker:
             return R.NO_HOST
         if all(hosts[n].get("state") != "ok" for n in matching if n in hosts):
             return R.HOSTS_UNUSABLE
-        held = taken or ()
-        if held and any(n in held and free_slots(hosts[n]) > 0 for n in matching if n in hosts):
+        if cyc is not None and cyc.taken and any(
+                n in cyc.taken and free_slots(hosts[n]) > 0 for n in matching if n in hosts):
             return R.HOSTS_EXCLUSIVE
-        if reserved and any(reserved.get(n) and free_slots(hosts[n]) > 0 for n in matching
-                            if n in hosts):
-            return R.RESERVED
+        if cyc is not None and cyc.rsv.held and getattr(compiled, "rusage", None) and any(
+                cyc.rsv.held.get(n) and cyc.free.get(n, 0) > 0 for n in matching):
+            return R.RESERVED  # slots are free there: what it asks for is held
         return R.NO_SLOTS
 
 
