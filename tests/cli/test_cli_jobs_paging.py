@@ -91,7 +91,7 @@ def test_default_is_the_callers_unfinished_jobs_and_json_streams_one_array(
     got = orjson.loads(xce(fake, tmp_path, "--json").stdout)
     assert got == mine
     first = fake.ops("jobinfo")[0].args
-    assert first["owner"] == OWNER and first["states"] == ["PEND", "PSUSP", "RUN", "SSUSP", "USUSP"]
+    assert first["owner"] == OWNER and first["states"] == ["PEND", "PSUSP", "RUN", "SSUSP", "UNKWN", "USUSP"]
     # A claimed login name changes nothing: the controller says whom it authenticated.
     assert orjson.loads(xce(fake, tmp_path, "--json", user="carol").stdout) == mine
     assert xce(fake, tmp_path, "-u", "carol").stdout == "No matching job found\n"
