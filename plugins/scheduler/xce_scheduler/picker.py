@@ -246,14 +246,18 @@ class Picker:
 
         A job the picker proposed holds the alternative it was placed by; one it did not
         (a forced dispatch, a job running before this scheduler started) its first one."""
+        compiled: dict[str, Any] = {}  # requirement -> its rusage alternatives, this batch
         for jobid, rec in changes:
             if rec is None:
                 self.holds.end(jobid)
                 continue
-            try:
-                alts = getattr(self.requirements.compile(rec.get("resreq") or ""), "rusage", None)
-            except Exception:  # a bad requirement: the job runs, it reserves nothing
-                alts = None
+            text = rec.get("resreq") or ""
+            if text not in compiled:
+                try:
+                    compiled[text] = getattr(self.requirements.compile(text), "rusage", None)
+                except Exception:  # a bad requirement: the job runs, it reserves nothing
+                    compiled[text] = None
+            alts = compiled[text]
             if not alts:
                 self.holds.end(jobid)
                 continue
