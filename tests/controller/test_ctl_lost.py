@@ -5,6 +5,7 @@ from the lost-job buckets, never a scan of every job."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -132,9 +133,12 @@ def test_the_timer_looks_only_at_what_is_due() -> None:
     assert len(st.lost) == 1  # the second job's entry only
     assert [j for j, _ in st.expire_lost(T0 + 143).result] == [second]
     off = with_hosts(new_state(lost_job_timeout=0.0), "n1", "n2")  # 0: wait forever
-    running(off)
+    waiting = running(off)
     lose(off)
-    assert off.expire_lost(T0 + 1e9).rows == [] and len(off.lost) == 0
+    assert off.expire_lost(T0 + 1e9).rows == [] and off.jobs[waiting].state == "UNKWN"
+    # A reconfiguration turns the timer on: the job that was waiting is due.
+    off.reconfigure(replace(off.conf, lost_job_timeout=50.0))
+    assert off.expire_lost(T0 + 82).result == [(waiting, "exit")]
 
 
 def test_a_new_primary_arms_the_timers_of_stored_unkwn_jobs() -> None:

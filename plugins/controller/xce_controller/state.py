@@ -382,7 +382,8 @@ class ClusterState:
             self._job_changed(ch, job, was)
 
     def _file_lost(self, job: Job) -> None:
-        if job.lost_at is not None and self.conf.lost_job_timeout > 0:
+        # Filed also while the timeout is 0 (off): a reconfiguration may turn it on.
+        if job.lost_at is not None:
             self.lost.file(job.jobid, job.lost_at)
 
     def _found(self, job: Job) -> None:
