@@ -9,9 +9,10 @@ Run from the repository root::
    bad one, an inactive queue), in process, no network: the first (cold) cycle of a fresh
    picker, and a second cycle over the same view (everything proposed is still in flight, so it
    re-examines the ~2,000 jobs that did not fit).
-   With 5,000 running jobs besides (40 % holding ``rusage[mem=2048]`` while they run, some
-   with ``duration``/``decay``, 2 % exclusive): the first cycle (it takes every hold), a
-   warm one, and one after 100 of them ended and 100 started.
+   With ``--holds``: 5,000 running jobs besides (40 % holding ``rusage[mem=2048]`` while
+   they run, some with ``duration``/``decay``, 2 % exclusive): the first cycle (it takes
+   every hold), a warm one, and one after 100 of them ended and 100 started
+   (``results/scheduler_holds.json``).
 2. **latency**: submit -> dispatch of a single job on an idle cluster of real processes (three
    controller candidates, one ``xce run scheduler``, one host joined as a worker): the time
    from sending ``jobsubmit`` to receiving the ``job`` push with state RUN, repeated.
@@ -299,17 +300,36 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
     (out / "scheduler.md").write_text("\n".join(lines) + "\n")
 
 
+def write_holds(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """``results/scheduler_holds.json``: the cycles with running jobs (``--holds``), with the
+    load average the machine had (a shared machine's figures are pessimistic)."""
+    cmd = "python benchmarks/bench_scheduler.py --holds" + (" --quick" if args.quick else "")
+    data = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": cmd,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "results": results}
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scheduler_holds.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
 def main() -> None:
     """Run the benchmarks and write the results."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer trials")
     parser.add_argument("--skip-latency", action="store_true", help="no real processes")
+    parser.add_argument("--holds", action="store_true",
+                        help="only the cycles with running jobs holding rusage (writes "
+                             "results/scheduler_holds.json)")
     args = parser.parse_args()
     from loguru import logger
 
     logger.remove()  # the picker logs per cycle; keep the figures clean
+    if args.holds:
+        holds = bench_cycle_running(3 if args.quick else 9, 10_000, 1_000, 5_000, 100)
+        print(json.dumps(holds, indent=2))
+        write_holds(holds, args)
+        return
     results = bench_cycle(3 if args.quick else 9, 10_000, 1_000)
-    results.update(bench_cycle_running(3 if args.quick else 9, 10_000, 1_000, 5_000, 100))
     print(json.dumps(results, indent=2))
     if not args.skip_latency:
         lat = bench_latency(10 if args.quick else 40)
