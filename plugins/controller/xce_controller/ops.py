@@ -352,9 +352,10 @@ OPS: dict[str, OpSpec] = {
     "status": OpSpec(op_status, ANY, "read", needs_jobs=False),
     "shutdown": OpSpec(op_shutdown, NOBODY, "read", users=True, admin=True, acts=True,
                        dedupe=False, needs_jobs=False),
-    # The file is read off the loop before the op runs (Controller._prepare).
+    # The file is read off the loop before the op runs (Controller._prepare). Not recorded
+    # under a key: a repeat reads the file again, which is what a retry should do.
     "reconfig": OpSpec(op_reconfig, NOBODY, "write", users=True, admin=True, acts=True,
-                       needs_jobs=False),
+                       dedupe=False, needs_jobs=False),
     # May record a tombstone (a durable write) under the rid it names, not under its own.
     "outcome": OpSpec(op_outcome, ANY, "write", dedupe=False, needs_jobs=False),
 }
