@@ -339,10 +339,10 @@ def test_a_standby_naming_an_empty_or_non_string_primary_knows_none(primary: Any
 
 
 def test_classify_and_failures():
-    assert classify_handshake({"ok": True, "state": "primary", "server": "h1:1"}) == ("primary", "h1:1", None, "")
+    assert classify_handshake({"ok": True, "state": "primary", "server": "h1:1"}) == ("primary", "h1:1", None, "", None)
     assert classify_handshake({"ok": True, "state": "primary", "server": 5}).server is None
     denied = classify_handshake({"ok": False, "error": {"code": "DENIED", "message": "bad mac"}})
-    assert denied == ("denied", None, None, "DENIED: bad mac")
+    assert denied == ("denied", None, None, "DENIED: bad mac", None)
     assert classify_handshake({"ok": False, "error": {"code": "DENIED"}}).message == "DENIED"
     assert classify_handshake({"ok": False, "error": "x"}).message == "?"
     assert classify_handshake({"ok": "yes"}).kind == "denied"
@@ -587,3 +587,69 @@ def test_backoff_bounds():
     assert Backoff(0.5, 0.1).cap == 0.5  # never below the base
     b = Backoff(0.1, 1.0)
     assert 0.0 <= b.next_delay() <= 0.1 and b.failures == 1  # random.uniform by default
+
+
+# ------------------------------------------------ a standby that takes over from a hung primary
+
+
+@pytest.mark.parametrize("value, seconds", [
+    (0, 0.0), (580, 0.58), (600_000, 600.0),
+    (600_001, None), (-1, None), (1.5, None), ("580", None), (True, None), (None, None),
+])
+def test_takeover_is_read_only_within_the_schema(value: Any, seconds: float | None):
+    from xcecore.schema.verdict import takeover_of
+
+    assert takeover_of({"takeover_ms": value}) == seconds
+    assert takeover_of({}) is None
+    shake = classify_handshake({"ok": True, "state": "standby", "primary": None, "takeover_ms": value})
+    assert shake.kind == "no_primary" and shake.takeover == seconds
+
+
+def test_a_standby_promising_a_takeover_names_no_primary_and_says_when():
+    hint = hello_hint({"state": "standby", "primary": None, "takeover_ms": 420, "server": "h2:2"})
+    assert hint is not None and (hint.kind, hint.primary, hint.takeover) == ("no_primary", None, 0.42)
+    assert failure_of(hint) == "is a standby taking over from a primary that stopped beating in 420 ms"
+    # A standby that names a primary is followed there whatever else it says.
+    named = classify_handshake({"ok": True, "state": "standby", "primary": "h1:1", "takeover_ms": 5})
+    assert named.kind == "redirect" and named.takeover is None
+
+
+def test_walk_ends_at_a_takeover_promise_and_the_next_pass_waits_for_that_standby():
+    # The hung primary A went last; B promises: C (another standby) and A are not dialed.
+    m = machine()
+    m.lost = A
+    w = m.start_pass()
+    assert next(w) == B
+    level, line = w.failed(B, Dialed(None, None, "is a standby taking over ... in 420 ms", takeover=0.42))
+    assert level == "WARNING" and line.endswith("waiting for it (not dialing the hung primary)")
+    assert list(w) == [] and w.takeover == (B, 0.42)
+    m.pass_over(w)
+    draws: list[float] = []
+    b = Backoff(0.02, 2.0, uniform=lambda lo, hi: draws.append(hi) or hi)
+    delay, eff = m.pass_failed(b)
+    assert delay == pytest.approx(0.42) and not draws and b.failures == 0  # no back-off draw
+    assert m.state == DEGRADED and NOTIFY in eff
+    assert logs(eff, "WARNING") == [
+        f"{NAME}: no primary: h2:2 takes over from a primary that stopped beating in 420 ms; "
+        "next pass in 420 ms, starting there"]
+    w = m.start_pass()
+    assert next(w) == B  # the promising standby first
+    # It promoted meanwhile: the pass ends with its link; a pass without a promise backs off.
+    m.pass_over(Walk([C], (A, B, C), allow_unlisted=False, name=NAME))
+    assert m.takeover is None
+    m.pass_failed(b)
+    assert draws and b.failures == 1
+
+
+@pytest.mark.parametrize("promised, waited", [(0.0, 0.01), (0.004, 0.01), (0.3, 0.3), (9.0, 0.5), (600.0, 0.5)])
+def test_a_takeover_wait_is_bounded_both_ways(promised: float, waited: float):
+    from xcecore.client.dialer import takeover_wait
+
+    assert takeover_wait(promised) == pytest.approx(waited)
+
+
+def test_a_promise_and_a_redirect_in_one_pass_follow_the_redirect():
+    w = Walk([B, C], (A, B, C), allow_unlisted=False, name=NAME)
+    next(w)
+    w.failed(B, Dialed(None, "h3:3", "is a standby; primary is h3:3", takeover=0.2))
+    assert w.takeover is None and next(w) == C

@@ -228,6 +228,80 @@ def test_a_standby_fences_a_stopped_primary_of_its_host(tmp_path: Path) -> None:
         standby.release()
 
 
+def test_a_takeover_is_promised_from_half_the_timeout_on() -> None:
+    w = HangWatch(2.0, max_gap=10.0)
+    rec = record(1, 100.0)
+    w.stale(rec, 0.0, 100.0)
+    assert w.takeover_in(rec, 0.0, 100.0) is None
+    w.stale(rec, 0.99, 100.99)
+    assert w.takeover_in(rec, 0.99, 100.99) is None  # silent less than half of hung_timeout
+    w.stale(rec, 1.2, 101.2)
+    # Both clocks must pass: watched 2.0 s (at 2.0) and beat 2.05 s old (at 102.05 = 2.05 here).
+    assert w.takeover_in(rec, 1.2, 101.2) == pytest.approx(0.85)
+    w.stale(rec, 2.05, 102.05)
+    assert w.takeover_in(rec, 2.05, 102.05) == pytest.approx(0.0, abs=1e-9)
+    assert w.stale(rec, 2.06, 102.06) and w.takeover_in(rec, 2.06, 102.06) == 0.0
+    beat = record(2, 102.1)
+    w.stale(beat, 2.1, 102.1)  # it beat: no promise
+    assert w.takeover_in(beat, 2.1, 102.1) is None
+    assert w.takeover_in(rec, 2.1, 102.1) is None  # not the record the watch follows
+    assert w.takeover_in(None, 2.1, 102.1) is None
+
+
+def test_a_standby_promises_to_take_over_from_a_stopped_primary(tmp_path: Path) -> None:
+    """Real processes: while the SIGSTOPped primary is silent, the standby's promise names a
+    moment near its fence; it names none for another primary, and none once it is primary."""
+    code = textwrap.dedent(f"""
+        import time
+        from xce_controller.election import FileLockElection
+        e = FileLockElection({str(tmp_path)!r}, "h:1", hung_timeout=1.0)
+        assert e.try_acquire()
+        e.publish()
+        print("primary", flush=True)
+        while True:
+            e.heartbeat()
+            time.sleep(e.beat_interval)
+    """)
+    primary = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    standby = FileLockElection(str(tmp_path), "h:2", hung_timeout=1.0)
+    try:
+        assert primary.stdout is not None and primary.stdout.readline() == b"primary\n"
+        assert not standby.try_acquire()
+        import threading
+
+        won: list[bool] = []
+        t = threading.Thread(target=lambda: won.append(standby.wait()), daemon=True)
+        t.start()
+        assert standby.takeover_in("h:1") is None
+        os.kill(primary.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        promises: list[tuple[float, float]] = []
+        deadline = stopped + 20
+        while not won and time.monotonic() < deadline:
+            eta = standby.takeover_in("h:1")
+            if eta is not None:
+                promises.append((time.monotonic() - stopped, eta))
+                assert standby.takeover_in("h:3") is None  # another candidate published itself
+            time.sleep(0.01)
+        t.join(20)
+        assert won == [True] and primary.wait(20) == -signal.SIGKILL
+        assert promises, "the standby never promised a takeover"
+        first_seen, first_eta = promises[0]
+        assert first_seen >= 0.45  # not before half of hung_timeout of silence
+        # Every promise points at the same moment (about hung_timeout + one beat after the
+        # stop), give or take the polling of this loop and the watch's own reads.
+        for seen, eta in promises:
+            assert 0.0 <= eta <= 0.65
+            assert abs((seen + eta) - (first_seen + first_eta)) < 0.2 or eta == 0.0
+        assert standby.takeover_in("h:1") is None and standby.takeover_in(None) is None
+    finally:
+        if primary.poll() is None:
+            os.kill(primary.pid, signal.SIGCONT)
+            primary.kill()
+            primary.wait(10)
+        standby.release()
+
+
 def test_hung_timeout_is_validated() -> None:
     def settings(**controller: object) -> float:
         return settings_from_config(config_of({}, {"state_dir": "/tmp/x", **controller}), None).hung_timeout

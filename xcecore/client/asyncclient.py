@@ -620,7 +620,8 @@ class Client:
                                  connect_timeout=cfg.connect_timeout, max_frame=cfg.max_frame,
                                  backend=self._backend, tls=cfg.tls)
         if opened.stream is None:
-            return Dialed(None, opened.redirect, opened.failure, opened.timed_out, opened.refused)
+            return Dialed(None, opened.redirect, opened.failure, opened.timed_out, opened.refused,
+                          opened.takeover)
         return Dialed(Link(cand, opened.stream, max_frame=cfg.max_frame,
                            liveness_timeout=cfg.liveness_timeout, on_push=self._on_push,
                            on_lost=self._drop))

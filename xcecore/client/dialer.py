@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
 
 from xcecore.candidates import Candidate, CandidateError, parse_address
+from xcecore.schema.verdict import takeover_of
 
 if TYPE_CHECKING:
     from xcecore.auth import AuthMethod
@@ -33,14 +34,17 @@ class Handshake(NamedTuple):
     """What a server's handshake status tells the client to do.
 
     ``primary``: stay. ``redirect``: go to ``primary`` at once. ``no_primary``: a standby that
-    knows no primary, try the next candidate. ``denied``: the server refused us (``message``).
-    ``invalid``: the status is not what the protocol says.
+    knows no primary, try the next candidate -- unless ``takeover`` is set: the standby watches
+    a primary that stopped beating and expects to take over in ``takeover`` seconds, so wait
+    for it (:class:`Walk`). ``denied``: the server refused us (``message``). ``invalid``: the
+    status is not what the protocol says.
     """
 
     kind: HandshakeKind
     server: str | None = None
     primary: str | None = None
     message: str = ""
+    takeover: float | None = None
 
 
 def hello_hint(hello: dict[str, Any]) -> Handshake | None:
@@ -69,7 +73,7 @@ def classify_handshake(status: dict[str, Any]) -> Handshake:
         primary = status.get("primary")
         if isinstance(primary, str) and primary:
             return Handshake("redirect", server=server, primary=primary)
-        return Handshake("no_primary", server=server)
+        return Handshake("no_primary", server=server, takeover=takeover_of(status))
     return Handshake("invalid", server=server, message=f"unknown server state {state!r}")
 
 
@@ -109,6 +113,9 @@ def describe_os_error(exc: BaseException) -> str | None:
 
 def failure_of(shake: Handshake) -> str:
     """Why a handshake that is not ``primary`` did not give us a link, for the log."""
+    if shake.kind == "no_primary" and shake.takeover is not None:
+        return (f"is a standby taking over from a primary that stopped beating in "
+                f"{shake.takeover * 1000:.0f} ms")
     return {
         "redirect": f"is a standby; primary is {shake.primary}",
         "no_primary": "is a standby that knows no primary",
@@ -176,6 +183,19 @@ class Dialed(NamedTuple, Generic[L]):
     failure: str = ""
     timed_out: bool = False
     refused: str | None = None  # the candidate refused our credential or claim (its words)
+    takeover: float | None = None  # a standby expects to take over in this many seconds
+
+
+TAKEOVER_MIN_WAIT = 0.01
+"""The shortest wait for a standby that takes over ("0 ms": the fence is under way)."""
+TAKEOVER_RECHECK = 0.5
+"""The longest wait for a standby's takeover before asking it again: a primary that resumes
+beating meanwhile is found at most this late, and a wrong or hostile promise costs no more."""
+
+
+def takeover_wait(seconds: float) -> float:
+    """How long to wait for a standby that promised to take over in ``seconds``."""
+    return min(max(seconds, TAKEOVER_MIN_WAIT), TAKEOVER_RECHECK)
 
 
 class Walk:
@@ -183,7 +203,10 @@ class Walk:
 
     Iterate it for the candidates to dial; after each failed dial, call :meth:`failed` and
     log what it returns. ``last_error`` is the last failure (for the give-up message),
-    ``timed_out`` whether some candidate was too busy to finish its handshake.
+    ``timed_out`` whether some candidate was too busy to finish its handshake, ``takeover``
+    the standby that promised to take over from a hung primary, and in how many seconds: the
+    pass ends there (the other standbys watch the same primary, and the hung primary would only
+    time out), and the machine waits for that standby instead of backing off.
     """
 
     def __init__(self, order: Sequence[Candidate], candidates: Sequence[Candidate], *,
@@ -196,6 +219,7 @@ class Walk:
         self.last_error: BaseException | None = None
         self.timed_out = False
         self.refused: tuple[Candidate, str] | None = None
+        self.takeover: tuple[Candidate, float] | None = None
         self._redirect: Candidate | None = None
 
     def __iter__(self) -> Iterator[Candidate]:
@@ -219,6 +243,11 @@ class Walk:
             # Not an outage: the machine reports it once (Machine.auth_refused), not per dial.
             self.refused = (cand, dialed.refused)
             return "DEBUG", f"{self.name}: candidate {cand} {dialed.failure}; trying the next candidate"
+        if dialed.takeover is not None and dialed.redirect is None:
+            self.takeover = (cand, dialed.takeover)
+            self._queue.clear()
+            return "WARNING", (f"{self.name}: candidate {cand} {dialed.failure}; waiting for it "
+                               "(not dialing the hung primary)")
         primary = dialed.redirect
         if primary is None:
             return "WARNING", f"{self.name}: candidate {cand} {dialed.failure}; trying the next candidate"

@@ -64,6 +64,7 @@ class Opened(NamedTuple):
     failure: str = ""
     timed_out: bool = False  # the candidate did not finish the handshake within the timeout
     refused: str | None = None  # it refused our credential or claim, or none could be made
+    takeover: float | None = None  # a standby expects to take over in this many seconds
 
 
 async def open_link(
@@ -118,10 +119,11 @@ async def open_link(
     if scope.cancelled_caught:
         failure = f"did not answer within {timeout:g} s"
     redirect: str | None = None
+    takeover: float | None = None
     if shake is not None and not failure:
         if shake.kind == "primary" and stream is not None:
             return Opened(stream=stream)
-        redirect = shake.primary
+        redirect, takeover = shake.primary, shake.takeover
         failure = failure_of(shake)
         if shake.kind == "denied":
             refused = shake.message
@@ -129,7 +131,7 @@ async def open_link(
         with anyio.CancelScope(shield=True), contextlib.suppress(*LINK_ERRORS):
             await stream.aclose()
     return Opened(redirect=redirect, failure=failure, timed_out=scope.cancelled_caught,
-                  refused=refused)
+                  refused=refused, takeover=takeover)
 
 
 class _Pending:

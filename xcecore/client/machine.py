@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from xcecore.candidates import Candidate
 from xcecore.client.backoff import Backoff
-from xcecore.client.dialer import Walk, candidate_order, resolve_redirect
+from xcecore.client.dialer import Walk, candidate_order, resolve_redirect, takeover_wait
 from xcecore.client.errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown
 from xcecore.protocol import KEYED_WRITES
 from xcecore.wire import ErrorCode
@@ -343,6 +343,7 @@ class Machine:
         self.last_error: BaseException | None = None
         self.pass_timed_out = False  # a candidate of the last pass timed out: it is busy
         self.refused: tuple[Candidate, str] | None = None  # the last pass's refusal, if any
+        self.takeover: tuple[Candidate, float] | None = None  # the last pass's takeover promise
         self.refusal_told = ""  # the refusal last logged (logged once until it changes)
         self.rejoin = Rejoin()
         self.states = StateQueue()
@@ -373,6 +374,7 @@ class Machine:
             self.last_error = walk.last_error
         self.pass_timed_out = self.pass_timed_out or walk.timed_out
         self.refused = walk.refused
+        self.takeover = walk.takeover
 
     def auth_refused(self) -> tuple[AuthenticationFailed, list[Effect]] | None:
         """After a pass that found no primary: the error to raise at once if a candidate
@@ -395,7 +397,19 @@ class Machine:
 
         A pass in which a candidate timed out met a live but busy controller: the next draw
         is spread over a connect timeout at least, not re-queued within ``backoff_base``.
+        A pass that ended at a standby promising to take over from a hung primary waits as
+        long as it said (:func:`~xcecore.client.dialer.takeover_wait`), and the next pass
+        starts at that standby: no back-off draw, so the client is there when it promotes.
         """
+        if self.takeover is not None:
+            cand, seconds = self.takeover
+            self.preferred = cand
+            delay = takeover_wait(seconds)
+            return delay, [*self.set_state(DEGRADED, None, f"{cand} is taking over from a hung primary"),
+                           Log("WARNING", (
+                               f"{self.name}: no primary: {cand} takes over from a primary that "
+                               f"stopped beating in {seconds * 1000:.0f} ms; next pass in "
+                               f"{delay * 1000:.0f} ms, starting there"))]
         delay = backoff.next_delay(self.connect_timeout if self.pass_timed_out else 0.0)
         effects: list[Effect] = []
         if backoff.failures == 1:

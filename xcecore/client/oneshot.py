@@ -343,7 +343,8 @@ class OneShotClient:
         if shake is None:
             return Dialed(None, None, failure, timed_out, refused)
         return Dialed(None, shake.primary, failure_of(shake),
-                      refused=shake.message if shake.kind == "denied" else None)
+                      refused=shake.message if shake.kind == "denied" else None,
+                      takeover=shake.takeover)
 
     def _shake(self, cand: Candidate, limit: float) -> \
             tuple[_Conn | None, Handshake | None, str, bool, str | None]:

@@ -75,6 +75,14 @@ class Election(Protocol):
         """Primary only, before every acknowledgement: None while it may acknowledge writes,
         else why not (it was fenced, its lock is no longer the lock). Must be cheap."""
 
+    # Optional (the controller uses it when present):
+    #
+    # def takeover_in(self, primary: str | None) -> float | None:
+    #     """Standby only: seconds until this standby expects to take over from ``primary``
+    #     (the primary it would name to clients), which has stopped making progress; 0 when
+    #     the takeover is under way; None when ``primary`` is not known to be hung, or this
+    #     standby cannot take over from it. Cheap: called for every standby handshake."""
+
 
 def _safe_name(address: str) -> str:
     return "".join(c if c.isalnum() or c in ".-" else "_" for c in address)
@@ -116,6 +124,9 @@ class FileLockElection:
         self._lock_str = str(self.lock_path)
         self._fence_seen = b""  # the fence slot as last found harmless
         self.fenced: list[str] = []  # what this standby fenced (for tests and diagnostics)
+        # (the silent primary's address, this standby's monotonic time it expects to take over
+        # at): written by the watch thread, read by the event loop for every handshake
+        self._takeover: tuple[str, float] | None = None
         try:
             self._beats: BeatFile | None = BeatFile(self.state_dir)
         except OSError as exc:
@@ -194,6 +205,7 @@ class FileLockElection:
             self._term = max(old.term if old else 0, mark.term if mark else 0) + 1
         self._seq = 0
         self._held = True
+        self._takeover = None
         self.heartbeat()
 
     def heartbeat(self) -> None:
@@ -240,8 +252,28 @@ class FileLockElection:
 
     # -- the standby's side: watch the beats, fence a hung primary -----------------------------
 
+    def takeover_in(self, primary: str | None) -> float | None:
+        """Standby only: seconds until this standby expects to fence ``primary`` (the primary
+        it would name to a client), which stopped beating, and take the lock; 0 once the fence
+        is under way; None when ``primary`` is not the silent one it watches (it beats, it
+        is on another host, another candidate published itself meanwhile)."""
+        takeover = self._takeover
+        if takeover is None or self._held:
+            return None
+        address, at = takeover
+        if primary is not None and primary != address:
+            return None
+        return max(0.0, at - time.monotonic())
+
     def _watch(self, done: threading.Event) -> None:
         """Poll the record while waiting for the lock; fence a primary that stopped beating."""
+        try:
+            self._watch_beats(done)
+        finally:
+            if not self._held:
+                self._takeover = None
+
+    def _watch_beats(self, done: threading.Event) -> None:
         beats = self._beats
         assert beats is not None
         watch = HangWatch(self.hung_timeout, fencing.max_gap_for(self.hung_timeout))
@@ -253,8 +285,10 @@ class FileLockElection:
                 rec = beats.read_beat()
             except OSError:
                 continue
-            now = time.monotonic()
-            if not watch.stale(rec, now, fencing.mono()) or rec is None:
+            now, mono_now = time.monotonic(), fencing.mono()
+            stale = watch.stale(rec, now, mono_now)
+            self._promise(rec, watch, now, mono_now, fenced, reported)
+            if not stale or rec is None:
                 continue
             if fenced == watch.key:
                 if now - fenced_at > 5.0:
@@ -267,7 +301,9 @@ class FileLockElection:
             try:
                 if self._fence(beats, rec, watch, now):
                     fenced, fenced_at = watch.key, now
+                    self._takeover = (rec.address, now)  # under way: the kernel hands the lock on
             except FenceRefused as exc:
+                self._takeover = None
                 if reported != watch.key:
                     reported = watch.key
                     logger.error(
@@ -281,6 +317,21 @@ class FileLockElection:
             except OSError as exc:
                 logger.error("controller {}: fencing the primary failed: {}; retrying",
                              self.advertise, exc)
+
+    def _promise(self, rec: BeatRecord | None, watch: HangWatch, now: float, mono_now: float,
+                 fenced: object, refused: object) -> None:
+        """Update what this standby tells clients about taking over (:meth:`takeover_in`):
+        ``fenced`` and ``refused`` are the episodes (record keys) it fenced, or cannot fence."""
+        if fenced is not None and fenced == watch.key:
+            return  # fenced already: the promise stays "under way" until the lock comes
+        if refused is not None and refused == watch.key:
+            self._takeover = None
+            return
+        eta = watch.takeover_in(rec, now, mono_now)
+        if eta is None or rec is None or self._me.same_host(rec.who) is not None:
+            self._takeover = None
+        else:
+            self._takeover = (rec.address, now + eta)
 
     def _fence(self, beats: BeatFile, rec: BeatRecord, watch: HangWatch, now: float) -> bool:
         """Fence ``rec``'s writer (or a lock holder that never wrote one); True when done."""

@@ -293,6 +293,20 @@ class HangWatch:
         return (now - self.since >= self.hung_timeout
                 and mono_now - rec.mono >= self.hung_timeout + rec.beat_interval)
 
+    def takeover_in(self, rec: BeatRecord | None, now: float, mono_now: float) -> float | None:
+        """After :meth:`stale` fed ``rec``: seconds until it would judge ``rec``'s writer hung
+        (0: it does already), or None while that writer has been silent for less than half of
+        ``hung_timeout`` (most likely a short pause: clients are still sent to it).
+
+        The earliest moment the two conditions of :meth:`stale` both hold; the fence itself
+        comes at the next read after it, and the promotion a few milliseconds later."""
+        if rec is None or self.key != (rec.who.pid, rec.term, rec.seq):
+            return None
+        if now - self.since < self.hung_timeout / 2:
+            return None
+        return max(0.0, self.since + self.hung_timeout - now,
+                   self.hung_timeout + rec.beat_interval - (mono_now - rec.mono))
+
     def holder_stale(self, holder: int, now: float) -> bool:
         """The record is stale and another pid than its writer holds the lock: that holder
         has written no record since it took the lock. True once that lasted ``hung_timeout``

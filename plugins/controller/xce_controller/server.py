@@ -70,6 +70,7 @@ from xce_controller.subscribe import Subscription
 from xcecore import auth, wire
 from xcecore.log import bind_fields
 from xcecore.protocol import format_hostport as format_address
+from xcecore.schema.verdict import TAKEOVER_MS_MAX
 from xcecore.tls import TLS, TLSFailed, handshake
 from xcecore.wire import ErrorCode, RemoteError
 
@@ -949,10 +950,20 @@ class Controller:
         return verify()
 
     def _verdict(self) -> dict[str, Any]:
-        """What this candidate tells a client: primary, or standby and whom to go to."""
+        """What this candidate tells a client: primary, or standby and whom to go to.
+
+        A standby about to fence a primary that stopped beating names none and says when it
+        expects to take over (``takeover_ms``, :class:`xcecore.schema.verdict.StandbyVerdict`):
+        the client waits for it here instead of timing out against the hung primary."""
         if self.role == "primary":
             return {"server": self.address, "state": "primary"}
-        return {"server": self.address, "state": "standby", "primary": self._primary()}
+        primary = self._primary()
+        takeover_in = getattr(self.election, "takeover_in", None)
+        eta = takeover_in(primary) if takeover_in is not None else None
+        if eta is not None:
+            return {"server": self.address, "state": "standby", "primary": None,
+                    "takeover_ms": min(TAKEOVER_MS_MAX, round(eta * 1000))}
+        return {"server": self.address, "state": "standby", "primary": primary}
 
     def _primary(self) -> str | None:
         """The primary a standby redirects to (never itself)."""
