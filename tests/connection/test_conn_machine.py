@@ -592,7 +592,7 @@ def test_backoff_bounds():
 # ------------------------------------------------ a standby that takes over from a hung primary
 
 
-@pytest.mark.parametrize("value, seconds", [
+@pytest.mark.parametrize(("value", "seconds"), [
     (0, 0.0), (580, 0.58), (600_000, 600.0),
     (600_001, None), (-1, None), (1.5, None), ("580", None), (True, None), (None, None),
 ])
@@ -621,7 +621,7 @@ def test_walk_ends_at_a_takeover_promise_and_the_next_pass_waits_for_that_standb
     w = m.start_pass()
     assert next(w) == B
     level, line = w.failed(B, Dialed(None, None, "is a standby taking over ... in 420 ms", takeover=0.42))
-    assert level == "WARNING" and line.endswith("waiting for it (not dialing the hung primary)")
+    assert level == "DEBUG" and line.endswith("waiting for it (not dialing the hung primary)")
     assert list(w) == [] and w.takeover == (B, 0.42)
     m.pass_over(w)
     draws: list[float] = []
@@ -631,7 +631,10 @@ def test_walk_ends_at_a_takeover_promise_and_the_next_pass_waits_for_that_standb
     assert m.state == DEGRADED and NOTIFY in eff
     assert logs(eff, "WARNING") == [
         f"{NAME}: no primary: h2:2 takes over from a primary that stopped beating in 420 ms; "
-        "next pass in 420 ms, starting there"]
+        "next pass in 420 ms, starting there (not dialing the hung primary)"]
+    m.pass_over(w)
+    _, again = m.pass_failed(b)
+    assert logs(again, "WARNING") == [] and len(logs(again, "DEBUG")) == 1  # said once
     w = m.start_pass()
     assert next(w) == B  # the promising standby first
     # It promoted meanwhile: the pass ends with its link; a pass without a promise backs off.
@@ -641,7 +644,7 @@ def test_walk_ends_at_a_takeover_promise_and_the_next_pass_waits_for_that_standb
     assert draws and b.failures == 1
 
 
-@pytest.mark.parametrize("promised, waited", [(0.0, 0.01), (0.004, 0.01), (0.3, 0.3), (9.0, 0.5), (600.0, 0.5)])
+@pytest.mark.parametrize(("promised", "waited"), [(0.0, 0.01), (0.004, 0.01), (0.3, 0.3), (9.0, 0.5), (600.0, 0.5)])
 def test_a_takeover_wait_is_bounded_both_ways(promised: float, waited: float):
     from xcecore.client.dialer import takeover_wait
 
@@ -653,3 +656,20 @@ def test_a_promise_and_a_redirect_in_one_pass_follow_the_redirect():
     next(w)
     w.failed(B, Dialed(None, "h3:3", "is a standby; primary is h3:3", takeover=0.2))
     assert w.takeover is None and next(w) == C
+
+
+def test_heartbeats_wait_for_a_promised_takeover_too():
+    m = machine()
+    quick = Backoff(0.02, 0.2, uniform=lambda lo, hi: hi, busy_cap=0.5)
+    assert m.beat_delay(quick, False, 0.2) == 0.2  # up: the cadence
+    assert m.beat_delay(quick, True, 0.2) == pytest.approx(0.02)  # down: quick draws
+    w = Walk([B], (A, B, C), allow_unlisted=False, name=NAME)
+    next(w)
+    w.failed(B, Dialed(None, None, "taking over", takeover=0.15))
+    m.pass_over(w)
+    assert m.beat_delay(quick, True, 0.2) == pytest.approx(0.15) and quick.failures == 1
+    assert next(m.start_pass()) == B  # the heartbeat's pass starts at the promising standby
+    m.pass_timed_out = True
+    m.pass_over(Walk([C], (A, B, C), allow_unlisted=False, name=NAME))
+    assert m.beat_delay(quick, True, 0.2) == pytest.approx(0.5)  # busy: spread as before
+    assert m.beat_delay(quick, False, 0.2) == 0.2 and quick.failures == 0

@@ -293,6 +293,8 @@ def test_a_standby_promises_to_take_over_from_a_stopped_primary(tmp_path: Path) 
         for seen, eta in promises:
             assert 0.0 <= eta <= 0.65
             assert abs((seen + eta) - (first_seen + first_eta)) < 0.2 or eta == 0.0
+        assert standby.takeover_in("h:1") == 0.0  # the lock is its own: promoting
+        standby.publish()  # the promotion's first step: from now on it says "primary"
         assert standby.takeover_in("h:1") is None and standby.takeover_in(None) is None
     finally:
         if primary.poll() is None:

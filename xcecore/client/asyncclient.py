@@ -703,13 +703,11 @@ class Client:
         while True:
             conn = self._conn
             down = rj.joined_once and (conn is None or not conn.alive)
-            if not down:
-                quick.reset()
             # After a pass in which a candidate timed out (alive, but too busy to finish our
             # handshake), spread over a connect timeout like the call path does: a thousand
             # members re-queuing every heartbeat interval is how a re-join storm collapses.
-            busy = cfg.connect_timeout if machine.pass_timed_out else 0.0
-            with anyio.move_on_after(quick.next_delay(busy) if down else cfg.heartbeat_interval):
+            # After one that ended at a standby promising a takeover, wait as long as it said.
+            with anyio.move_on_after(machine.beat_delay(quick, down, cfg.heartbeat_interval)):
                 await self._beat_now.wait()
             self._beat_now = anyio.Event()
             # Heartbeats keep a member alive and bring an idle member back; a client that never

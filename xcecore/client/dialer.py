@@ -246,8 +246,9 @@ class Walk:
         if dialed.takeover is not None and dialed.redirect is None:
             self.takeover = (cand, dialed.takeover)
             self._queue.clear()
-            return "WARNING", (f"{self.name}: candidate {cand} {dialed.failure}; waiting for it "
-                               "(not dialing the hung primary)")
+            # DEBUG: the machine says it once per takeover (Machine.pass_failed).
+            return "DEBUG", (f"{self.name}: candidate {cand} {dialed.failure}; waiting for it "
+                             "(not dialing the hung primary)")
         primary = dialed.redirect
         if primary is None:
             return "WARNING", f"{self.name}: candidate {cand} {dialed.failure}; trying the next candidate"

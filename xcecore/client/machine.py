@@ -344,6 +344,7 @@ class Machine:
         self.pass_timed_out = False  # a candidate of the last pass timed out: it is busy
         self.refused: tuple[Candidate, str] | None = None  # the last pass's refusal, if any
         self.takeover: tuple[Candidate, float] | None = None  # the last pass's takeover promise
+        self.takeover_told: Candidate | None = None  # whose takeover wait was logged
         self.refusal_told = ""  # the refusal last logged (logged once until it changes)
         self.rejoin = Rejoin()
         self.states = StateQueue()
@@ -375,6 +376,8 @@ class Machine:
         self.pass_timed_out = self.pass_timed_out or walk.timed_out
         self.refused = walk.refused
         self.takeover = walk.takeover
+        if walk.takeover is not None:  # the next pass, a call's or a heartbeat's, starts there
+            self.preferred = walk.takeover[0]
 
     def auth_refused(self) -> tuple[AuthenticationFailed, list[Effect]] | None:
         """After a pass that found no primary: the error to raise at once if a candidate
@@ -403,13 +406,16 @@ class Machine:
         """
         if self.takeover is not None:
             cand, seconds = self.takeover
-            self.preferred = cand
             delay = takeover_wait(seconds)
+            level = "DEBUG" if cand == self.takeover_told else "WARNING"  # once per takeover
+            self.takeover_told = cand
             return delay, [*self.set_state(DEGRADED, None, f"{cand} is taking over from a hung primary"),
-                           Log("WARNING", (
+                           Log(level, (
                                f"{self.name}: no primary: {cand} takes over from a primary that "
                                f"stopped beating in {seconds * 1000:.0f} ms; next pass in "
-                               f"{delay * 1000:.0f} ms, starting there"))]
+                               f"{delay * 1000:.0f} ms, starting there (not dialing the hung "
+                               "primary)"))]
+        self.takeover_told = None
         delay = backoff.next_delay(self.connect_timeout if self.pass_timed_out else 0.0)
         effects: list[Effect] = []
         if backoff.failures == 1:
@@ -419,10 +425,26 @@ class Machine:
             f"({self.last_error}); next pass in {delay * 1000:.0f} ms")))
         return delay, effects
 
+    def beat_delay(self, quick: Backoff, down: bool, interval: float) -> float:
+        """How long the heartbeat task waits before its next beat.
+
+        Up: the heartbeat ``interval``. Down (each beat is a best-effort reconnect pass): the
+        wait a standby's takeover promise asks for, else the next draw of ``quick`` (growing
+        to the interval; spread over a connect timeout after a pass that met a busy
+        candidate, as the call path does).
+        """
+        if not down:
+            quick.reset()
+            return interval
+        if self.takeover is not None:
+            return takeover_wait(self.takeover[1])
+        return quick.next_delay(self.connect_timeout if self.pass_timed_out else 0.0)
+
     def reached(self, candidate: Candidate) -> None:
         """A pass reached the primary at ``candidate``."""
         self.last_good = candidate
         self.lost = None
+        self.takeover_told = None
 
     def since_lost(self, now: float) -> str:
         """How long the client has been without a link, for the log."""

@@ -205,7 +205,6 @@ class FileLockElection:
             self._term = max(old.term if old else 0, mark.term if mark else 0) + 1
         self._seq = 0
         self._held = True
-        self._takeover = None
         self.heartbeat()
 
     def heartbeat(self) -> None:
@@ -258,8 +257,10 @@ class FileLockElection:
         is under way; None when ``primary`` is not the silent one it watches (it beats, it
         is on another host, another candidate published itself meanwhile)."""
         takeover = self._takeover
-        if takeover is None or self._held:
+        if takeover is None:
             return None
+        if self._held:
+            return 0.0  # the fence is done and the lock is ours: promoting (publish() ends it)
         address, at = takeover
         if primary is not None and primary != address:
             return None
@@ -270,7 +271,7 @@ class FileLockElection:
         try:
             self._watch_beats(done)
         finally:
-            if not self._held:
+            if self._abandoned.is_set():
                 self._takeover = None
 
     def _watch_beats(self, done: threading.Event) -> None:
@@ -280,7 +281,9 @@ class FileLockElection:
         reported: object = None  # the episode (record key) already reported, logged once
         fenced: object = None
         fenced_at = 0.0
-        while not done.wait(self.beat_interval) and not self._abandoned.is_set():
+        pause = self.beat_interval
+        while not done.wait(pause) and not self._abandoned.is_set():
+            pause = self.beat_interval
             try:
                 rec = beats.read_beat()
             except OSError:
@@ -288,6 +291,11 @@ class FileLockElection:
             now, mono_now = time.monotonic(), fencing.mono()
             stale = watch.stale(rec, now, mono_now)
             self._promise(rec, watch, now, mono_now, fenced, reported)
+            takeover = self._takeover
+            if takeover is not None and not stale:
+                # Read again the moment the primary may be judged hung, not up to a beat
+                # interval after it: the fence (and the promotion) come that much sooner.
+                pause = min(pause, max(0.001, takeover[1] - now + 0.001))
             if not stale or rec is None:
                 continue
             if fenced == watch.key:
@@ -380,6 +388,7 @@ class FileLockElection:
         Best effort: on a full disk the standbys keep naming the old address, and clients
         still find this primary by walking the candidates.
         """
+        self._takeover = None  # promoting: clients now hear "primary" from this candidate
         tmp = self.state_dir / f".primary.{os.getpid()}.{threading.get_ident()}"
         try:
             tmp.write_text(self.advertise + "\n")
@@ -433,6 +442,7 @@ class FileLockElection:
         with contextlib.suppress(OSError):
             (self.state_dir / "candidates" / (_safe_name(self.advertise) + ".json")).unlink()
         self._abandoned.set()
+        self._takeover = None
         with self._mutex:
             # A thread still blocked in wait() owns the descriptor; it closes it on waking.
             if self._fd is not None and not self._waiting:
