@@ -15,6 +15,9 @@ Parts (each figure: medians and percentiles of repeated runs, microseconds or mi
 - ``handshake``: a whole handshake over TCP to a real controller candidate (primary) of each
   method: connect, hello, answer, the verdict; sequential, and ``--threads`` clients at once
   (handshakes per second; the controller verifies MUNGE credentials on threads).
+- ``phases``: where a handshake's time goes (connect + hello, the client's credential step,
+  the server's verdict), one client at a time and ``--herd`` clients at the same instant
+  (a failover's reconnects): is minting a credential on the reconnect's critical path?
 - ``cli``: ``xce jobs`` wall time (a fresh process each run) against each cluster.
 
 Writes ``benchmarks/results/auth.json``.
@@ -110,6 +113,68 @@ def one_handshake(port: int, method: auth.AuthMethod) -> None:
             raise RuntimeError(f"handshake refused: {verdict}")
 
 
+PHASES = ("connect + hello", "client credential (answer)", "server verdict (verify)", "whole")
+
+
+def timed_handshake(port: int, method: auth.AuthMethod) -> tuple[float, float, float, float]:
+    """One handshake, in its phases (ms): connect until the hello is in; the client's
+    credential step (``client_answer``: for munge, a round trip to munged); the answer's send
+    until the verdict is in (the server's verify: for munge, its decode at munged, on one of
+    its auth threads); the whole."""
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        dec = wire.FrameDecoder()
+
+        def read() -> dict[str, Any]:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise ConnectionError("closed")
+                for msg in dec.feed(chunk):
+                    return dict(msg)
+
+        hello = read()
+        t1 = time.perf_counter()
+        answer = auth.client_answer(method, "bench@b", hello)
+        t2 = time.perf_counter()
+        s.sendall(wire.encode(answer))
+        verdict = read()
+        t3 = time.perf_counter()
+        if not verdict.get("ok"):
+            raise RuntimeError(f"handshake refused: {verdict}")
+    return ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t3 - t0) * 1e3)
+
+
+def phases(clusters: dict[str, LocalCluster], runs: int, herd: int) -> dict[str, Any]:
+    """Where a (re)connect's handshake time goes, per method and phase (ms), with ``herd``
+    clients handshaking at the same instant (a failover: the writer and every role reconnect
+    at once). The methods take turns round by round, so they share the machine's load alike."""
+    targets = {name: (c.method(), c.ports[c.wait_primary()]) for name, c in clusters.items()}
+    got: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in targets}
+    errors: list[BaseException] = []
+    for _ in range(max(1, runs // herd)):
+        for name, (method, port) in targets.items():
+            gate = threading.Barrier(herd)
+
+            def one(name: str = name, method: auth.AuthMethod = method, port: int = port,
+                    gate: threading.Barrier = gate) -> None:
+                try:
+                    gate.wait(10)
+                    got[name].append(timed_handshake(port, method))
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+            pool = [threading.Thread(target=one) for _ in range(herd)]
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+    if errors:
+        raise errors[0]
+    return {f"{name}, {herd} at once": {ph: stats([g[i] for g in rows], 3) for i, ph in enumerate(PHASES)}
+            for name, rows in got.items()}
+
+
 def handshakes(cluster: LocalCluster, runs: int, threads: int) -> dict[str, Any]:
     """Sequential handshake latency (ms) and handshakes/s with ``threads`` clients at once."""
     method, port = cluster.method(), cluster.ports[cluster.wait_primary()]
@@ -159,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=2000, help="credentials / handshakes per figure")
     ap.add_argument("--cli-runs", type=int, default=30, help="xce jobs runs per cluster")
     ap.add_argument("--threads", type=int, default=8, help="concurrent handshaking clients")
+    ap.add_argument("--herd", type=int, default=5,
+                    help="clients handshaking at one instant in the phases part (a failover's "
+                         "writer and four roles: 5)")
     ap.add_argument("--quick", action="store_true", help="200 runs, 10 CLI runs")
     args = ap.parse_args(argv)
     runs, cli_runs = (200, 10) if args.quick else (args.runs, args.cli_runs)
@@ -177,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in clusters.values():
             c.start(60)
         result["handshake"] = {name: handshakes(c, runs, args.threads) for name, c in clusters.items()}
+        result["phases_ms"] = {**phases(clusters, max(200, runs // 2), 1),
+                               **phases(clusters, max(200, runs // 2), args.herd)}
         result["cli_xce_jobs_ms"] = {name: cli_jobs(c, cli_runs) for name, c in clusters.items()}
     finally:
         for c in clusters.values():
@@ -192,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         rate = h[f"concurrent_{args.threads}_threads_per_s"]
         log(PART, f"handshake {name}: p50 {seq['p50']:.3f} ms p99 {seq['p99']:.3f} ms; "
                   f"{rate['p50']:.0f}/s with {args.threads} clients")
+    for name, ph in result["phases_ms"].items():
+        log(PART, f"phases {name}: " + "; ".join(f"{k} p50 {v['p50']:.3f} p90 {v['p90']:.3f}"
+                                                  for k, v in ph.items()))
     for name, s in result["cli_xce_jobs_ms"].items():
         log(PART, f"xce jobs ({name}): p50 {s['p50']} ms p90 {s['p90']} ms")
     return 0

@@ -347,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logs()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     root = Path(tempfile.mkdtemp(prefix="xce-bench-failover-"))
+    load_at_start = round(os.getloadavg()[0], 2)
     munged = None
     if args.auth == "munge":
         from xcecore.testing.munge import Munged
@@ -381,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {**meta(), "fault": args.fault, "auth": args.auth, "tls": args.tls, "kills": kills,
               "seed": seed,
               "hung_timeout": args.hung_timeout, "write_gap_ms": WRITE_GAP * 1e3,
+              "loadavg_1min_at_start": load_at_start,
+              "loadavg_1min_at_end": round(os.getloadavg()[0], 2),
               "jobs_in_state_at_end": jobs,
               "client_settings": {"heartbeat_interval": 0.2, "liveness_timeout": 1.5,
                                   "connect_timeout": 0.5, "backoff_base": 0.02, "backoff_cap": 0.5,
