@@ -167,11 +167,24 @@ def limits() -> str:
     return "\n".join(rows)
 
 
+def standby_verdict() -> str:
+    """The standby's handshake verdict (``xcecore.schema.verdict.StandbyVerdict``)."""
+    from xcecore.schema.verdict import StandbyVerdict
+
+    required = StandbyVerdict.__required_keys__
+    rows = [_doc(StandbyVerdict), "", "| field | type | always | meaning |", "|---|---|---|---|"]
+    for name, label, text in _fields(StandbyVerdict):
+        label = label.replace("None", "null").replace(" | ", " \\| ")
+        rows.append(f"| `{name}` | {label} | {'yes' if name in required else 'no'} | {text} |")
+    return "\n".join(rows)
+
+
 def render() -> str:
     """The whole page."""
     text = TEMPLATE.read_text()
     for marker, part in (("{{op_table}}", op_table), ("{{ops}}", ops),
-                         ("{{host_attrs}}", host_attrs), ("{{limits}}", limits)):
+                         ("{{host_attrs}}", host_attrs), ("{{limits}}", limits),
+                         ("{{standby_verdict}}", standby_verdict)):
         text = text.replace(marker, part())
     return text
 

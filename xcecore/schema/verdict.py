@@ -11,8 +11,8 @@ towards the hung primary, whose handshake would only time out); see
 :mod:`xcecore.client.dialer`. :func:`takeover_of` is the one reader of the field.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: TypedDict must see ``NotRequired`` itself
+# (``__required_keys__``, which the generated page reads).
 from typing import Annotated, Final, Literal, NotRequired, TypedDict
 
 TAKEOVER_MS_MAX: Final = 600_000
