@@ -432,14 +432,27 @@ def hung_section(runs: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
     lines += ["The same cluster and writer as section 1, but the primary is SIGSTOPped (it keeps the "
               "state-directory lock): a standby fences it after `[controller] hung_timeout` without a "
               "heartbeat (SIGKILL of the verified lock holder) and takes over. Milliseconds after the "
-              "SIGSTOP; aim: first write p50 ≤ hung_timeout + 300 ms, p99 ≤ hung_timeout + 1 s.", ""]
+              "SIGSTOP; aim: first write p50 ≤ hung_timeout + 300 ms, p99 ≤ hung_timeout + 1 s.", "",
+              "A standby that has seen no beat for half of hung_timeout (and can fence the primary) "
+              "stops naming it in its handshake and says when it expects to take over (`takeover_ms`, "
+              "issue 19's follow-up); a client whose liveness timeout fired waits that long against that "
+              "standby instead of dialing the hung primary and backing off. Before that (runs of "
+              "2026-12-01T12:13 and 12:26, the same commands, seed 11), the first write took p50 2,302 ms "
+              "(p99 2,484) with the writer's liveness 1.5 s and 2,124 ms (p99 2,251) with 3 s: the "
+              "standbys redirected to the hung primary, whose handshake timed out, and the writer backed "
+              "off past the promotion.", ""]
     for name, d in present:
         s = d["summary"]
         hung = float(d.get("hung_timeout", 2.0)) * 1e3
         live = d.get("client_settings", {}).get("writer_liveness_timeout")
         chk = d.get("checker", {})
+        load = ""
+        if "loadavg_1min_at_start" in d:
+            load = (f"; 1-minute load average {fmt(d['loadavg_1min_at_start'])} at the start, "
+                    f"{fmt(d.get('loadavg_1min_at_end'))} at the end (2 cores shared with other "
+                    "engineers' tests: pessimistic)")
         lines += [f"**{name}**: source {provenance(d)}; {d['kills']} SIGSTOPs, hung_timeout "
-                  f"{hung / 1e3:g} s, the writer's liveness_timeout {fmt(live)} s (the roles' 1.5 s).", "",
+                  f"{hung / 1e3:g} s, the writer's liveness_timeout {fmt(live)} s (the roles' 1.5 s){load}.", "",
                   DIST_HEAD,
                   dist_row("standby promoted (`status.since`)", s["promotion_ms"]),
                   dist_row("write in flight at the stop acknowledged", s["inflight_ack_ms"]),
@@ -612,6 +625,23 @@ def auth_section(d: dict[str, Any] | None, munge: dict[str, Any] | None,
             rate = next(v for k, v in h.items() if k.startswith("concurrent_"))
             lines.append(f"| {name} | {fmt(seq.get('p50'), 3)} | {fmt(seq.get('p90'), 3)} | "
                          f"{fmt(seq.get('p99'), 3)} | {fmt(rate.get('p50'), 0)} ({d.get('threads')} clients) |")
+        ph = d.get("phases_ms", {})
+        if ph:
+            lines += ["", "Where a (re)connect's handshake goes, in phases (ms; the methods take turns round "
+                      "by round, so they share the load alike): *connect + hello* until the server's first "
+                      "message is in; *client credential* the client's credential step (for munge, minting "
+                      "at munged); *server verdict* from sending the answer until the verdict is in (the "
+                      "server's verify: for munge, its decode at munged, on one of its auth threads). "
+                      "*N at once*: N clients start their handshakes at one instant, as a failover's writer "
+                      "and four roles do:", "",
+                      "| method | connect + hello p50 | p90 | client credential p50 | p90 | server verdict "
+                      "p50 | p90 | whole p50 | p90 | n |", "|---|---|---|---|---|---|---|---|---|---|"]
+            for name, phs in ph.items():
+                cells = []
+                for key in ("connect + hello", "client credential (answer)", "server verdict (verify)", "whole"):
+                    st = phs.get(key, {})
+                    cells += [fmt(st.get("p50"), 3), fmt(st.get("p90"), 3)]
+                lines.append(f"| {name} | " + " | ".join(cells) + f" | {phs.get('whole', {}).get('n')} |")
         cli = d.get("cli_xce_jobs_ms", {})
         if cli:
             lines += ["", "`xce jobs` wall time, editable install, a fresh process per run (ms): " +

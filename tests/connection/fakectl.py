@@ -132,6 +132,9 @@ class FakeController:
     - ``handlers``: op -> function(args) returning the result (or raising RemoteError)
     - ``between_frames``: an async function(index) awaited after the index-th frame of a sync
       (tests interleave ordinary changes with the records there)
+    - ``takeover_ms``: a standby's promise to take over from a hung primary (its verdict then
+      names no primary); ``promote_at``: the connection number (1-based) from which a
+      standby answers as primary, as one that promoted
     """
 
     def __init__(
@@ -162,6 +165,8 @@ class FakeController:
         self.require_join: set[str] = set()
         self.handlers: dict[str, Callable[[dict[str, Any]], Any]] = {}
         self.between_frames: Callable[[int], Any] | None = None
+        self.takeover_ms: int | None = None
+        self.promote_at: int | None = None
         self.requests: list[Recorded] = []
         self.joins: list[Recorded] = []
         self.op_count = 0
@@ -301,6 +306,8 @@ class FakeController:
     async def _handle(self, raw: ByteStream) -> None:
         self.connections += 1
         number = self.connections
+        if self.mode == "standby" and self.promote_at is not None and number >= self.promote_at:
+            self.mode = "primary"
         stream = BufferedByteStream(raw)
         self._streams.add(raw)
         try:
@@ -324,6 +331,8 @@ class FakeController:
                                       "identity": who.to_wire()}
             if self.mode == "standby":
                 status["primary"] = self.primary
+                if self.takeover_ms is not None:
+                    status.update(primary=None, takeover_ms=self.takeover_ms)
             await wire.write_message(stream, status)
             sess = _Session(number, sender, stream)
             self._sessions[number] = sess

@@ -127,3 +127,34 @@ async def test_primary_restarts_on_same_port(net):
         await a.restart()
         assert (await c.call("hello")) == {"server": "a"}
         assert a.connections == 2
+
+
+async def test_a_hung_primary_s_standby_promises_the_takeover_and_the_write_waits_for_it(net, logs):
+    """In memory: the primary goes silent with a write in flight; after the liveness timeout the
+    standby promises a takeover, the client waits for it (never dialing the silent primary
+    again) and the write is applied once, on the standby once it promoted."""
+    store = SharedStore()
+    async with FakeController("a", net=net, store=store) as a, FakeController(
+            "b", net=net, mode="standby", store=store) as b:
+        b.takeover_ms = 120
+        cfg = make_config(a.address, b.address, liveness_timeout=0.3, backoff_base=5.0,
+                          backoff_cap=5.0)
+        async with mem_client(net, cfg, role="w") as c:
+            await c.connect()
+            a.hold_ops = {"jobsubmit"}  # a is hung: the write is never answered
+            results: list[object] = []
+
+            async def submit() -> None:
+                results.append(await c.call("jobsubmit", {"cmd": "true"}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit)
+                await b.wait_for(lambda: b.connections >= 1)  # the promise was heard
+                a.mode = "hang"
+                b.promote_at = b.connections + 1  # b promotes: its next handshake says so
+            assert results == [{"op": "jobsubmit", "applied_by": "b", "n": 1}]
+        assert a.connections == 1 and len(store.applied) == 1
+        assert a.ops("jobsubmit")[0].rid == b.ops("jobsubmit")[0].rid
+    assert logs.find(f"no primary: {b.address} takes over from a primary that stopped beating in "
+                     "120 ms; next pass in 120 ms, starting there (not dialing the hung primary)",
+                     "WARNING")

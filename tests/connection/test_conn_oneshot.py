@@ -58,6 +58,21 @@ def test_standby_first_is_followed_to_the_primary_without_back_off(thread_fakes)
     assert s.requests == []  # left at its hello: it never authenticated nor got the request
 
 
+def test_a_standby_promising_a_takeover_is_waited_for_and_the_hung_primary_never_dialed(thread_fakes):
+    store = SharedStore()
+    s = thread_fakes("s", mode="standby", store=store)
+    s.takeover_ms, s.promote_at = 150, 2
+    hung = thread_fakes("h", mode="hang", store=store)
+    c, log = oneshot(s.address, hung.address, backoff_base=5.0, backoff_cap=5.0)
+    with c:
+        started = time.monotonic()
+        assert c.call("jobsubmit", {"x": 1})["applied_by"] == "s"
+        assert time.monotonic() - started < 2.0  # the promise's wait, no back-off draw (0..5 s)
+    assert hung.connections == 0 and s.connections == 2
+    assert log.find(f"no primary: {s.address} takes over from a primary that stopped beating in "
+                    "150 ms; next pass in 150 ms, starting there", "WARNING")
+
+
 def test_refused_candidate_is_skipped_and_unlisted_redirect_refused(thread_fakes):
     p = thread_fakes("p")
     dead = nowhere()
