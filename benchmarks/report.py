@@ -82,7 +82,8 @@ OTHERS: dict[str, list[tuple[str, str, str]]] = {
 }
 MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "restfuzz",
         "failover-stop", "failover-stop-liveness3", "chaos", "scale", "auth", "failover-munge",
-        "failover-key-sameload", "tls", "failover-tls", "failover-sameload-tls")
+        "failover-key-sameload", "tls", "failover-tls", "failover-sameload-tls",
+        "failover-stop-baseline", "failover-stop-liveness3-baseline")
 SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
@@ -139,6 +140,15 @@ def dist_row(label: str, s: dict[str, Any], aim: str = "", digits: int = 1) -> s
 DIST_HEAD = "| measure | p50 | p90 | p99 | max | min | n | aim |\n|---|---|---|---|---|---|---|---|"
 
 
+def load_note(d: dict[str, Any]) -> str:
+    """The machine's load during a run that recorded it ("" for one that did not)."""
+    if "loadavg_1min_at_start" not in d:
+        return ""
+    return (f"; 1-minute load average {fmt(d['loadavg_1min_at_start'])} at the start, "
+            f"{fmt(d.get('loadavg_1min_at_end'))} at the end (2 cores shared with other engineers' "
+            "tests: pessimistic)")
+
+
 def failover_section(d: dict[str, Any] | None) -> list[str]:
     """Failover latency section."""
     lines = ["## 1. Failover latency (`bench_failover.py`)", ""]
@@ -146,7 +156,7 @@ def failover_section(d: dict[str, Any] | None) -> list[str]:
         return [*lines, "Not run yet (no `results/failover.json`).", ""]
     s = d["summary"]
     logs = s.get("role_rejoin_pooled_from_logs_ms", {})
-    lines += [f"Source: {provenance(d)}. {d['kills']} SIGKILLs of the primary; three candidates, "
+    lines += [f"Source: {provenance(d)}{load_note(d)}. {d['kills']} SIGKILLs of the primary; three candidates, "
               "two workers, the scheduler and the API server as real processes; one client writing "
               f"sequentially (`jobsubmit`, {fmt(d.get('write_gap_ms'))} ms apart). Milliseconds after "
               "the SIGKILL. The kill lands while a write is outstanding (sent, not yet answered) at a random "
@@ -423,8 +433,11 @@ def flood_section(d: dict[str, Any] | None) -> list[str]:
             "it is dropped.", ""]
 
 
-def hung_section(runs: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
-    """SIGSTOP of the primary on the file backend (``bench_failover.py --fault stop``)."""
+def hung_section(runs: list[tuple[str, dict[str, Any] | None]],
+                 baselines: dict[str, dict[str, Any] | None] | None = None) -> list[str]:
+    """SIGSTOP of the primary on the file backend (``bench_failover.py --fault stop``);
+    ``baselines``: the same runs of the code before a change, by run name, if measured."""
+    baselines = baselines or {}
     lines = ["## 9. Failover of a hung primary (`bench_failover.py --fault stop`)", ""]
     present = [(name, d) for name, d in runs if d is not None]
     if not present:
@@ -436,23 +449,38 @@ def hung_section(runs: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
               "A standby that has seen no beat for half of hung_timeout (and can fence the primary) "
               "stops naming it in its handshake and says when it expects to take over (`takeover_ms`, "
               "issue 19's follow-up); a client whose liveness timeout fired waits that long against that "
-              "standby instead of dialing the hung primary and backing off. Before that (runs of "
-              "2026-12-01T12:13 and 12:26, the same commands, seed 11), the first write took p50 2,302 ms "
-              "(p99 2,484) with the writer's liveness 1.5 s and 2,124 ms (p99 2,251) with 3 s: the "
-              "standbys redirected to the hung primary, whose handshake timed out, and the writer backed "
-              "off past the promotion.", ""]
+              "standby instead of dialing the hung primary and backing off. Before that, the standbys "
+              "redirected to the hung primary, whose handshake timed out, and a writer whose liveness "
+              "timeout (1.5 s) fired before the fence backed off past the promotion (runs of "
+              "2026-12-01T12:13 and 12:26, the same commands: first write p50 2,302 ms and 2,124 ms).", ""]
+    base = [(name, d, baselines.get(name)) for name, d in present if baselines.get(name)]
+    if base:
+        lines += ["The code before the takeover promise (its parent commit), run back to back with this "
+                  "code on the same shared machine (same commands and seed), first write issued after the "
+                  "stop acknowledged, ms:", "",
+                  "| run | code | p50 | p90 | p99 | max | promoted p50 | every role re-joined p50 "
+                  "| load (1 min) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for name, d, b in base:
+            for label, r in (("before (baseline)", b), ("with the takeover promise", d)):
+                fw, pr = r["summary"]["first_write_ms"], r["summary"]["promotion_ms"]
+                rj = r["summary"]["all_rejoined_ms"]
+                lines.append(f"| {name} | {label} | {fmt(fw.get('p50'))} | {fmt(fw.get('p90'))} | "
+                             f"{fmt(fw.get('p99'))} | {fmt(fw.get('max'))} | {fmt(pr.get('p50'))} | "
+                             f"{fmt(rj.get('p50'))} | "
+                             f"{fmt(r.get('loadavg_1min_at_start'))}-{fmt(r.get('loadavg_1min_at_end'))} |")
+        lines += ["", "The roles re-join sooner too: their heartbeats' reconnect passes wait for the "
+                  "promising standby instead of dialing the hung primary. The baselines' load is a "
+                  "5-second sampling of `/proc/loadavg` during their runs (their benchmark code did not "
+                  "record it).", ""]
     for name, d in present:
         s = d["summary"]
         hung = float(d.get("hung_timeout", 2.0)) * 1e3
         live = d.get("client_settings", {}).get("writer_liveness_timeout")
         chk = d.get("checker", {})
-        load = ""
-        if "loadavg_1min_at_start" in d:
-            load = (f"; 1-minute load average {fmt(d['loadavg_1min_at_start'])} at the start, "
-                    f"{fmt(d.get('loadavg_1min_at_end'))} at the end (2 cores shared with other "
-                    "engineers' tests: pessimistic)")
         lines += [f"**{name}**: source {provenance(d)}; {d['kills']} SIGSTOPs, hung_timeout "
-                  f"{hung / 1e3:g} s, the writer's liveness_timeout {fmt(live)} s (the roles' 1.5 s){load}.", "",
+                  f"{hung / 1e3:g} s, the writer's liveness_timeout {fmt(live)} s (the roles' "
+                  f"1.5 s){load_note(d)}.", "",
                   DIST_HEAD,
                   dist_row("standby promoted (`status.since`)", s["promotion_ms"]),
                   dist_row("write in flight at the stop acknowledged", s["inflight_ack_ms"]),
@@ -638,10 +666,24 @@ def auth_section(d: dict[str, Any] | None, munge: dict[str, Any] | None,
                       "p50 | p90 | whole p50 | p90 | n |", "|---|---|---|---|---|---|---|---|---|---|"]
             for name, phs in ph.items():
                 cells = []
-                for key in ("connect + hello", "client credential (answer)", "server verdict (verify)", "whole"):
-                    st = phs.get(key, {})
+                for phase in ("connect + hello", "client credential (answer)", "server verdict (verify)", "whole"):
+                    st = phs.get(phase, {})
                     cells += [fmt(st.get("p50"), 3), fmt(st.get("p90"), 3)]
                 lines.append(f"| {name} | " + " | ".join(cells) + f" | {phs.get('whole', {}).get('n')} |")
+            herd = next((v for k, v in ph.items() if k.startswith("munge") and not k.endswith(" 1 at once")), None)
+            if herd:
+                mint = herd.get("client credential (answer)", {}).get("p50")
+                check = herd.get("server verdict (verify)", {}).get("p50")
+                whole = herd.get("whole", {}).get("p50")
+                if mint is not None and check is not None and whole:
+                    lines += ["", f"Minting is on a reconnect's critical path, but small: with MUNGE and "
+                              f"five clients at once the client's credential step took {fmt(mint, 3)} ms "
+                              f"(p50; {100 * mint / whole:.0f} % of the whole handshake), the server's "
+                              f"verdict {fmt(check, 3)} ms ({100 * check / whole:.0f} %: the decode at "
+                              "munged, which no client-side change removes). A credential minted ahead "
+                              "cannot carry the server's challenge, which the payload binds so that a "
+                              "credential is good for its one connection (issue 18); so the client mints "
+                              "after the hello, as before."]
         cli = d.get("cli_xce_jobs_ms", {})
         if cli:
             lines += ["", "`xce jobs` wall time, editable install, a fresh process per run (ms): " +
@@ -660,7 +702,9 @@ def auth_section(d: dict[str, Any] | None, munge: dict[str, Any] | None,
             sm = r["summary"]
             fw, ar, pool = sm["first_write_ms"], sm["all_rejoined_ms"], sm["role_rejoin_pooled_ms"]
             ok = "OK" if r.get("checker", {}).get("ok") else "VIOLATIONS"
-            lines.append(f"| {name} | {provenance(r)}, {r['kills']} kills | {fmt(fw.get('p50'))} | "
+            load = (f", load {fmt(r['loadavg_1min_at_start'])}-{fmt(r.get('loadavg_1min_at_end'))}"
+                    if "loadavg_1min_at_start" in r else "")
+            lines.append(f"| {name} | {provenance(r)}, {r['kills']} kills{load} | {fmt(fw.get('p50'))} | "
                          f"{fmt(fw.get('p90'))} | {fmt(fw.get('p99'))} | {fmt(ar.get('p50'))} | "
                          f"{fmt(ar.get('p99'))} | {fmt(pool.get('p50'))} | {ok} |")
         lines += ["", "Aims (issue 18): first write after a SIGKILL ≤ 100 ms p50 and every role re-joined "
@@ -744,7 +788,8 @@ def main() -> int:
     lines += flood_section(mine["flood"])
     lines += restfuzz_section(mine["restfuzz"])
     lines += others_section()
-    lines += hung_section([(n, mine[n]) for n in ("failover-stop", "failover-stop-liveness3")])
+    lines += hung_section([(n, mine[n]) for n in ("failover-stop", "failover-stop-liveness3")],
+                          {n: mine[f"{n}-baseline"] for n in ("failover-stop", "failover-stop-liveness3")})
     lines += chaos_section(mine["chaos"])
     lines += scale_section(mine["scale"])
     lines += auth_section(mine["auth"], mine["failover-munge"], mine["failover-key-sameload"])
