@@ -120,7 +120,10 @@ def xce_controller_election(state_dir: str, advertise: str, hung_timeout: float)
     keeps the :class:`xce_controller.election.Election` protocol: try/wait to become primary,
     publish ``advertise`` as the primary's address, read the current primary's address,
     register the candidate for ``status``, beat while primary, say before each
-    acknowledgement whether it still may, release.
+    acknowledgement whether it still may, release. Optionally ``takeover_in(primary)``: a
+    standby's estimate of when it takes over from a primary that stopped beating (the
+    handshake then tells clients ``takeover_ms`` instead of naming that primary); without it
+    a standby names the primary it reads, hung or not.
     """
 
 
