@@ -40,6 +40,8 @@ ENV_VALUE_MAX: Final = 32768
 RID_MAX: Final = 128
 """An idempotency key (``rid``)."""
 BATCH_MAX: Final = 1_000_000
+DISPATCH_MORE_MAX: Final = 1000
+"""Array elements one ``jobdispatch`` may start beyond its first (``more``)."""
 """Ids or names in one list (``jobids``, ``hosts``, ``reasons``, ...)."""
 PAGE_MAX: Final = 1000
 """The most records one page of a listing holds (``limit``), and the most ids or names a

@@ -168,6 +168,10 @@ class JobSubmitArgs(TypedDict):
     stdin: NotRequired[Annotated[t.JobPath, _d("input file (`-i`); default `/dev/null`")]]
     exclusive: NotRequired[Annotated[bool, _d("hosts to itself (`-x`); default false (recorded; "
                                               "not yet enforced by the scheduler)")]]
+    array: NotRequired[Annotated[t.ArrayText, _d(
+        "a job array (`-J name[1-1000:2]%50`, `--array`): one record holds its pending "
+        "indexes; each element becomes a job of its own, `ARRAY[INDEX]`, when dispatched. "
+        "The result adds `array` (its canonical text) and `size` (its elements)")]]
 
 
 JobAction = Literal["kill", "stop", "resume", "checkpoint", "requeue"]
@@ -193,10 +197,18 @@ class JobCtrlArgs(TypedDict):
     | `requeue` | DONE, EXIT | -> PEND, `attempt` + 1 |
 
     Any other combination is CONFLICT (e.g. killing a finished job, stopping a stopped one).
+
+    An array's ``jobid`` acts on every element the action applies to (``kill`` also ends
+    its pending indexes, counted EXIT; ``stop`` holds them, ``resume`` releases them;
+    CONFLICT when it applies to none); with ``index``, on that element only (a pending index
+    can be killed -> an EXIT element, or stopped -> a PSUSP element; NOT_FOUND if the array
+    has no such index). An element's own job id acts on it like any job's.
     """
 
     jobid: Annotated[t.JobId, _d("the job")]
     action: Annotated[JobAction, _d("what to do")]
+    index: NotRequired[Annotated[t.ArrayIndex, _d("an array's element (INVALID for a job "
+                                                  "that is not an array)")]]
     user: NotRequired[User]
 
 
@@ -261,10 +273,18 @@ class JobDispatchArgs(TypedDict):
     dispatch never goes to an unavailable host. The job becomes RUN with ``alloc`` set, the
     hosts' ``used_slots`` grow, and the job is pushed to the workers of those hosts, which
     start it and report ``notify_job start``.
+
+    An array (``jobid`` of an array's record) dispatches its lowest pending indexes, one on
+    ``alloc`` and one on each of ``more``, each becoming an element record with a job id of
+    its own; CONFLICT when the array is stopped, has fewer pending indexes, or its `%limit`
+    would be passed (an element record that is pending again counts against it too). The
+    result adds ``elements``: ``[{"jobid", "index", "alloc"}, ...]``.
     """
 
     jobid: Annotated[t.JobId, _d("the job")]
     alloc: Annotated[Alloc, _d("tasks per host, summing to the job's `ntasks`")]
+    more: NotRequired[Annotated[list[Alloc], Field(max_length=t.lim.DISPATCH_MORE_MAX), _d(
+        "an array only: one more element on each of these allocations, in the same write")]]
     force: NotRequired[Annotated[bool, _d("default false; only an administrator may force")]]
     user: NotRequired[User]
 
@@ -414,6 +434,7 @@ class JobInfoArgs(TypedDict):
     name: NotRequired[Annotated[t.Label, _d("only jobs of this name")]]
     min_jobid: NotRequired[Annotated[t.JobId, _d("only jobs with this id or higher")]]
     max_jobid: NotRequired[Annotated[t.JobId, _d("only jobs with this id or lower")]]
+    array: NotRequired[Annotated[t.JobId, _d("only the element records of this array")]]
     limit: NotRequired[Annotated[t.PageLimit, _d("jobs per page (default 100)")]]
     cursor: NotRequired[Annotated[t.Cursor, _d("the `next` of the previous page")]]
     user: NotRequired[User]

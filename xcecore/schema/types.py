@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, PlainValidator, StringConstraints, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from xcecore import jobspec
+from xcecore import arrayspec, jobspec
 from xcecore.protocol import JOB_STATES
 from xcecore.schema import limits as lim
 
@@ -79,6 +79,21 @@ JobPath = Annotated[str, _str(1, lim.PATH_MAX, lim.NO_CONTROL), AfterValidator(_
                     Shape("job path", f"1 to {lim.PATH_MAX:,} characters, no control character; "
                                       "`%J` job id, `%I` array index, `%A` attempt, `%%` a `%` "
                                       "(any other `%` pattern is refused)")]
+
+
+def _check_array(text: str) -> str:
+    """An index expression the controller will accept (an ArrayError is a ValueError)."""
+    arrayspec.parse_array(text)
+    return text
+
+
+ArrayText = Annotated[str, _str(1, arrayspec.TEXT_MAX, lim.NO_CONTROL), AfterValidator(_check_array),
+                      Shape("array", "job array indexes, `N`, `FIRST-LAST` or `FIRST-LAST:STEP`, "
+                                     "comma-separated, then an optional `%LIMIT` (elements "
+                                     f"running at once); at most {arrayspec.ELEMENTS_MAX:,} "
+                                     "elements, no index given twice")]
+ArrayIndex = Annotated[int, _int(0, arrayspec.INDEX_MAX),
+                       Shape("int >= 0", f"an array index, 0 to {arrayspec.INDEX_MAX:,}")]
 ResReq = Annotated[str, _str(0, lim.RESREQ_MAX, lim.NO_CONTROL),
                    Shape("resreq", f"a resource requirement: at most {lim.RESREQ_MAX:,} "
                                    "characters, no control character")]

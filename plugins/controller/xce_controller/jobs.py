@@ -101,6 +101,15 @@ class Job:
     rev: int = 0
     lost_at: float | None = None  # when it went UNKWN (its host went unavail)
     lost_from: str | None = None  # the state it had then, which its worker's re-join restores
+    # A job array's record: {"spec", "limit", "pending" (index runs), "left", "size",
+    # "counts" (its element records per state)}; an element's: {"of": array id, "index"}
+    # (xce_controller.arrays). None for a plain job.
+    array: dict[str, Any] | None = None
+
+    def array_of(self) -> int | None:
+        """The array this job is an element of (None: it is not one)."""
+        a = self.array
+        return None if a is None else a.get("of")
 
     def json(self) -> bytes:
         """The record as members see it: every field and the submission's, one object."""
@@ -155,6 +164,8 @@ def normalise(job: Job, intern: Any = sys.intern, states: Mapping[str, str] = ST
         job.pend_reason = intern(job.pend_reason)
     if job.lost_from is not None:
         job.lost_from = states[job.lost_from]
+    if job.array is not None and "of" not in job.array:  # an array's own record
+        job.array["counts"] = {states[k]: v for k, v in job.array["counts"].items()}
 
 
 def new_spec(args: Mapping[str, Any]) -> bytes:
@@ -184,9 +195,11 @@ class Query:
     first: int = 1  # lowest job id
     last: int | None = None  # highest job id
     jobids: tuple[int, ...] | None = None  # sorted, distinct
+    array: int | None = None  # only the elements of this array
 
     def matches(self, job: Job) -> bool:
-        return ((not self.states or job.state in self.states)
+        return ((self.array is None or job.array_of() == self.array)
+                and (not self.states or job.state in self.states)
                 and (self.user is None or job.user == self.user)
                 and (self.queue is None or job.queue == self.queue)
                 and (self.name is None or job.name == self.name)
@@ -197,7 +210,7 @@ class Query:
     def key(self) -> bytes:
         """A canonical encoding (a cursor is bound to the query that made it)."""
         return orjson.dumps([sorted(self.states), self.user, self.queue, self.host, self.name,
-                             self.first, self.last, self.jobids])
+                             self.first, self.last, self.jobids, self.array])
 
 
 @dataclass(slots=True)
@@ -226,6 +239,8 @@ class JobTable:
         self.by_queue: dict[str, IdSet] = {}
         self.by_name: dict[str, IdSet] = {}  # named jobs only
         self.by_host: dict[str, IdSet] = {}  # jobs whose allocation names the host
+        self.by_array: dict[int, IdSet] = {}  # array id -> its element records
+        self.elements: dict[tuple[int, int], int] = {}  # (array id, index) -> element id
         self.active_on: dict[str, set[int]] = {}  # host -> its active jobs
         self.reasons = IdSet()  # pending jobs with a pend reason
         self.counts: dict[tuple[str, str], int] = {}  # (queue, state) -> jobs
@@ -273,6 +288,10 @@ class JobTable:
         _index(self.by_queue, job.queue, jid)
         if job.name:
             _index(self.by_name, job.name, jid)
+        of = job.array_of()
+        if of is not None:
+            _index(self.by_array, of, jid)
+            self.elements[(of, job.array["index"])] = jid  # type: ignore[index]
         self._count(job.queue, job.state, 1)
         self._place(jid, (), False, job)
         if job.pend_reason is not None and job.state in PENDING:
@@ -291,6 +310,10 @@ class JobTable:
         _unindex(self.by_queue, job.queue, jobid)
         if job.name:
             _unindex(self.by_name, job.name, jobid)
+        of = job.array_of()
+        if of is not None:
+            _unindex(self.by_array, of, jobid)
+            self.elements.pop((of, job.array["index"]), None)  # type: ignore[index]
         self._count(job.queue, job.state, -1)
         for s in job.alloc:
             _unindex(self.by_host, s.host, jobid)
@@ -405,6 +428,8 @@ class JobTable:
         """Ids >= ``start`` of the smallest index that holds every match of ``q``."""
         if q.jobids is not None:
             return (j for j in q.jobids if j >= start and j in self.jobs)
+        if q.array is not None:
+            return self.by_array.get(q.array, IdSet()).iter_from(start)
         if q.host is not None and q.states and q.states <= ACTIVE:  # a host's running jobs
             return iter(sorted(j for j in self.active_on.get(q.host, ()) if j >= start))
         options: list[list[IdSet]] = []
@@ -439,6 +464,7 @@ class JobTable:
         table = t.jobs
         counts = t.counts
         reasons: list[int] = []
+        ar: dict[int, list[int]] = {}
         for job in jobs:
             jid = job.jobid
             table[jid] = job
@@ -449,6 +475,10 @@ class JobTable:
             _append(qu, job.queue, jid)
             if job.name:
                 _append(na, job.name, jid)
+            arr = job.array_of()
+            if arr is not None:
+                _append(ar, arr, jid)
+                t.elements[(arr, job.array["index"])] = jid  # type: ignore[index]
             key = (job.queue, state)
             counts[key] = counts.get(key, 0) + 1
             if job.alloc:
@@ -473,6 +503,7 @@ class JobTable:
         t.by_queue = {k: of(v) for k, v in qu.items()}
         t.by_name = {k: of(v) for k, v in na.items()}
         t.by_host = {k: of(v) for k, v in ho.items()}
+        t.by_array = {k: of(v) for k, v in ar.items()}
         return t
 
     def used_slots(self) -> dict[str, int]:
@@ -484,14 +515,14 @@ class JobTable:
         return used
 
 
-def _index(index: dict[str, IdSet], key: str, jid: int) -> None:
+def _index(index: dict[Any, IdSet], key: Any, jid: int) -> None:
     found = index.get(key)
     if found is None:
         found = index[key] = IdSet()
     found.add(jid)
 
 
-def _unindex(index: dict[str, IdSet], key: str, jid: int) -> None:
+def _unindex(index: dict[Any, IdSet], key: Any, jid: int) -> None:
     found = index.get(key)
     if found is not None:
         found.discard(jid)
@@ -499,7 +530,7 @@ def _unindex(index: dict[str, IdSet], key: str, jid: int) -> None:
             del index[key]
 
 
-def _append(groups: dict[str, list[int]], key: str, jid: int) -> None:
+def _append(groups: dict[Any, list[int]], key: Any, jid: int) -> None:
     lst = groups.get(key)
     if lst is None:
         groups[key] = [jid]

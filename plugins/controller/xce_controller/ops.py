@@ -186,7 +186,7 @@ def op_jobctrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float
         raise RemoteError(ErrorCode.DENIED, f"jobctrl: job {job.jobid} belongs to "
                                             f"{job.user}, not {describe(user, caller.who)}")
     by = f"owner {user}" if job.user == user else f"administrator {user}"
-    return srv.state.control(args["jobid"], args["action"], now, by)
+    return srv.state.control(args["jobid"], args["action"], now, by, args.get("index"))
 
 
 def op_queuectrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
@@ -203,7 +203,7 @@ def op_jobdispatch(srv: ServerView, caller: Caller, args: dict[str, Any], now: f
     if force and not srv.policy.may_administer(caller.role, "jobdispatch", args["user"]):
         raise RemoteError(ErrorCode.DENIED, "jobdispatch: only an administrator may force a "
                                             f"dispatch, not {describe(args['user'], caller.who)}")
-    return srv.state.dispatch(args["jobid"], alloc, force)
+    return srv.state.dispatch(args["jobid"], alloc, force, args.get("more"))
 
 
 def op_set_pend_reason(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:

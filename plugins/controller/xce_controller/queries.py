@@ -34,6 +34,7 @@ def job_query(args: dict[str, Any], owner: str | None) -> Query:
         states=states, user=owner, queue=args.get("queue"), host=args.get("host"),
         name=args.get("name"), first=int(args.get("min_jobid", 1)), last=args.get("max_jobid"),
         jobids=None if jobids is None else tuple(sorted(set(jobids))),
+        array=args.get("array"),
     )
 
 

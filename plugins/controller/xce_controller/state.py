@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from xce_controller import arrays
 from xce_controller.buckets import TimeBuckets
 from xce_controller.jobs import EMPTY, Job, JobTable, make_alloc, new_spec
 from xce_controller.settings import ClusterConf as ClusterConf  # the state's config; re-exported
@@ -119,6 +120,7 @@ class ClusterState:
         self.seen = TimeBuckets[str](max(0.01, conf.host_timeout / 8))
         self.lost = TimeBuckets[int](max(0.01, (conf.lost_job_timeout or 60.0) / 8))
         self.next_jobid = 1
+        self.array_batch: set[int] | None = None  # arrays whose record one write settles once
         for qcfg in conf.queues:
             q = queue_record(qcfg)
             self.queues[q["name"]] = q
@@ -232,6 +234,10 @@ class ClusterState:
         hosts = job.hosts() | frozenset(extra_hosts)
         ch.rows.append(("jobs", job.jobid, job))
         ch.events.append(Event("job", job, hosts, job.state in UNFINISHED or was in UNFINISHED))
+        if job.array is not None and "of" in job.array:  # an array's element: its array follows
+            arrays.element_changed(self, ch, job, was)
+
+    job_changed = _job_changed  # for xce_controller.arrays
 
     def _host_changed(self, ch: Changes, host: Record) -> None:
         ch.rows.append(("hosts", host["name"], host))
@@ -433,22 +439,34 @@ class ClusterState:
         q = self.queue(qname)
         if not q["open"]:
             raise conflict(f"queue {qname} is closed: it accepts no new jobs")
+        array = arrays.new_array(args["array"]) if "array" in args else None
         jobid = self.next_jobid
         self.next_jobid += 1
         intern = sys.intern
         job = Job(new_spec(args), jobid, intern(args["user"]), q["name"],
-                  intern(args.get("name", "")), args.get("ntasks", 1), "PEND", now, usage=EMPTY)
+                  intern(args.get("name", "")), args.get("ntasks", 1), "PEND", now, usage=EMPTY,
+                  array=array)
         self.jobs.add(job)
         ch = Changes(result={"jobid": jobid, "queue": q["name"], "state": "PEND"})
+        if array is not None:
+            ch.result.update(array=array["spec"], size=array["size"])
         self._job_changed(ch, job, "PEND")
         return ch
 
-    def control(self, jobid: int, action: str, now: float, by: str | None = None) -> Changes:
-        """``jobctrl``: kill, stop, resume, checkpoint, requeue (permission checked by caller).
+    def control(self, jobid: int, action: str, now: float, by: str | None = None,
+                index: int | None = None) -> Changes:
+        """``jobctrl``: kill, stop, resume, checkpoint, requeue (permission checked by caller);
+        of an array (``index``: one of its elements), :func:`xce_controller.arrays.control`.
 
         ``by``: who asked, for a kill's reason (``owner alice``, ``administrator root``): a
         pending job's at once, a running job's when its worker reports it killed."""
         job = self.job(jobid)
+        if arrays.is_array(job):
+            return cast(Changes, arrays.control(self, Changes(), job, index, action, now, by,
+                                                _killed(by)))
+        if index is not None:
+            raise RemoteError(ErrorCode.INVALID, f"jobctrl: job {jobid} is not an array: it has "
+                              "no element index", {"arg": "index"})
         st = job.state
         keys = self.jobs.keys(job)
         ch = Changes()
@@ -491,36 +509,62 @@ class ClusterState:
         job.forced = False
         job.attempt += 1
 
-    def dispatch(self, jobid: int, alloc: list[dict[str, Any]], force: bool) -> Changes:
-        """``jobdispatch``: run a pending job on ``alloc`` (validated shape)."""
+    def dispatch(self, jobid: int, alloc: list[dict[str, Any]], force: bool,
+                 more: list[list[dict[str, Any]]] | None = None) -> Changes:
+        """``jobdispatch``: run a pending job on ``alloc`` (validated shape); an array: its
+        next pending element on ``alloc`` and one more on each of ``more``."""
         job = self.job(jobid)
         if job.state != "PEND":
             raise conflict(f"job {jobid} is {job.state}, not PEND: cannot dispatch it")
         q = self.queues.get(job.queue)
         if q is not None and not q["active"]:
             raise conflict(f"queue {job.queue} is inactive: it dispatches no jobs")
-        total = sum(a["ntasks"] for a in alloc)
-        if total != job.ntasks:
-            raise RemoteError(
-                ErrorCode.INVALID,
-                f"jobdispatch: alloc gives {total} tasks, job {jobid} needs {job.ntasks}",
-            )
-        for a in alloc:
-            host = self.hosts.get(a["host"])
+        allocs = [alloc, *(more or ())]
+        if len(allocs) > 1 and not arrays.is_array(job):
+            raise RemoteError(ErrorCode.INVALID, f"jobdispatch: job {jobid} is not an array: "
+                              "'more' allocations are for arrays", {"arg": "more"})
+        need: dict[str, int] = {}
+        for each in allocs:
+            total = sum(a["ntasks"] for a in each)
+            if total != job.ntasks:
+                raise RemoteError(
+                    ErrorCode.INVALID,
+                    f"jobdispatch: alloc gives {total} tasks, job {jobid} needs {job.ntasks}",
+                )
+            for a in each:
+                need[a["host"]] = need.get(a["host"], 0) + a["ntasks"]
+        self._check_hosts(jobid, need, force)
+        ch = Changes()
+        if arrays.is_array(job):
+            elements = arrays.dispatch(self, job, allocs, force, ch)
+            ch.result = {"jobid": jobid, "state": "RUN", "alloc": elements[0].alloc,
+                         "elements": [{"jobid": e.jobid, "index": (e.array or {})["index"],
+                                       "alloc": e.alloc} for e in elements]}
+            return ch
+        if job.array is not None:
+            arrays.check_element(self, job)
+        self.take_slots(ch, job, alloc, force)
+        ch.result = {"jobid": jobid, "state": "RUN", "alloc": job.alloc}
+        return ch
+
+    def _check_hosts(self, jobid: int, need: Mapping[str, int], force: bool) -> None:
+        """CONFLICT unless every host can take the tasks ``need`` puts on it."""
+        for name, ntasks in need.items():
+            host = self.hosts.get(name)
             if host is None:
-                raise conflict(f"host {a['host']} is unknown: cannot dispatch job {jobid} to it")
+                raise conflict(f"host {name} is unknown: cannot dispatch job {jobid} to it")
             if not host["available"]:
-                raise conflict(f"host {a['host']} is unavail: cannot dispatch job {jobid} to it")
+                raise conflict(f"host {name} is unavail: cannot dispatch job {jobid} to it")
             if force:
                 continue
             if host["closed"]:
-                raise conflict(f"host {a['host']} is closed: cannot dispatch job {jobid} to it")
+                raise conflict(f"host {name} is closed: cannot dispatch job {jobid} to it")
             free = host["max_slots"] - host["used_slots"]
-            if a["ntasks"] > free:
-                raise conflict(
-                    f"host {a['host']} has {free} free slots, job {jobid} needs {a['ntasks']}"
-                )
-        ch = Changes()
+            if ntasks > free:
+                raise conflict(f"host {name} has {free} free slots, job {jobid} needs {ntasks}")
+
+    def take_slots(self, ch: Changes, job: Job, alloc: list[dict[str, Any]], force: bool) -> None:
+        """A pending job (hosts checked) runs on ``alloc``: its slots are taken."""
         keys = self.jobs.keys(job)
         job.state, job.alloc = "RUN", make_alloc((a["host"], a["ntasks"]) for a in alloc)
         job.pend_reason, job.forced, job.signal = None, force, None
@@ -530,8 +574,6 @@ class ClusterState:
             host["used_slots"] += s.ntasks
             self._host_changed(ch, host)
         self._job_changed(ch, job, "PEND")
-        ch.result = {"jobid": jobid, "state": "RUN", "alloc": job.alloc}
-        return ch
 
     def notify(self, host: str, args: dict[str, Any], now: float) -> Changes:
         """``notify_job`` from the worker of ``host``."""
