@@ -14,6 +14,8 @@ field                     ``#XCE`` and ``#BSUB``          ``#SBATCH``
 ========================  ==============================  ===================================
 queue                     ``-q``                          ``-p``/``--partition``
 name                      ``-J``                          ``-J``/``--job-name``
+array (index text)        ``-J "name[1-10:2]%5"``         ``-a``/``--array=1-10:2%5``
+                          (or ``--array`` in #XCE)
 ntasks                    ``-n``                          ``-n``/``--ntasks``
 resreq                    ``-R``                          ``-G``/``--gpus``/``--gres=gpu:N``
                                                           (as ``rusage[ngpus=N]``)
@@ -60,7 +62,7 @@ class Directives:
     it ~10 ms.)"""
 
     FIELDS: Final = ("queue", "name", "ntasks", "resreq", "mem_limit", "run_limit", "stdout",
-                     "stderr", "stdin", "exclusive", "project", "cwd", "env")
+                     "stderr", "stdin", "exclusive", "project", "cwd", "env", "array")
     __slots__ = (*FIELDS, "warnings")
 
     queue: str | None
@@ -76,6 +78,7 @@ class Directives:
     project: str | None
     cwd: str | None
     env: EnvOption | None
+    array: str | None  # an index expression; LSF's -J name[...] is split by the submitter
     warnings: list[str]
 
     def __init__(self) -> None:
@@ -142,7 +145,7 @@ _LSF_FIELDS: Final = {
     "-q": "queue", "-J": "name", "-n": "ntasks", "-R": "resreq", "-M": "mem_limit",
     "--mem": "mem_limit", "-W": "run_limit", "--time": "run_limit", "-o": "stdout",
     "-e": "stderr", "-i": "stdin", "-P": "project", "-cwd": "cwd", "--cwd": "cwd",
-    "-env": "env", "--env": "env",
+    "-env": "env", "--env": "env", "--array": "array",
 }
 _LSF_IGNORED: Final = {"-u": True, "-N": False, "-B": False}  # option -> takes a value
 _SLURM_FIELDS: Final = {
@@ -151,7 +154,7 @@ _SLURM_FIELDS: Final = {
     "--time": "run_limit", "-o": "stdout", "--output": "stdout", "-e": "stderr",
     "--error": "stderr", "-i": "stdin", "--input": "stdin", "-A": "project",
     "--account": "project", "-D": "cwd", "--chdir": "cwd", "--export": "env",
-    "-G": "gpus", "--gpus": "gpus", "--gres": "gres",
+    "-G": "gpus", "--gpus": "gpus", "--gres": "gres", "-a": "array", "--array": "array",
 }
 _SLURM_IGNORED: Final = {"--mail-type", "--mail-user"}
 

@@ -48,7 +48,9 @@ def host_view(h: dict[str, Any]) -> dict[str, Any]:
               "#SBATCH directives say how (like sbatch); prints the job id.",
     arg("-q", "--queue", help="queue to submit to (default: the cluster's default queue)"),
     arg("-R", "--resreq", help='resource requirement, e.g. "select[mem>4G] order[r1m]"'),
-    arg("-J", "--name", help="job name"),
+    arg("-J", "--name", help="job name; NAME[1-100:2]%10 submits a job array (as LSF)"),
+    arg("--array", metavar="INDEXES", help="a job array (as Slurm): 1-100, 1-1000:2%50 (at most "
+        "50 running), 1,5,9-12; each element gets XCE_ARRAY_INDEX"),
     arg("-n", "--ntasks", type=int, help="number of tasks (>= 1; default 1)"),
     arg("-P", "--project", help="project name"),
     arg("--cwd", help="working directory (default: the current one)"),
@@ -110,6 +112,8 @@ PAGE = 1000
     arg("-a", "--all", dest="show_all", action="store_true", help="include finished jobs"),
     arg("-l", "--long", dest="long", action="store_true",
         help="every field of each job: times, hosts, limits, usage, exit reason (like bjobs -l)"),
+    arg("-A", "--array", dest="array", type=int, metavar="ARRAY",
+        help="the elements of this job array, one line each (without it an array is one line)"),
     JSON,
     arg("jobids", nargs="*", type=int, help="only these jobs"),
 )
@@ -125,8 +129,12 @@ def jobs(s: Session, ns: Parsed) -> None:
         args["state"] = ns.state
     elif not ns.show_all and not ns.jobids:
         args["states"] = sorted(UNFINISHED)
+    if ns.array is not None:
+        args["array"] = ns.array
     if ns.owner != "all" and not ns.jobids:
         args["owner"] = ns.owner or s.whoami()
+    # An array's elements are folded into its one line unless asked for.
+    fold = ns.array is None and not ns.jobids
     if ns.as_json:
         listing = JsonList()
         for page in _pages(s, args):
@@ -147,13 +155,54 @@ def jobs(s: Session, ns: Parsed) -> None:
     out = StreamTable(["JOBID", "USER", "STAT", "QUEUE", "EXEC_HOST", "JOB_NAME", "SUBMIT_TIME",
                        "REASON"])
     for page in _pages(s, args):
-        out.add([[j["jobid"], j["user"], j["state"], j["queue"],
+        out.add([[_jobid(j), j["user"], j["state"], j["queue"],
                   " ".join(f"{a['ntasks']}*{a['host']}" if a["ntasks"] > 1 else a["host"]
                            for a in j["alloc"]),
-                  j["name"] or j["command"][:30], when(j["submit_time"]),
-                  j.get("pend_reason") if j["state"] == "PEND" else j.get("reason")] for j in page])
+                  _job_name(j), when(j["submit_time"]), _job_reason(j)]
+                 for j in page if not (fold and (j.get("array") or {}).get("of"))])
     if not out.close():
         echo("No matching job found")
+
+
+def _jobid(j: dict[str, Any]) -> str:
+    """``12``, or ``12[3]`` for element 3 of array 12."""
+    a = j.get("array")
+    if a and "of" in a:
+        return f"{a['of']}[{a['index']}]"
+    return str(j["jobid"])
+
+
+def _job_name(j: dict[str, Any]) -> str:
+    a = j.get("array")
+    if a and "of" not in a:
+        return f"{j['name']}[{a['spec']}]"
+    return str(j["name"] or j["command"][:30])
+
+
+def _job_reason(j: dict[str, Any]) -> Any:
+    a = j.get("array")
+    if a and "of" not in a:  # an array's line: its elements by state, as bjobs -A counts them
+        counts = dict(a["counts"])
+        if a["left"]:
+            key = "PSUSP" if a["held"] else "PEND"
+            counts[key] = counts.get(key, 0) + a["left"]
+        parts = [f"{counts[st]} {st}" for st in JOB_STATES if counts.get(st)]
+        reason = j.get("pend_reason") if j["state"] == "PEND" else None
+        return f"{a['size']} elements: {', '.join(parts)}" + (f"; {reason}" if reason else "")
+    return j.get("pend_reason") if j["state"] == "PEND" else j.get("reason")
+
+
+def _jobref(text: str) -> tuple[int, int | None]:
+    """``12`` or ``12[3]`` (element 3 of array 12)."""
+    head, bracket, rest = text.partition("[")
+    try:
+        if not bracket:
+            return int(text), None
+        if not rest.endswith("]"):
+            raise ValueError
+        return int(head), int(rest[:-1])
+    except ValueError:
+        raise ValueError(f"{text!r} is not a job id (ID, or ID[INDEX] for an array element)") from None
 
 
 def _pages(s: Session, args: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
@@ -172,15 +221,20 @@ def _pages(s: Session, args: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
 @command(
     "job", "Control jobs: kill, stop, resume, requeue or checkpoint (like bkill/bstop/bresume).",
     arg("action", choices=["kill", "stop", "resume", "requeue", "checkpoint"]),
-    arg("jobids", nargs="+", type=int),
+    arg("jobids", nargs="+", type=_jobref, metavar="JOBID",
+        help="job ids; an array's id acts on all its elements, ID[INDEX] on one"),
     JSON,
 )
 def job(s: Session, ns: Parsed) -> int:
-    results = []
+    results: list[dict[str, Any]] = []
     failed = 0
-    for jobid in ns.jobids:
+    for jobid, index in ns.jobids:
+        body: dict[str, Any] = {"jobid": jobid, "action": ns.action}
+        if index is not None:
+            body["index"] = index
+            jobid = f"{jobid}[{index}]"
         try:
-            rec = s.call("jobctrl", {"jobid": jobid, "action": ns.action})
+            rec = s.call("jobctrl", body)
             results.append({"jobid": jobid, "ok": True, "state": rec["state"]})
             if not ns.as_json:
                 echo(f"Job <{jobid}>: {ns.action} accepted (state {rec['state']})")

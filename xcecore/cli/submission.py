@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 SCRIPT_HEAD = 1 << 20
 """Directives are read from the first MiB of a script (:data:`xcecore.jobscript.MAX_SCRIPT`)."""
 
-FIELDS = ("queue", "name", "ntasks", "resreq", "project", "cwd", "stdout", "stderr", "stdin")
+FIELDS = ("queue", "name", "ntasks", "resreq", "project", "cwd", "stdout", "stderr", "stdin",
+          "array")
 """Options that are given as they are, and that override a directive of the same field."""
 
 
@@ -123,6 +124,28 @@ def _env_option(text: str | None, directive: EnvOption | None) -> EnvOption:
         raise ArgError(str(exc)) from None
 
 
+def _split_array(given: dict[str, Any]) -> None:
+    """LSF's ``-J "name[1-10]%2"`` is a name and an array; ``--array`` (Slurm's) is checked
+    here too, so a bad expression is refused before anything is sent."""
+    name = given.get("name")
+    if not isinstance(name, str) and given.get("array") is None:
+        return
+    from xcecore.arrayspec import ArrayError, describe, parse_array, split_name
+
+    try:
+        if isinstance(name, str):
+            base, spec = split_name(name)
+            if spec is not None:
+                if given.get("array") is not None:
+                    raise ArgError(f"-J {name!r} names an array and --array gives one too: "
+                                   "give one of them")
+                given["name"], given["array"] = base, describe(spec)
+        if given.get("array") is not None:
+            given["array"] = describe(parse_array(given["array"]))
+    except ArrayError as exc:
+        raise ArgError(str(exc)) from None
+
+
 def build(ns: Parsed, cluster: Mapping[str, Any], environ: Mapping[str, str],
           cwd: str) -> tuple[dict[str, Any], list[str]]:
     """The ``jobsubmit`` arguments of ``xce submit``'s command line ``ns``, and the warnings
@@ -147,6 +170,7 @@ def build(ns: Parsed, cluster: Mapping[str, Any], environ: Mapping[str, str],
     if dropped:
         warnings.append(f"not passing {len(dropped)} variable(s) the controller would refuse: "
                         f"{', '.join(dropped[:10])}{', ...' if len(dropped) > 10 else ''}")
+    _split_array(given)
     ntasks = given.pop("ntasks", 1)
     if ntasks < 1:
         raise ArgError(f"-n/--ntasks must be >= 1, got {ntasks}")

@@ -27,10 +27,18 @@ CallFn = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """Run job ``jobid`` with ``alloc`` (``[{"host": name, "ntasks": n}]``)."""
+    """Run job ``jobid`` with ``alloc`` (``[{"host": name, "ntasks": n}]``); a job array: its
+    next pending element on ``alloc`` and one more on each of ``more``."""
 
     jobid: int
     alloc: list[dict[str, Any]]
+    more: tuple[list[dict[str, Any]], ...] = ()
+
+    def every_alloc(self) -> list[dict[str, Any]]:
+        """Every host entry of every element (what the proposal takes, host by host)."""
+        if not self.more:
+            return self.alloc
+        return [a for each in (self.alloc, *self.more) for a in each]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +108,12 @@ class Allocator:
 
     async def _dispatch(self, item: Dispatch) -> None:
         where = describe_alloc(item.alloc)
+        body: dict[str, Any] = {"jobid": item.jobid, "alloc": item.alloc}
+        if item.more:
+            body["more"] = list(item.more)
+            where = f"{len(item.more) + 1} array elements on {describe_alloc(item.every_alloc())}"
         try:
-            await self._call("jobdispatch", {"jobid": item.jobid, "alloc": item.alloc})
+            await self._call("jobdispatch", body)
         except RemoteError as exc:
             self.status.add(refused=1)
             logger.info("scheduler: controller refused job {} on {} ({}: {}); dropped, the "

@@ -79,6 +79,7 @@ class Drained:
     changes: int = 0  # changes of anything but load values
     loads: int = 0  # changes of load values (resvals)
     left: list[int] = field(default_factory=list)  # jobs that are no longer pending
+    moved: list[int] = field(default_factory=list)  # pending arrays whose record changed
     echoed: list[tuple[int, str | None]] = field(default_factory=list)  # pushed pend reasons
     reset: bool = False  # a sync began: reasons are to be worked out (and sent) anew
     completed: bool = False  # a sync ended
@@ -225,6 +226,8 @@ class Board:
                 logger.warning("scheduler: pending job {} has a malformed record ({}); not "
                                "scheduling it", jobid, exc)
             else:
+                if job.get("array") and jobid in self.pending:
+                    out.moved.append(jobid)  # elements went (or came): it may go again
                 self._put(jobid, job, place)
                 return
         old = self.pending.pop(jobid, None)

@@ -53,7 +53,8 @@ from xce_scheduler.matching import (
     rusage_amounts,
 )
 from xce_scheduler.status import SchedulerStatus, StatusReporter
-from xce_scheduler.view import Record, SchedulerView, free_slots
+from xce_scheduler.view import RUNNING_STATES, Record, SchedulerView, free_slots
+from xcecore.schema.limits import DISPATCH_MORE_MAX
 
 Alloc = list[dict[str, Any]]
 Holds = list[tuple[str, Mapping[str, float]]]  # (host, rusage amounts held there)
@@ -201,7 +202,7 @@ class Picker:
         if drained.left:
             self.reasons.drop(drained.left)
         with self._lock:
-            for jobid in drained.left:
+            for jobid in chain(drained.left, drained.moved):
                 self._inflight.pop(jobid, None)
                 self._held.discard(jobid)
             returned: list[int] = []
@@ -316,21 +317,28 @@ class Picker:
                 if not cyc:
                     cyc.append(self._start_cycle(work.inflight))
                 work.looked += 1
-                alloc, holds, reason = self._place(pending[jobid], cyc[0])
-                if alloc is None:
+                job = pending[jobid]
+                if job.get("array"):  # an array: one entry that yields its elements
+                    misfit, reason = self._place_array(jobid, job, cyc[0], work)
+                else:
+                    alloc, holds, reason = self._place(job, cyc[0])
+                    misfit = alloc is None
+                if misfit:
                     heapq.heappop(heap)  # none of the shape's later jobs fits this cycle
                     if reason is not None and work.complete:
                         self._tail_reason(shape, reason, key, iters[i], work)
                     continue
-                for a in alloc:
-                    cyc[0].free[a["host"]] -= a["ntasks"]
-                    cyc[0].empty.discard(a["host"])
-                    if shape.exclusive:
-                        cyc[0].free[a["host"]] = 0  # the host is the job's alone
-                for name, amounts in holds:
-                    cyc[0].rsv.add(name, amounts)
-                work.proposals.append(Dispatch(jobid, alloc))
-                work.holds[jobid] = holds
+                if not job.get("array"):
+                    assert alloc is not None
+                    for a in alloc:
+                        cyc[0].free[a["host"]] -= a["ntasks"]
+                        cyc[0].empty.discard(a["host"])
+                        if shape.exclusive:
+                            cyc[0].free[a["host"]] = 0  # the host is the job's alone
+                    for name, amounts in holds:
+                        cyc[0].rsv.add(name, amounts)
+                    work.proposals.append(Dispatch(jobid, alloc))
+                    work.holds[jobid] = holds
             nxt = next(iters[i], None)
             if nxt is None:
                 heapq.heappop(heap)
@@ -338,6 +346,45 @@ class Picker:
                 shape.fresh.clear()
             else:
                 heapq.heapreplace(heap, (nxt, i))
+
+    def _place_array(self, jobid: int, job: Record, cyc: _Cycle,
+                     work: _Pass) -> tuple[bool, str | None]:
+        """Place as many of an array's pending elements as fit (within its ``%limit`` and the
+        cycle's dispatch cap) as one proposal. Returns (an element did not fit: a misfit of
+        the shape, the reason to give)."""
+        a = job["array"]
+        left = a.get("left") or 0
+        limit = a.get("limit")
+        if limit is not None:
+            running = sum((a.get("counts") or {}).get(s, 0) for s in RUNNING_STATES)
+            if running >= limit:
+                if work.complete:
+                    work.wanted[jobid] = R.array_limit(limit)
+                return False, None
+            left = min(left, limit - running)
+        room = min(left, DISPATCH_MORE_MAX + 1, self.max_dispatch - len(work.proposals))
+        alone = exclusive(job)
+        allocs: list[Alloc] = []
+        held: Holds = []
+        reason: str | None = None
+        while len(allocs) < room:
+            alloc, holds, reason = self._place(job, cyc)
+            if alloc is None:
+                break
+            for entry in alloc:
+                cyc.free[entry["host"]] -= entry["ntasks"]
+                cyc.empty.discard(entry["host"])
+                if alone:
+                    cyc.free[entry["host"]] = 0  # the host is the element's alone
+            for name, amounts in holds:
+                cyc.rsv.add(name, amounts)
+            allocs.append(alloc)
+            held.extend(holds)
+        if allocs:
+            work.proposals.append(Dispatch(jobid, allocs[0], tuple(allocs[1:])))
+            work.holds[jobid] = held
+            return len(allocs) < room, None  # its own reason: it is in flight
+        return True, reason
 
     def _tail_reason(self, shape: Shape, reason: str, first: tuple[float, int] | None,
                      rest: Iterator[tuple[float, int]], work: _Pass) -> None:
@@ -367,7 +414,7 @@ class Picker:
                  extra: list[ReasonBatch]) -> None:
         with self._lock:
             for p in proposals:
-                self._inflight[p.jobid] = (p.alloc, holds.get(p.jobid, []))
+                self._inflight[p.jobid] = (p.every_alloc(), holds.get(p.jobid, []))
         if proposals or extra:
             self.submit([*proposals, *extra])  # one hand-off per cycle, not per job
 

@@ -23,6 +23,12 @@ BAD_REQUIREMENT: Final = "bad resource requirement: "
 RESERVED: Final = "resources of matching hosts are reserved (rusage of running or dispatched jobs)"
 EXCLUSIVE_WAIT: Final = "exclusive job: no matching host is empty"
 HOSTS_EXCLUSIVE: Final = "matching hosts with free slots run exclusive jobs"
+ARRAY_LIMIT: Final = "job array limit reached: "
+
+
+def array_limit(limit: int) -> str:
+    """An array whose ``%limit`` elements all run."""
+    return f"{ARRAY_LIMIT}{limit} element(s) running"
 
 
 def bad_requirement(message: str) -> str:

@@ -102,6 +102,8 @@ def _wakes(kind: str, old: Record | None, new: Record | None) -> bool:
     """Whether a change may let a pending job be dispatched now."""
     if kind == "jobs":
         if new is not None and new.get("state") == "PEND":
+            if old is not None and old.get("state") == "PEND" and new.get("array"):
+                return True  # an array that dispatched elements may have more to go
             return old is None or old.get("state") != "PEND"
         # A job that stopped running freed slots; the host push carries the new count, but
         # waking now lets the picker look as soon as both have arrived.

@@ -91,6 +91,8 @@ class JobSpec:
     resreq: str = ""
     uid: int | None = None  # the submitter's authenticated uid (None: a front end's user)
     via: str | None = None  # the front end it was submitted through, if any
+    array_id: int | None = None  # the array it is an element of
+    index: int = 0  # its index in that array (0 when it is not an element, as LSF's %I)
 
     @property
     def key(self) -> str:
@@ -127,6 +129,10 @@ class JobSpec:
         if uid is not None and (not isinstance(uid, int) or isinstance(uid, bool) or uid < 0):
             raise JobError(f"bad dispatch: uid {str(uid)[:32]!r} is not a user id")
         via = job.get("via")
+        array = job.get("array")
+        of, index = (array.get("of"), array.get("index")) if isinstance(array, dict) else (None, 0)
+        if of is not None and not (type(of) is int and type(index) is int and index >= 0):
+            raise JobError("bad dispatch: array element without an int 'of' and 'index'")
         return cls(
             jobid=int(job["jobid"]), attempt=int(job.get("attempt") or 0), command=command,
             cwd=os.path.expanduser(cwd or "~"), env=dict(env),
@@ -138,6 +144,7 @@ class JobSpec:
             stdout=_opt_str(job, "stdout"), stderr=_opt_str(job, "stderr"),
             stdin=_opt_str(job, "stdin"), resreq=resreq if isinstance(resreq, str) else "",
             uid=uid, via=via if isinstance(via, str) else None,
+            array_id=of, index=index if of is not None and isinstance(index, int) else 0,
         )
 
     def gpus_wanted(self) -> int:
@@ -180,6 +187,8 @@ def job_env(spec: JobSpec, owner: Any | None, extra: Mapping[str, str]) -> dict[
     env.update({"XCE_JOBID": str(spec.jobid), "XCE_ATTEMPT": str(spec.attempt),
                 "XCE_HOSTS": " ".join(spec.hosts), "XCE_NTASKS": str(spec.ntasks),
                 "XCE_QUEUE": spec.queue, "XCE_USER": spec.user})
+    if spec.array_id is not None:
+        env.update(XCE_ARRAY_JOBID=str(spec.array_id), XCE_ARRAY_INDEX=str(spec.index))
     env.update(extra)
     return env
 
@@ -188,7 +197,8 @@ def output_paths(spec: JobSpec, jobs_dir: Path) -> tuple[Path, Path, Path | None
     """stdout, stderr and stdin (None: /dev/null) of the job, expanded and absolute."""
     def named(text: str) -> Path:
         try:
-            expanded = expand_path(text, spec.jobid, spec.attempt)
+            # %J of an element is its array's id, as LSF names an array's files: out.%J.%I
+            expanded = expand_path(text, spec.array_id or spec.jobid, spec.attempt, spec.index)
         except JobSpecError as exc:
             raise JobError(str(exc)) from None
         return Path(spec.cwd, os.path.expanduser(expanded))
