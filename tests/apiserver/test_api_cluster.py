@@ -229,3 +229,38 @@ def test_oversized_submission_is_413_at_the_edge(xce_cluster: Any, tmp_path: Pat
     r = run.submit("after")  # the controller connection was never touched
     assert r.status_code == 200 and r.json()["code"] == 201, r.text
     run.http.close()
+
+
+def test_job_arrays_over_rest(xce_cluster: Any, tmp_path: Path) -> None:
+    """POST /jobs with ``array``, GET /jobs?array=, control of one element and of the whole
+    array, through a real API server, controller, worker and scheduler."""
+    run = _start(xce_cluster, tmp_path)
+    run.cluster.start_role("worker", 'worker.hname="rn1"', f'worker.state_dir="{tmp_path / "rn1"}"',
+                           "worker.slots=2", name="rn1")
+    run.cluster.start_role("scheduler")
+    r = run.http.post("/xce/v1/jobs", json={"command": "true", "name": "ra", "array": "1-4%2"},
+                      headers=run.hdr)
+    env = r.json()
+    assert env["code"] == 201 and (env["data"]["array"], env["data"]["size"]) == ("1-4%2", 4), env
+    array = env["data"]["jobid"]
+
+    def state_of(jobid: int) -> str:
+        got = run.http.get(f"/xce/v1/jobs/{jobid}", headers=run.hdr).json()["data"]
+        return str(got[0]["state"]) if got else ""
+    wait_for(lambda: state_of(array) == "DONE", 60, what="the array to end DONE")
+    els = run.http.get(f"/xce/v1/jobs?array={array}&limit=10", headers=run.hdr).json()["data"]
+    assert sorted(e["array"]["index"] for e in els) == [1, 2, 3, 4], els
+    assert all(e["array"]["of"] == array and e["state"] == "DONE" for e in els)
+    r = run.http.post("/xce/v1/jobs", json={"command": "sleep 30", "array": "1-50%1"}, headers=run.hdr)
+    big = r.json()["data"]["jobid"]
+    r = run.http.post(f"/xce/v1/jobs/{big}/control", json={"action": "kill", "index": 40},
+                      headers=run.hdr)
+    assert r.status_code == 200 and r.json()["data"][0]["state"] == "EXIT", r.text
+    r = run.http.post(f"/xce/v1/jobs/{big}/control", json={"action": "kill", "index": 99},
+                      headers=run.hdr)
+    assert r.status_code == 404 and "no such array element" in r.json()["msg"], r.text
+    r = run.http.post(f"/xce/v1/jobs/{big}/control", json={"action": "kill"}, headers=run.hdr)
+    assert r.status_code == 200, r.text
+    wait_for(lambda: state_of(big) == "EXIT", 60, what="the killed array to end EXIT")
+    r = run.http.post("/xce/v1/jobs", json={"command": "true", "array": "3-1"}, headers=run.hdr)
+    assert r.status_code == 422 and "ends before it starts" in r.json()["msg"], r.text

@@ -205,14 +205,16 @@ def _jobs_json(jobs: list[dict[str, Any]], keep: list[str] | None) -> bytes:
 
 
 async def _all_jobs(store: Store, after: int, states: list[str] | None, user: str | None,
-                    queue: str | None, keep: list[str] | None) -> AsyncIterator[bytes]:
+                    queue: str | None, keep: list[str] | None,
+                    array: int | None = None) -> AsyncIterator[bytes]:
     """Every matching job as one envelope, produced a bounded chunk at a time (the loop runs
     other requests between chunks), in job id order from a cursor: a job that matches
     throughout appears exactly once however the jobs change meanwhile."""
     yield b'{"code":200,"msg":"ok","data":['
     count = 0
     while True:
-        page = store.page_jobs(after=after, limit=STREAM_CHUNK, states=states, user=user, queue=queue)
+        page = store.page_jobs(after=after, limit=STREAM_CHUNK, states=states, user=user, queue=queue,
+                               array=array)
         if page.jobs:
             body = _jobs_json(page.jobs, keep)[1:-1]
             yield (b"," + body) if count else body
@@ -454,6 +456,7 @@ def create_app(
         state: Annotated[t.Label | None, Query(description="state(s), comma-separated: PEND,RUN")] = None,
         user: Annotated[t.Name | None, Query(description="owner")] = None,
         queue: Annotated[t.Name | None, Query()] = None,
+        array: Annotated[int | None, Query(ge=1, description="only the elements of this job array")] = None,
         fields: Annotated[t.Label | None, Query(description="only these fields, comma-separated "
                                                             "(each item then holds only those)")] = None,
         limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE, description=(
@@ -471,9 +474,10 @@ def create_app(
         keep = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
         after = int(cursor) if cursor is not None else 0
         if limit is None:
-            return StreamingResponse(_all_jobs(store, after, states, user, queue, keep),
+            return StreamingResponse(_all_jobs(store, after, states, user, queue, keep, array),
                                      media_type="application/json")
-        page = store.page_jobs(after=after, limit=limit, states=states, user=user, queue=queue)
+        page = store.page_jobs(after=after, limit=limit, states=states, user=user, queue=queue,
+                               array=array)
         return raw_page(_jobs_json(page.jobs, keep), len(page.jobs), page.next)
 
     @app.get(f"{PREFIX}/jobs/{{jobids:jobids}}", response_model=m.Envelope[list[m.Job]], tags=["jobs"],
@@ -511,9 +515,13 @@ def create_app(
         async def handle() -> Response:
             done = []
             for jobid in ids:
-                args = {"jobid": jobid, "action": body.action}
+                args: dict[str, Any] = {"jobid": jobid, "action": body.action}
+                what = f"{body.action} job {jobid}"
+                if body.index is not None:
+                    args["index"] = body.index
+                    what = f"{body.action} job {jobid}[{body.index}]"
                 rid = idem.rid(s.user.name, "jobctrl", jobid)
-                done.append(await forward("jobctrl", args, f"{body.action} job {jobid}", rid, s.user.name))
+                done.append(await forward("jobctrl", args, what, rid, s.user.name))
             return ok(done)
         return await once(idem, s.user.name, handle)
 

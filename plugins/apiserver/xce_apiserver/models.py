@@ -94,6 +94,8 @@ class SubmitBody(_Body):
     stdin: t.JobPath | None = Field(None, description="input file (bsub -i)")
     exclusive: bool | None = Field(None, description="hosts to itself (bsub -x): the scheduler "
                                    "puts it on empty hosts and nothing else beside it")
+    array: t.ArrayText | None = Field(None, description="a job array: 1-1000:2%50 (bsub -J "
+                                      "'name[1-1000:2]%50', sbatch --array)")
 
 
 class Submitted(BaseModel):
@@ -102,12 +104,16 @@ class Submitted(BaseModel):
     jobid: int
     queue: str
     state: str
+    array: str | None = Field(None, description="a job array's index expression")
+    size: int | None = Field(None, description="a job array's elements")
 
 
 class ControlBody(_Body):
     """``POST /jobs/{jobids}/control``."""
 
     action: schema_ops.JobAction
+    index: t.ArrayIndex | None = Field(None, description="one element of each job array named "
+                                       "(without it: every element of an array)")
 
 
 class AllocEntry(_Body):
@@ -192,6 +198,9 @@ class Job(BaseModel):
     stderr: str | None = None
     stdin: str | None = None
     exclusive: bool | None = None
+    array: dict[str, Any] | None = Field(None, description="a job array's record (its pending "
+                                         "indexes, elements per state) or an element's "
+                                         "{of, index}; null for a plain job")
 
 
 JobOrFields = Job | dict[str, Any]

@@ -46,15 +46,24 @@ class Page:
         self.scanned = scanned
 
 
+def _key(rec: Record, name: str) -> Any:
+    """What ``rec`` is indexed by under ``name`` (``array``: the array an element is of)."""
+    if name == "array":
+        a = rec.get("array")
+        return a.get("of") if isinstance(a, dict) else None
+    return rec.get(name)
+
+
 class JobIndex:
-    """Job ids in order, overall and per state, owner and queue (sorted lists).
+    """Job ids in order, overall and per state, owner, queue and array (sorted lists; an
+    array's are its element records, plain jobs are in none).
 
     Paging goes in job id order from a cursor (the last id a page looked at), so a page is a
     range of the smallest index the filters name, checked against the other filters: a job
     that matches throughout a listing appears in exactly one page, whatever changes meanwhile.
     """
 
-    FIELDS = ("state", "user", "queue")
+    FIELDS = ("state", "user", "queue", "array")
 
     def __init__(self) -> None:
         self.ids: Any = SortedList()
@@ -72,12 +81,14 @@ class JobIndex:
         if old is None:
             self.ids.add(jobid)
         for name in self.FIELDS:
-            value = new.get(name)
+            value = _key(new, name)
             if old is not None:
-                before = old.get(name)
+                before = _key(old, name)
                 if before == value:
                     continue
                 self._drop(name, before, jobid)
+            if value is None and name == "array":
+                continue
             index = self.by[name].get(value)
             if index is None:
                 index = self.by[name][value] = SortedList()
@@ -87,7 +98,7 @@ class JobIndex:
         """Forget a job that was indexed with record ``old``."""
         self.ids.discard(jobid)
         for name in self.FIELDS:
-            self._drop(name, old.get(name), jobid)
+            self._drop(name, _key(old, name), jobid)
 
     def _drop(self, name: str, value: Any, jobid: int) -> None:
         index = self.by[name].get(value)
@@ -97,7 +108,7 @@ class JobIndex:
                 del self.by[name][value]
 
     def candidates(self, after: int, states: Iterable[str] | None, user: str | None,
-                   queue: str | None) -> Iterator[int]:
+                   queue: str | None, array: int | None = None) -> Iterator[int]:
         """Job ids above ``after``, in order, from the smallest index the filters name (the
         caller still checks every filter on the record)."""
         choices: list[tuple[int, list[Any]]] = []
@@ -105,7 +116,7 @@ class JobIndex:
             lists = [self.by["state"].get(s) for s in states]
             found = [sl for sl in lists if sl is not None]
             choices.append((sum(len(sl) for sl in found), found))
-        for name, value in (("user", user), ("queue", queue)):
+        for name, value in (("user", user), ("queue", queue), ("array", array)):
             if value is not None:
                 sl = self.by[name].get(value)
                 choices.append((0 if sl is None else len(sl), [] if sl is None else [sl]))
@@ -244,7 +255,7 @@ class Store(ReplicaObserver):
 
     def page_jobs(self, *, after: int = 0, limit: int = 100, states: Iterable[str] | None = None,
                   user: str | None = None, queue: str | None = None,
-                  budget: int = SCAN_BUDGET) -> Page:
+                  array: int | None = None, budget: int = SCAN_BUDGET) -> Page:
         """Up to ``limit`` jobs with ids above ``after`` that match every filter, in id order.
 
         At most ``budget`` jobs are looked at: a page can come back short with a cursor to go
@@ -255,7 +266,7 @@ class Store(ReplicaObserver):
         found: list[Record] = []
         scanned = 0
         last = after
-        for jobid in self.index.candidates(after, wanted, user, queue):
+        for jobid in self.index.candidates(after, wanted, user, queue, array):
             if len(found) >= limit or scanned >= budget:
                 return Page(found, last, scanned)
             scanned += 1
@@ -265,7 +276,8 @@ class Store(ReplicaObserver):
                 continue
             if (wanted is not None and job.get("state") not in wanted) or \
                     (user is not None and job.get("user") != user) or \
-                    (queue is not None and job.get("queue") != queue):
+                    (queue is not None and job.get("queue") != queue) or \
+                    (array is not None and _key(job, "array") != array):
                 continue
             found.append(self.view(jobid, job))
         return Page(found, None, scanned)
