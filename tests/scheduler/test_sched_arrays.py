@@ -68,3 +68,11 @@ def test_jobs_after_an_array_at_its_limit_still_go() -> None:
     picker.cycle()
     got = {p.jobid: len(p.every_alloc()) for p in proposals(sent)}
     assert got == {1: 2, 2: 1}  # the array first (submit time), to its limit; then the job
+
+
+def test_a_pending_element_record_is_a_plain_job() -> None:
+    element = {**job(9), "array": {"of": 3, "index": 4}}  # requeued: pending again
+    picker, sent = make([host("a", slots=4)], [element])
+    picker.cycle()
+    (p,) = proposals(sent)
+    assert (p.jobid, p.more, p.alloc) == (9, (), [{"host": "a", "ntasks": 1}])

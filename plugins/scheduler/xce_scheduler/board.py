@@ -23,7 +23,7 @@ from typing import Any
 from loguru import logger
 from sortedcontainers import SortedList
 
-from xce_scheduler.view import Entry, Record
+from xce_scheduler.view import Entry, Record, is_array
 from xcecore.protocol import ACTIVE
 
 ShapeKey = tuple[str, int] | tuple[str, int, bool]
@@ -226,7 +226,7 @@ class Board:
                 logger.warning("scheduler: pending job {} has a malformed record ({}); not "
                                "scheduling it", jobid, exc)
             else:
-                if job.get("array") and jobid in self.pending:
+                if is_array(job) and jobid in self.pending:
                     out.moved.append(jobid)  # elements went (or came): it may go again
                 self._put(jobid, job, place)
                 return

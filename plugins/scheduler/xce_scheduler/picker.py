@@ -53,7 +53,7 @@ from xce_scheduler.matching import (
     rusage_amounts,
 )
 from xce_scheduler.status import SchedulerStatus, StatusReporter
-from xce_scheduler.view import RUNNING_STATES, Record, SchedulerView, free_slots
+from xce_scheduler.view import RUNNING_STATES, Record, SchedulerView, free_slots, is_array
 from xcecore.schema.limits import DISPATCH_MORE_MAX
 
 Alloc = list[dict[str, Any]]
@@ -318,7 +318,8 @@ class Picker:
                     cyc.append(self._start_cycle(work.inflight))
                 work.looked += 1
                 job = pending[jobid]
-                if job.get("array"):  # an array: one entry that yields its elements
+                array = is_array(job)
+                if array:  # an array: one entry that yields its elements
                     misfit, reason = self._place_array(jobid, job, cyc[0], work)
                 else:
                     alloc, holds, reason = self._place(job, cyc[0])
@@ -328,7 +329,7 @@ class Picker:
                     if reason is not None and work.complete:
                         self._tail_reason(shape, reason, key, iters[i], work)
                     continue
-                if not job.get("array"):
+                if not array:
                     assert alloc is not None
                     for a in alloc:
                         cyc[0].free[a["host"]] -= a["ntasks"]

@@ -38,6 +38,13 @@ queues, the cluster configuration (site resources) and the pend reasons the cont
 RUNNING_STATES = ACTIVE
 
 
+def is_array(job: Mapping[str, Any]) -> bool:
+    """A job array's own record (its ``array`` holds pending indexes; an element's names
+    the array it is ``of``, and is scheduled like any job)."""
+    a = job.get("array")
+    return isinstance(a, dict) and "of" not in a
+
+
 def free_slots(host: Mapping[str, Any]) -> int:
     """Slots of ``host`` not used by running jobs (never negative)."""
     try:
@@ -102,7 +109,7 @@ def _wakes(kind: str, old: Record | None, new: Record | None) -> bool:
     """Whether a change may let a pending job be dispatched now."""
     if kind == "jobs":
         if new is not None and new.get("state") == "PEND":
-            if old is not None and old.get("state") == "PEND" and new.get("array"):
+            if old is not None and old.get("state") == "PEND" and is_array(new):
                 return True  # an array that dispatched elements may have more to go
             return old is None or old.get("state") != "PEND"
         # A job that stopped running freed slots; the host push carries the new count, but
