@@ -16,6 +16,7 @@ queue                     ``-q``                          ``-p``/``--partition``
 name                      ``-J``                          ``-J``/``--job-name``
 array (index text)        ``-J "name[1-10:2]%5"``         ``-a``/``--array=1-10:2%5``
                           (or ``--array`` in #XCE)
+depend (expression)       ``-w``/``--dependency``         ``-d``/``--dependency``
 ntasks                    ``-n``                          ``-n``/``--ntasks``
 resreq                    ``-R``                          ``-G``/``--gpus``/``--gres=gpu:N``
                                                           (as ``rusage[ngpus=N]``)
@@ -62,7 +63,7 @@ class Directives:
     it ~10 ms.)"""
 
     FIELDS: Final = ("queue", "name", "ntasks", "resreq", "mem_limit", "run_limit", "stdout",
-                     "stderr", "stdin", "exclusive", "project", "cwd", "env", "array")
+                     "stderr", "stdin", "exclusive", "project", "cwd", "env", "array", "depend")
     __slots__ = (*FIELDS, "warnings")
 
     queue: str | None
@@ -79,6 +80,7 @@ class Directives:
     cwd: str | None
     env: EnvOption | None
     array: str | None  # an index expression; LSF's -J name[...] is split by the submitter
+    depend: str | None  # a dependency expression (checked by the submitter and the controller)
     warnings: list[str]
 
     def __init__(self) -> None:
@@ -145,7 +147,7 @@ _LSF_FIELDS: Final = {
     "-q": "queue", "-J": "name", "-n": "ntasks", "-R": "resreq", "-M": "mem_limit",
     "--mem": "mem_limit", "-W": "run_limit", "--time": "run_limit", "-o": "stdout",
     "-e": "stderr", "-i": "stdin", "-P": "project", "-cwd": "cwd", "--cwd": "cwd",
-    "-env": "env", "--env": "env", "--array": "array",
+    "-env": "env", "--env": "env", "--array": "array", "-w": "depend", "--dependency": "depend",
 }
 _LSF_IGNORED: Final = {"-u": True, "-N": False, "-B": False}  # option -> takes a value
 _SLURM_FIELDS: Final = {
@@ -155,6 +157,7 @@ _SLURM_FIELDS: Final = {
     "--error": "stderr", "-i": "stdin", "--input": "stdin", "-A": "project",
     "--account": "project", "-D": "cwd", "--chdir": "cwd", "--export": "env",
     "-G": "gpus", "--gpus": "gpus", "--gres": "gres", "-a": "array", "--array": "array",
+    "-d": "depend", "--dependency": "depend",
 }
 _SLURM_IGNORED: Final = {"--mail-type", "--mail-user"}
 

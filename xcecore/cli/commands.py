@@ -49,6 +49,9 @@ def host_view(h: dict[str, Any]) -> dict[str, Any]:
     arg("-q", "--queue", help="queue to submit to (default: the cluster's default queue)"),
     arg("-R", "--resreq", help='resource requirement, e.g. "select[mem>4G] order[r1m]"'),
     arg("-J", "--name", help="job name; NAME[1-100:2]%10 submits a job array (as LSF)"),
+    arg("-w", "--dependency", dest="depend", metavar="EXPR",
+        help="run only once EXPR holds: done(ID) && (exit(ID, >2) || ended(NAME)), started(ID[I]) "
+             "(as LSF -w), or afterok:ID:ID,afterany:ID (as Slurm)"),
     arg("--array", metavar="INDEXES", help="a job array (as Slurm): 1-100, 1-1000:2%50 (at most "
         "50 running), 1,5,9-12; each element gets XCE_ARRAY_INDEX"),
     arg("-n", "--ntasks", type=int, help="number of tasks (>= 1; default 1)"),
@@ -189,6 +192,8 @@ def _job_reason(j: dict[str, Any]) -> Any:
         parts = [f"{counts[st]} {st}" for st in JOB_STATES if counts.get(st)]
         reason = j.get("pend_reason") if j["state"] == "PEND" else None
         return f"{a['size']} elements: {', '.join(parts)}" + (f"; {reason}" if reason else "")
+    if j.get("waiting") and j["state"] in ("PEND", "PSUSP"):
+        return j["waiting"]
     return j.get("pend_reason") if j["state"] == "PEND" else j.get("reason")
 
 

@@ -36,7 +36,7 @@ SCRIPT_HEAD = 1 << 20
 """Directives are read from the first MiB of a script (:data:`xcecore.jobscript.MAX_SCRIPT`)."""
 
 FIELDS = ("queue", "name", "ntasks", "resreq", "project", "cwd", "stdout", "stderr", "stdin",
-          "array")
+          "array", "depend")
 """Options that are given as they are, and that override a directive of the same field."""
 
 
@@ -171,6 +171,13 @@ def build(ns: Parsed, cluster: Mapping[str, Any], environ: Mapping[str, str],
         warnings.append(f"not passing {len(dropped)} variable(s) the controller would refuse: "
                         f"{', '.join(dropped[:10])}{', ...' if len(dropped) > 10 else ''}")
     _split_array(given)
+    if given.get("depend") is not None:  # refused here, with its reason, before anything is sent
+        from xcecore.depspec import DepError, parse
+
+        try:
+            parse(given["depend"])
+        except DepError as exc:
+            raise ArgError(str(exc)) from None
     ntasks = given.pop("ntasks", 1)
     if ntasks < 1:
         raise ArgError(f"-n/--ntasks must be >= 1, got {ntasks}")

@@ -168,6 +168,10 @@ class JobSubmitArgs(TypedDict):
     stdin: NotRequired[Annotated[t.JobPath, _d("input file (`-i`); default `/dev/null`")]]
     exclusive: NotRequired[Annotated[bool, _d("hosts to itself (`-x`); default false (recorded; "
                                               "not yet enforced by the scheduler)")]]
+    depend: NotRequired[Annotated[t.DependText, _d(
+        "a dependency (LSF `-w`: `done(12) && (exit(13, >2) || ended(\"prep\"))`, by id, "
+        "`ID[INDEX]` or your job's name; Slurm `--dependency`: `afterok:12:13,afterany:14`): "
+        "the job waits (`waiting` says on what) until it holds")]]
     array: NotRequired[Annotated[t.ArrayText, _d(
         "a job array (`-J name[1-1000:2]%50`, `--array`): one record holds its pending "
         "indexes; each element becomes a job of its own, `ARRAY[INDEX]`, when dispatched. "

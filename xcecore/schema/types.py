@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, PlainValidator, StringConstraints, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from xcecore import arrayspec, jobspec
+from xcecore import arrayspec, depspec, jobspec
 from xcecore.protocol import JOB_STATES
 from xcecore.schema import limits as lim
 
@@ -92,6 +92,19 @@ ArrayText = Annotated[str, _str(1, arrayspec.TEXT_MAX, lim.NO_CONTROL), AfterVal
                                      "comma-separated, then an optional `%LIMIT` (elements "
                                      f"running at once); at most {arrayspec.ELEMENTS_MAX:,} "
                                      "elements, no index given twice")]
+
+
+def _check_depend(text: str) -> str:
+    depspec.parse(text)  # a DepError is a ValueError
+    return text
+
+
+DependText = Annotated[str, _str(1, depspec.TEXT_MAX, lim.NO_CONTROL), AfterValidator(_check_depend),
+                       Shape("dependency", "done(ID), exit(ID[, OP CODE]), ended(ID), started(ID) "
+                                           "with && || ! and parentheses (ID: a job id, "
+                                           "ID[INDEX] or a job name), or Slurm's "
+                                           "afterok:ID[:ID...],afterany:... ; at most "
+                                           f"{depspec.TERMS_MAX} terms")]
 ArrayIndex = Annotated[int, _int(0, arrayspec.INDEX_MAX),
                        Shape("int >= 0", f"an array index, 0 to {arrayspec.INDEX_MAX:,}")]
 ResReq = Annotated[str, _str(0, lim.RESREQ_MAX, lim.NO_CONTROL),

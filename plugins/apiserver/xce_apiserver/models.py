@@ -96,6 +96,8 @@ class SubmitBody(_Body):
                                    "puts it on empty hosts and nothing else beside it")
     array: t.ArrayText | None = Field(None, description="a job array: 1-1000:2%50 (bsub -J "
                                       "'name[1-1000:2]%50', sbatch --array)")
+    depend: t.DependText | None = Field(None, description="a dependency: done(12) && ended(prep) "
+                                        "(bsub -w) or afterok:12 (sbatch --dependency)")
 
 
 class Submitted(BaseModel):
@@ -201,6 +203,7 @@ class Job(BaseModel):
     array: dict[str, Any] | None = Field(None, description="a job array's record (its pending "
                                          "indexes, elements per state) or an element's "
                                          "{of, index}; null for a plain job")
+    waiting: str | None = Field(None, description="why a job with a dependency may not run yet")
 
 
 JobOrFields = Job | dict[str, Any]

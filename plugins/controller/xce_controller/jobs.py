@@ -105,6 +105,8 @@ class Job:
     # "counts" (its element records per state)}; an element's: {"of": array id, "index"}
     # (xce_controller.arrays). None for a plain job.
     array: dict[str, Any] | None = None
+    # Why a job with a dependency may not run yet (xce_controller.depends); None: it may.
+    waiting: str | None = None
 
     def array_of(self) -> int | None:
         """The array this job is an element of (None: it is not one)."""

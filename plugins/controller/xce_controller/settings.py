@@ -57,6 +57,7 @@ class ClusterConf:
     queues: tuple[dict[str, Any], ...] = DEFAULT_QUEUES
     lost_job_timeout: float = LOST_JOB_TIMEOUT  # 0: an UNKWN job waits for its host forever
     lost_job_action: str = "exit"  # or "requeue"
+    kill_unsatisfiable: bool = False  # a job whose dependency can never hold ends EXIT
 
 
 RECONFIGURABLE = frozenset({"conf", "service_users", "grants", "reload"})
@@ -217,6 +218,9 @@ SECTION = ConfigSection(
         "queues": Field((list,), [dict(q) for q in DEFAULT_QUEUES],
                         "queues: tables {name, priority, description, open, active}"),
         "default_queue": Field((str,), "normal", "queue of a submission that names none"),
+        "kill_unsatisfiable": Field(
+            (bool,), False, "end (EXIT) a job whose dependency can never be satisfied, with "
+            "that reason; false: it stays pending and says so"),
         "host_groups": Field((dict,), {}, "host group name -> list of hosts"),
         "user_groups": Field((dict,), {}, "user group name -> list of users"),
         "max_subscriber_queue": Field((int,), 10000, "unsent pushes before a member is dropped"),
@@ -283,6 +287,7 @@ def settings_from_config(config: Config, auth: AuthMethod) -> ControllerSettings
         queues=check_queues(c["queues"]),
         lost_job_timeout=float(c["lost_job_timeout"]),
         lost_job_action=str(c["lost_job_action"]),
+        kill_unsatisfiable=bool(c["kill_unsatisfiable"]),
     )
     return ControllerSettings(
         state_dir=str(c["state_dir"]),

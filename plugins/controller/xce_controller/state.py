@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from xce_controller import arrays
+from xce_controller import arrays, depends
 from xce_controller.buckets import TimeBuckets
 from xce_controller.jobs import EMPTY, Job, JobTable, make_alloc, new_spec
 from xce_controller.settings import ClusterConf as ClusterConf  # the state's config; re-exported
@@ -121,6 +121,8 @@ class ClusterState:
         self.lost = TimeBuckets[int](max(0.01, (conf.lost_job_timeout or 60.0) / 8))
         self.next_jobid = 1
         self.array_batch: set[int] | None = None  # arrays whose record one write settles once
+        self.deps = depends.Deps()  # jobs waiting on a dependency, and what they wait on
+        self.kill_unsatisfiable = conf.kill_unsatisfiable
         for qcfg in conf.queues:
             q = queue_record(qcfg)
             self.queues[q["name"]] = q
@@ -154,6 +156,10 @@ class ClusterState:
         self.jobs = table
         for jobid in table.by_state["UNKWN"]:  # their lost-job timers (jobs of one state only)
             self._file_lost(table[jobid])
+        for state in PENDING:  # what waits on a dependency (once per load)
+            for jid in table.by_state[state]:
+                if table[jid].waiting is not None:
+                    self.deps.follow(table[jid])
         if used is None:
             used = table.used_slots()
         for name, host in self.hosts.items():
@@ -236,6 +242,8 @@ class ClusterState:
         ch.events.append(Event("job", job, hosts, job.state in UNFINISHED or was in UNFINISHED))
         if job.array is not None and "of" in job.array:  # an array's element: its array follows
             arrays.element_changed(self, ch, job, was)
+        if job.jobid in self.deps.watchers:  # jobs waiting on this one look again
+            depends.job_changed(self, ch, job)
 
     job_changed = _job_changed  # for xce_controller.arrays
 
@@ -440,6 +448,8 @@ class ClusterState:
         if not q["open"]:
             raise conflict(f"queue {qname} is closed: it accepts no new jobs")
         array = arrays.new_array(args["array"]) if "array" in args else None
+        if "depend" in args:  # stored as the canonical text, names resolved to ids
+            args = {**args, "depend": depends.compile_submitted(self.jobs, args["user"], args["depend"])}
         jobid = self.next_jobid
         self.next_jobid += 1
         intern = sys.intern
@@ -447,7 +457,10 @@ class ClusterState:
                   intern(args.get("name", "")), args.get("ntasks", 1), "PEND", now, usage=EMPTY,
                   array=array)
         self.jobs.add(job)
-        ch = Changes(result={"jobid": jobid, "queue": q["name"], "state": "PEND"})
+        if "depend" in args:
+            self.deps.watch(jobid, args["depend"])
+            depends.settle(self, Changes(), job)  # its row and push are the submission's
+        ch = Changes(result={"jobid": jobid, "queue": q["name"], "state": job.state})
         if array is not None:
             ch.result.update(array=array["spec"], size=array["size"])
         self._job_changed(ch, job, "PEND")
@@ -519,6 +532,8 @@ class ClusterState:
         q = self.queues.get(job.queue)
         if q is not None and not q["active"]:
             raise conflict(f"queue {job.queue} is inactive: it dispatches no jobs")
+        if job.waiting is not None and not force:
+            raise conflict(f"job {jobid} waits: {job.waiting}")
         allocs = [alloc, *(more or ())]
         if len(allocs) > 1 and not arrays.is_array(job):
             raise RemoteError(ErrorCode.INVALID, f"jobdispatch: job {jobid} is not an array: "
@@ -773,7 +788,9 @@ class ClusterState:
         if old is not None:
             hosts_touched.update(s.host for s in old.alloc)
         if image is None:
+            self.deps.drop(jobid)
             return
+        self.deps.follow(image)
         if old is not None and keep_volatile:
             image.usage, image.pend_reason = old.usage, old.pend_reason
         self.jobs.add(image)

@@ -219,7 +219,8 @@ class Board:
     def _job(self, jobid: int, job: Record | None, out: Drained) -> None:
         self._exclusive(jobid, job)
         self._rusage(jobid, job)
-        if job is not None and job.get("state") == "PEND":
+        if job is not None and job.get("state") == "PEND" and not job.get("waiting"):
+            # (a job waiting on a dependency is not the picker's until it may run)
             try:
                 place = placement(job)
             except (TypeError, ValueError) as exc:

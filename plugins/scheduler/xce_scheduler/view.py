@@ -109,6 +109,8 @@ def _wakes(kind: str, old: Record | None, new: Record | None) -> bool:
     """Whether a change may let a pending job be dispatched now."""
     if kind == "jobs":
         if new is not None and new.get("state") == "PEND":
+            if old is not None and old.get("waiting") and not new.get("waiting"):
+                return True  # its dependency holds now
             if old is not None and old.get("state") == "PEND" and is_array(new):
                 return True  # an array that dispatched elements may have more to go
             return old is None or old.get("state") != "PEND"
