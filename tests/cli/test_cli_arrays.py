@@ -118,3 +118,45 @@ def test_sbatch_array_directive(cluster: LocalCluster, tmp_path: Path) -> None:
     assert bad.returncode != 0 and "give one of them" in bad.stderr
     bad = xce(cfg, "submit", "--array", "5-1", "--", "true", ok=False)
     assert bad.returncode != 0 and "ends before it starts" in bad.stderr
+
+
+@pytest.fixture
+def killing(xce_cluster: Callable[..., LocalCluster], tmp_path: Path) -> LocalCluster:
+    c = xce_cluster(1, extra_config=f'[controller]\nadmins = ["{getpass.getuser()}"]\n'
+                                    "kill_unsatisfiable = true\n")
+    c.start_role("worker", 'worker.hname="dn1"', f'worker.state_dir="{tmp_path / "dn1"}"',
+                 "worker.slots=3", "worker.monitor_interval=0.2", name="dn1")
+    c.start_role("scheduler")
+    return c
+
+
+def test_dependency_chain_with_an_array_and_a_never_satisfiable_one(killing: LocalCluster,
+                                                                   tmp_path: Path) -> None:
+    cfg = killing.config_path
+    # An array whose elements each leave a file; then B needs all of them, C needs B (Slurm's
+    # form), D needs B to fail, which it will not: D ends with the reason.
+    # The elements wait for a file the test makes once it has looked at the waiting jobs.
+    arr = submit(cfg, "-J", "pre[1-3]", "--", "while [ ! -f go ]; do sleep 0.05; done; "
+                 "echo $XCE_ARRAY_INDEX > a.$XCE_ARRAY_INDEX", cwd=tmp_path)
+    b = submit(cfg, "-w", 'done("pre") && ended(' + str(arr) + "[2])", "--",
+               "cat a.1 a.2 a.3 > b.txt", cwd=tmp_path)
+    c = submit(cfg, f"--dependency=afterok:{b}", "--", "wc -l < b.txt > c.txt", cwd=tmp_path)
+    d = submit(cfg, "-w", f"exit({b})", "--", "touch d.txt", cwd=tmp_path)
+    early = record(cfg, c)
+    assert early["state"] == "PEND" and early["waiting"] == f"dependency not satisfied: done({b})"
+    listing = xce(cfg, "jobs").stdout
+    assert f"dependency not satisfied: done({b})" in listing, listing
+    (tmp_path / "go").touch()
+    for jobid in (arr, b, c):
+        assert array_done(cfg, jobid)["state"] == "DONE"
+    assert (tmp_path / "b.txt").read_text() == "1\n2\n3\n"
+    assert (tmp_path / "c.txt").read_text().strip() == "3"
+    rb, rc = record(cfg, b), record(cfg, c)
+    assert rc["start_time"] >= rb["end_time"]
+    rd = array_done(cfg, d)
+    assert rd["state"] == "EXIT" and rd["reason"] == f"dependency never satisfied: exit({b})", rd
+    assert not (tmp_path / "d.txt").exists()
+    bad = xce(cfg, "submit", "-w", "done(999999)", "--", "true", ok=False)
+    assert bad.returncode == 1 and "no such job: 999999" in bad.stderr
+    bad = xce(cfg, "submit", "-w", "done(1", "--", "true", ok=False)
+    assert bad.returncode == 2 and "expected )" in bad.stderr
