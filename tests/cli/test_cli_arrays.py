@@ -160,3 +160,29 @@ def test_dependency_chain_with_an_array_and_a_never_satisfiable_one(killing: Loc
     assert bad.returncode == 1 and "no such job: 999999" in bad.stderr
     bad = xce(cfg, "submit", "-w", "done(1", "--", "true", ok=False)
     assert bad.returncode == 2 and "expected )" in bad.stderr
+
+
+def test_array_runs_each_element_once_across_a_primary_sigkill(
+        xce_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
+    """Three candidates; the primary is SIGKILLed while an array dispatches: the new primary
+    goes on from the committed record (pending runs and element records) and every index
+    runs exactly once."""
+    c = xce_cluster(3, extra_config=f'[controller]\nadmins = ["{getpass.getuser()}"]\n')
+    c.start_role("worker", 'worker.hname="hn1"', f'worker.state_dir="{tmp_path / "hn1"}"',
+                 "worker.slots=3", name="hn1")
+    c.start_role("scheduler")
+    cfg = c.config_path
+    array = submit(cfg, "--array", "1-24%3", "--", "sleep 0.2; echo $XCE_JOBID >> ran.$XCE_ARRAY_INDEX",
+                   cwd=tmp_path)
+
+    def some_done() -> bool:
+        return record(cfg, array)["array"]["counts"].get("DONE", 0) >= 3
+    wait_for(some_done, 60, what="a few elements done")
+    c.kill_primary()
+    rec = array_done(cfg, array)
+    assert rec["state"] == "DONE" and rec["array"]["counts"] == {"DONE": 24}, rec["array"]
+    for index in range(1, 25):
+        lines = (tmp_path / f"ran.{index}").read_text().split()
+        assert len(lines) == 1, f"element {index} ran {len(lines)} times: {lines}"
+    els = elements(cfg, array)
+    assert sorted(e["array"]["index"] for e in els) == list(range(1, 25))
