@@ -116,3 +116,17 @@ def test_waiting_jobs_are_watched_again_after_a_load() -> None:
     run(again, a)
     finish(again, a)
     assert again.jobs[b].waiting is None
+
+
+def test_an_unsatisfiable_array_ends_with_its_pending_indexes() -> None:
+    st = with_hosts(new_state(kill_unsatisfiable=True), "n1", slots=4)
+    a = sub(st)
+    arr = int(st.submit({"command": "true", "user": "alice", "array": "1-50", "depend": f"exit({a})"},
+                        T0).result["jobid"])
+    assert st.jobs.waiting == {arr}
+    run(st, a)
+    finish(st, a)
+    parent = st.jobs[arr]
+    assert parent.state == "EXIT" and parent.array is not None
+    assert parent.array["left"] == 0 and parent.array["counts"] == {"EXIT": 50}
+    assert st.jobs.waiting == set()

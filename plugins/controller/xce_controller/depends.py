@@ -165,6 +165,11 @@ def settle(st: ClusterState, ch: Any, job: Job) -> None:
             st.deps.drop(job.jobid)
             if st.kill_unsatisfiable:
                 job.state, job.reason, job.pend_reason = "EXIT", waiting, None
+                a = job.array
+                if a is not None and "of" not in a and a["left"]:  # an array: its pending end too
+                    a["counts"]["EXIT"] = a["counts"].get("EXIT", 0) + a["left"]
+                    a["pending"].clear()
+                    a["left"] = 0
                 # The time the dependency became unsatisfiable: the latest end it names.
                 job.end_time = max([j.end_time or 0.0 for j in _named(tbl, node)],
                                    default=0.0) or job.submit_time

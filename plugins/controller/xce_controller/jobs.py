@@ -243,6 +243,7 @@ class JobTable:
         self.by_host: dict[str, IdSet] = {}  # jobs whose allocation names the host
         self.by_array: dict[int, IdSet] = {}  # array id -> its element records
         self.elements: dict[tuple[int, int], int] = {}  # (array id, index) -> element id
+        self.waiting: set[int] = set()  # pending jobs held by a dependency
         self.active_on: dict[str, set[int]] = {}  # host -> its active jobs
         self.reasons = IdSet()  # pending jobs with a pend reason
         self.counts: dict[tuple[str, str], int] = {}  # (queue, state) -> jobs
@@ -298,6 +299,8 @@ class JobTable:
         self._place(jid, (), False, job)
         if job.pend_reason is not None and job.state in PENDING:
             self.reasons.add(jid)
+        if job.waiting is not None and job.state in PENDING:
+            self.waiting.add(jid)
         if job.state in FINISHED and job.end_time is not None:
             self.ends.file(jid, job.end_time)
 
@@ -322,6 +325,7 @@ class JobTable:
             if job.state in ACTIVE:
                 self._inactive(s.host, jobid)
         self.reasons.discard(jobid)
+        self.waiting.discard(jobid)
         return job
 
     @staticmethod
@@ -344,6 +348,10 @@ class JobTable:
             self.reasons.add(jid)
         elif reason0:
             self.reasons.discard(jid)
+        if job.waiting is not None and state in PENDING:
+            self.waiting.add(jid)
+        elif self.waiting:
+            self.waiting.discard(jid)
         if state in FINISHED and job.end_time is not None and (
                 state0 not in FINISHED or end0 != job.end_time):
             self.ends.file(jid, job.end_time)
@@ -491,6 +499,8 @@ class JobTable:
                         t.active_on.setdefault(s.host, set()).add(jid)
             if job.pend_reason is not None and state in PENDING:
                 reasons.append(jid)
+            if job.waiting is not None and state in PENDING:
+                t.waiting.add(jid)
             if state in FINISHED and job.end_time is not None:
                 t.ends.file(jid, job.end_time)
         if len(table) != len(ids):

@@ -156,10 +156,8 @@ class ClusterState:
         self.jobs = table
         for jobid in table.by_state["UNKWN"]:  # their lost-job timers (jobs of one state only)
             self._file_lost(table[jobid])
-        for state in PENDING:  # what waits on a dependency (once per load)
-            for jid in table.by_state[state]:
-                if table[jid].waiting is not None:
-                    self.deps.follow(table[jid])
+        for jid in sorted(table.waiting):  # what waits on a dependency (its index: no scan)
+            self.deps.follow(table[jid])
         if used is None:
             used = table.used_slots()
         for name, host in self.hosts.items():
