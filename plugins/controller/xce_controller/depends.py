@@ -36,7 +36,9 @@ class ClusterState(Protocol):
 
     jobs: JobTable
     deps: Deps
-    kill_unsatisfiable: bool
+
+    @property
+    def kill_unsatisfiable(self) -> bool: ...
 
     def job_changed(self, ch: Any, job: Job, was: str, extra_hosts: Iterable[str] = ()) -> None: ...
 

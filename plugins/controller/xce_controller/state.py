@@ -122,12 +122,16 @@ class ClusterState:
         self.next_jobid = 1
         self.array_batch: set[int] | None = None  # arrays whose record one write settles once
         self.deps = depends.Deps()  # jobs waiting on a dependency, and what they wait on
-        self.kill_unsatisfiable = conf.kill_unsatisfiable
         for qcfg in conf.queues:
             q = queue_record(qcfg)
             self.queues[q["name"]] = q
 
     # -- loading -----------------------------------------------------------------------------
+
+    @property
+    def kill_unsatisfiable(self) -> bool:
+        """``[controller] kill_unsatisfiable`` as configured now (a reconfiguration applies it)."""
+        return self.conf.kill_unsatisfiable
 
     def take_head(self, hosts: Mapping[str, Record], queues: Mapping[str, Record],
                   next_jobid: int, now: float) -> None:
