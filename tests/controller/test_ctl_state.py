@@ -300,11 +300,7 @@ def test_submit_takes_the_default_queue_and_counts_ids() -> None:
                         "state": "PEND", "submit_time": T0, "start_time": None, "end_time": None,
                         "alloc": [], "pid": None, "exit_status": None, "pend_reason": None,
                         "reason": None, "signal": None, "attempt": 0, "forced": False, "usage": {},
-<<<<<<< HEAD
-                        "rev": 0, "lost_at": None, "lost_from": None, "array": None}
-=======
-                        "rev": 0, "array": None, "waiting": None}
->>>>>>> d5e0783 (Dependencies in the controller (xce_controller.depends): jobsubmit depend (LSF -w / Slurm --dependency), names resolved to the submitter's job ids and stored canonical; waiting says which part holds a job up, re-evaluated only when a job it names changes (an index from named job to dependents; elements through their array's record); never-satisfiable ones say so or end EXIT with [controller] kill_unsatisfiable; dispatch refuses a waiting job unless forced; the scheduler leaves waiting jobs alone; watched again after a load or while following; xce submit -w/--dependency, #BSUB -w, #SBATCH -d/--dependency, REST depend)
+                        "rev": 0, "lost_at": None, "lost_from": None, "array": None, "waiting": None}
     full = {"command": "x", "user": "eve", "name": "n", "project": "p", "cwd": "/w", "env": {"A": "1"},
             "resreq": "select[mem>1]", "ntasks": 3, "output": "/o"}  # a field the record does not know
     new = st.jobs[st.submit(full, T0).result["jobid"]]
