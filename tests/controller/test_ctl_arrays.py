@@ -140,10 +140,10 @@ def test_kill_one_pending_element_and_one_running() -> None:
     ch = st.control(arr, "kill", T0 + 1, index=1)
     assert [e.data["signal"] for e in ch.events if e.name == "signal"] == ["kill"]
     with pytest.raises(RemoteError) as err:
-        st.control(arr, "kill", T0, 99)
+        st.control(arr, "kill", T0, index=99)
     assert code(err) == "NOT_FOUND"
     with pytest.raises(RemoteError) as err:
-        st.control(arr, "resume", T0, 2)
+        st.control(arr, "resume", T0, index=2)
     assert code(err) == "CONFLICT"
 
 
@@ -188,7 +188,7 @@ def test_requeue_element_counts_against_limit() -> None:
 def test_jobctrl_index_on_plain_job_is_invalid() -> None:
     st = new_state()
     plain = int(st.submit({"command": "x", "user": "a"}, T0).result["jobid"])
-    err = refused(st, st.control, plain, "kill", T0, 1)
+    err = refused(st, lambda: st.control(plain, "kill", T0, index=1))
     assert str(err.code) == "INVALID"
 
 
