@@ -57,6 +57,8 @@ import asyncio
 import gc
 import json
 import os
+import pwd
+import shutil
 import statistics
 import subprocess
 import sys
@@ -84,7 +86,10 @@ from benchkit import (
 
 PART = "scale"
 SIZES = (10_000, 100_000, 1_000_000)
-SMALL_USER = "carol"  # owns a handful of the parked jobs: `xce jobs` for her pages little
+SMALL_USER = "carol"  # owns a handful of the parked jobs: `xce jobs -u carol` pages little
+BULK_USER = pwd.getpwuid(os.getuid()).pw_name
+"""Owns the other parked jobs: the benchmark's own user, whose `xce jobs` pages them (a
+direct client lists the jobs of the user it authenticated as)."""
 MEASUREMENTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {}
 
 
@@ -98,7 +103,7 @@ def measurement(fn: Callable[[argparse.Namespace], dict[str, Any]]) -> Callable[
 async def _fill(cfg: Any, n: int, queue: str, users: Callable[[int], str], inflight: int) -> None:
     from xcecore.client import Client
 
-    async with Client(cfg, role="cli") as client:
+    async with Client(cfg, role="apiserver") as client:
         await client.connect()
         next_i = iter(range(n))
 
@@ -120,20 +125,70 @@ def fill(bench: BenchCluster, n: int, *, queue: str = PARKED_QUEUE, inflight: in
     1,000,000-job state takes about a minute here.
     """
     def default_users(i: int) -> str:
-        return SMALL_USER if i % 10_000 == 0 else BENCH_USER
+        return SMALL_USER if i % 10_000 == 0 else BULK_USER
 
-    cfg = bench.client_config("cli@bench-fill")
+    # A front end names the user each job is for (a direct client's jobs are its own).
+    cfg = bench.client_config("apiserver@bench-fill")
     t0 = time.perf_counter()
     anyio.run(_fill, cfg, n, queue, users or default_users, inflight)
     return time.perf_counter() - t0
 
 
-def loaded_cluster(size: int, root: Path, *, api: bool = True) -> BenchCluster:
-    """Three candidates, ``size`` parked jobs (1 in 10,000 of user carol, the rest bench's)."""
-    bench = BenchCluster(root, candidates=3, api=api, hash_iterations=1000)
-    bench.start()
-    took = fill(bench, size)
-    log(PART, f"{size:,} jobs submitted in {took:.1f} s ({size / took:,.0f}/s)")
+FILL_CACHE = Path(os.environ.get("XCE_SCALE_FILL_CACHE", Path(tempfile.gettempdir()) / "xce-scale-fills"))
+"""Where :func:`filled_state` keeps one filled state directory per size (``--fresh``: refill)."""
+
+
+def filled_state(size: int, fresh: bool = False) -> Path:
+    """A state directory holding ``size`` parked jobs, filled once and reused.
+
+    Filling 1,000,000 jobs by durable submissions takes minutes; every measurement that only
+    needs the jobs in state starts from a copy of this directory (:func:`loaded_cluster`).
+    It is filled by a lone candidate, which is then SIGKILLed (SQLite's WAL makes the copy
+    what was committed), and marked complete only once the fill ended.
+    """
+    cache = FILL_CACHE / f"parked-{size}"
+    done = cache / "FILLED"
+    if done.exists() and not fresh:
+        return cache / "state"
+    if cache.exists():
+        shutil.rmtree(cache)
+    bench = BenchCluster(cache, candidates=1, api=False, hash_iterations=1000)
+    try:
+        bench.start()
+        pid = bench.cluster.candidates[0].pid
+        base = _rss_mib(pid)
+        took = fill(bench, size)
+        filled = {"jobs": size, "fill_s": round(took, 1), "rss_empty_mib": base,
+                  "rss_after_submissions_mib": _rss_mib(pid)}
+        log(PART, f"{size:,} jobs submitted in {took:.1f} s ({size / took:,.0f}/s), kept in "
+                  f"{cache}: {json.dumps(filled)}")
+    finally:
+        bench.close()
+    done.write_text(json.dumps(filled) + "\n")
+    return cache / "state"
+
+
+def fill_figures(size: int) -> dict[str, Any]:
+    """What :func:`filled_state` measured while it filled ``size`` jobs (RSS before, after)."""
+    filled_state(size)
+    return dict(json.loads((FILL_CACHE / f"parked-{size}" / "FILLED").read_text()))
+
+
+def copy_state(size: int, root: Path, fresh: bool = False) -> None:
+    """Put a copy of the filled state of ``size`` jobs at ``root/state`` (a cluster's)."""
+    src = filled_state(size, fresh)
+    t0 = time.perf_counter()
+    shutil.copytree(src, root / "state")
+    log(PART, f"{size:,} jobs: copied the filled state in {time.perf_counter() - t0:.1f} s")
+
+
+def loaded_cluster(size: int, root: Path, *, api: bool = True, candidates: int = 3,
+                   fresh: bool = False) -> BenchCluster:
+    """``candidates`` candidates on a copy of ``size`` parked jobs (1 in 10,000 of user
+    carol, the rest bench's), filled once per size (:func:`filled_state`)."""
+    copy_state(size, root, fresh)
+    bench = BenchCluster(root, candidates=candidates, api=api, hash_iterations=1000)
+    bench.cluster.start(600)
     return bench
 
 
@@ -204,6 +259,7 @@ def member_join(args: argparse.Namespace) -> dict[str, Any]:
             out[str(size)] = {"join": first, "rejoin_after_sigkill": again}
         finally:
             bench.close()
+            shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -316,11 +372,11 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
             watcher = JobWatcher()
             with SyncClient.open(bench.client_config("benchwatch@scale"), role="benchwatch",
                                  hooks=watcher) as watch, \
-                    SyncClient.open(bench.client_config("cli@scale"), role="cli") as cli:
+                    SyncClient.open(bench.client_config("apiserver@scale"), role="apiserver") as front:
                 watch.join()
                 time.sleep(1.0)
                 t0 = time.time()
-                cli.call("queuectrl", {"queue": PARKED_QUEUE, "action": "activate", "user": BENCH_USER})
+                front.call("queuectrl", {"queue": PARKED_QUEUE, "action": "activate", "user": BENCH_USER})
                 deadline = time.monotonic() + 300
                 while time.monotonic() < deadline:
                     running = sum(1 for s in watcher.seen.values() if "RUN" in s)
@@ -442,7 +498,7 @@ async def _api_figures(http: RawHttp, quick: bool) -> dict[str, Any]:
     for _ in range(50 if quick else 300):  # a page from the middle of the listing
         t0 = time.perf_counter()
         status, body = await http.roundtrip(
-            r, w, http.request("GET", f"/xce/v1/jobs?limit=100&user={BENCH_USER}&state=PEND&cursor={cursor}"))
+            r, w, http.request("GET", f"/xce/v1/jobs?limit=100&user={BULK_USER}&state=PEND&cursor={cursor}"))
         lat2.append((time.perf_counter() - t0) * 1000)
     w.close()
     out["get_jobs_limit100_ms"] = stats(lat)
@@ -498,6 +554,7 @@ def apiserver(args: argparse.Namespace) -> dict[str, Any]:
             log(PART, f"apiserver, {size:,} jobs: {json.dumps(out[str(size)])[:400]}")
         finally:
             bench.close()
+            shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -509,17 +566,21 @@ def _rss_mib(pid: int) -> float:
 
 
 # ------------------------------------------------------------------------------ cli_jobs
-def _first_page_wall(config: Path, user: str, *args: str) -> tuple[float, float]:
-    """(seconds to the first page's last line, seconds to exit) of ``xce jobs`` as ``user``."""
-    env = {**os.environ, "LOGNAME": user, "USER": user}
+def _first_page_wall(config: Path, *args: str, whole: bool = True) -> tuple[float, float]:
+    """(seconds to the first page's last line, seconds to exit) of ``xce jobs ARGS`` run as
+    this benchmark's user; ``whole=False`` stops it (SIGKILL, by pid) after the first page."""
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "xcecore", "--config", str(config), "jobs", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     first = None
     for lines, _ in enumerate(proc.stdout, 1):
         if lines == 101 and first is None:  # the header and the first page of 100
             first = time.perf_counter() - t0
+            if not whole:
+                proc.kill()
+                proc.wait(60)
+                return first, first
     proc.wait(600)
     total = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -538,13 +599,14 @@ def cli_jobs(args: argparse.Namespace) -> dict[str, Any]:
             config = bench.cluster.config_path
             small, big = [], []
             for _ in range(args.trials):
-                small.append(_first_page_wall(config, SMALL_USER)[1] * 1000)
-                big.append(_first_page_wall(config, BENCH_USER)[0] * 1000)
+                small.append(_first_page_wall(config, "-u", SMALL_USER)[1] * 1000)
+                big.append(_first_page_wall(config, whole=False)[0] * 1000)
             out[str(size)] = {"own_few_jobs_total_ms": stats(small),
                               "own_many_jobs_first_page_ms": stats(big), "target_ms": 150.0}
             log(PART, f"xce jobs, {size:,} jobs: {stats(big)['p50']} ms first page")
         finally:
             bench.close()
+            shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -568,7 +630,7 @@ def _wait_standbys_loaded(bench: BenchCluster, primary: int, marks: dict[int, in
 
 async def _first_write_after(client: Any, name: str) -> float:
     """Submit one job (retried by the client library across the failover); epoch of its ack."""
-    await client.call("jobsubmit", {"command": "true", "user": BENCH_USER, "queue": PARKED_QUEUE,
+    await client.call("jobsubmit", {"command": "true", "queue": PARKED_QUEUE,
                                     "name": name})
     return time.time()
 
@@ -623,6 +685,7 @@ def ctl_failover(args: argparse.Namespace) -> dict[str, Any]:
             }
         finally:
             bench.close()
+            shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -631,7 +694,7 @@ def _ack_after_start(bench: BenchCluster, cfg: Any, started: float) -> float:
     from xcecore.client import SyncClient
 
     with SyncClient.open(cfg, role="cli") as cli:
-        cli.call("jobsubmit", {"command": "true", "user": BENCH_USER, "queue": PARKED_QUEUE,
+        cli.call("jobsubmit", {"command": "true", "queue": PARKED_QUEUE,
                                "name": "after-restart"})
     return time.time() - started
 
@@ -642,13 +705,10 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for size in args.sizes:
         root = Path(tempfile.mkdtemp(prefix=f"xce-scale-restart-{size}-"))
-        bench = BenchCluster(root, candidates=1, api=False, hash_iterations=1000)
-        bench.start()
+        bench = loaded_cluster(size, root, api=False, candidates=1)
         firsts: list[float] = []
         loads: list[float] = []
         try:
-            took = fill(bench, size)
-            log(PART, f"{size:,} jobs submitted in {took:.1f} s")
             cfg = bench.client_config("cli@bench-restart")
             for _ in range(args.trials):
                 proc = _proc_of(bench, 0)
@@ -668,6 +728,7 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
                               "target_ms": 3000.0}
         finally:
             bench.close()
+            shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -678,15 +739,11 @@ def ctl_memory(args: argparse.Namespace) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for size in args.sizes:
+        filled = fill_figures(size)  # the RSS of the candidate that took the submissions
+        base, after_submit = filled["rss_empty_mib"], filled["rss_after_submissions_mib"]
         root = Path(tempfile.mkdtemp(prefix=f"xce-scale-mem-{size}-"))
-        bench = BenchCluster(root, candidates=1, api=False, hash_iterations=1000)
-        bench.start()
+        bench = loaded_cluster(size, root, api=False, candidates=1)
         try:
-            base = _rss_mib(_proc_of(bench, 0).pid)
-            fill(bench, size)
-            after_submit = _rss_mib(_proc_of(bench, 0).pid)
-            _proc_of(bench, 0).kill()
-            bench.cluster.start_candidate(0)
             cfg = bench.client_config("cli@bench-mem")
             with SyncClient.open(cfg, role="cli") as cli:
                 deadline = time.monotonic() + 600
@@ -709,6 +766,7 @@ def ctl_memory(args: argparse.Namespace) -> dict[str, Any]:
             log(PART, f"memory, {size:,} jobs: {json.dumps(out[str(size)])}")
         finally:
             bench.close()
+            shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -721,16 +779,14 @@ def ctl_queries(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for size in args.sizes:
         root = Path(tempfile.mkdtemp(prefix=f"xce-scale-q-{size}-"))
-        bench = BenchCluster(root, candidates=1, api=False, hash_iterations=1000)
-        bench.start()
+        bench = loaded_cluster(size, root, api=False, candidates=1)
         try:
-            fill(bench, size)
             cfg = bench.client_config("cli@bench-q")
             figures: dict[str, list[float]] = {"nothing_matching_ms": [], "own_unfinished_page_ms": [],
                                                "few_own_jobs_ms": [], "status_ms": []}
             queries: dict[str, dict[str, Any]] = {
                 "nothing_matching_ms": {"owner": "nobody-at-all"},
-                "own_unfinished_page_ms": {"owner": BENCH_USER, "states": list(UNFINISHED), "limit": 100},
+                "own_unfinished_page_ms": {"owner": BULK_USER, "states": list(UNFINISHED), "limit": 100},
                 "few_own_jobs_ms": {"owner": SMALL_USER, "states": list(UNFINISHED), "limit": 100},
             }
             with SyncClient.open(cfg, role="cli") as cli:
@@ -747,6 +803,7 @@ def ctl_queries(args: argparse.Namespace) -> dict[str, Any]:
             log(PART, f"queries, {size:,} jobs: " + ", ".join(f"{k} p50 {stats(v)['p50']}" for k, v in figures.items()))
         finally:
             bench.close()
+            shutil.rmtree(root, ignore_errors=True)
     return out
 
 
