@@ -134,9 +134,10 @@ def xce_push(client: Client, role: str, event: str, seq: int, data: Any) -> None
     For plugins that watch every role (a role handles its own pushes in its object's
     ``push``, which runs first). Called on the event loop by the client's push task, in
     sequence order, one push at a time; an ``async def`` implementation is awaited before the
-    next push. The first push after every (re-)join is ``state`` (the full state); deltas
-    follow. Return quickly and never block. May not call the client synchronously; schedule
-    a task instead.
+    next push. After every (re-)join come the pushes of its state sync (``sync_begin``,
+    ``sync_records`` / ``sync_removed`` frames, ``sync_end``); ordinary pushes follow.
+    Return quickly and never block. May not call the client synchronously; schedule a task
+    instead.
     """
 
 

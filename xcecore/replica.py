@@ -7,7 +7,8 @@ docs/protocol.md ("State sync"):
 
 - ``sync_begin`` opens a sync. A *snapshot* forgets what was held of every subscribed kind;
   a *delta* keeps it. Volatile kinds (resource values, pend reasons, job usage, members),
-  which have no revisions, are sent whole by every sync and replaced either way.
+  which have no revisions, are sent whole and replaced, unless the delta's ``volatile`` says
+  ``mode`` ``delta``: then only the volatile records that changed are sent, and kept.
 - ``sync_records`` and the ordinary pushes (``job``, ``host``, ...) put records: a record is
   applied only if its ``rev`` is at least the one held for its key (newest wins), so frames of
   a snapshot produced while the cluster changed never undo a newer push. A key removed while a
@@ -243,7 +244,10 @@ class Replica:
         self.store = data.get("store") if isinstance(data.get("store"), str) else None
         self._tombstones.clear()
         self._began, self._frames, self._applied_before = time.monotonic(), 0, self.applied
-        emptied = self.kinds if mode == "snapshot" else self.kinds & VOLATILE
+        vol = data.get("volatile")
+        volatile_delta = isinstance(vol, dict) and vol.get("mode") == "delta"
+        emptied = (self.kinds if mode == "snapshot" else frozenset() if volatile_delta
+                   else self.kinds & VOLATILE)
         for kind in emptied:
             self._data[kind] = {}
         if mode == "snapshot" and self.manage_gc and gc.isenabled() and self.kinds:
@@ -282,6 +286,8 @@ class Replica:
         kind = _PUSH_KIND.get(event)
         if kind is not None:
             if kind in self._data:
+                if "vseq" in data:  # the push's position (the resume token's), not the record's
+                    data = {k: v for k, v in data.items() if k != "vseq"}
                 self.put(kind, data)
         elif event == "job_removed":
             if "jobs" in self._data:
@@ -294,7 +300,8 @@ class Replica:
         elif event == "member":
             if "members" in self._data:
                 if data.get("joined", True):
-                    self.put("members", {k: v for k, v in data.items() if k != "joined"})
+                    self.put("members", {k: v for k, v in data.items()
+                                         if k != "joined" and k != "vseq"})
                 else:
                     self.remove("members", data["identity"])
         elif event == "pend_reasons" and "pend_reasons" in self._data:

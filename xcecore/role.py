@@ -91,6 +91,18 @@ class Subscription:
         order = {kind: i for i, kind in enumerate(KINDS)}
         return cls(tuple(sorted(scopes.items(), key=lambda kv: order.get(kv[0], len(order)))))
 
+    @classmethod
+    def from_wire(cls, given: Mapping[str, object]) -> Subscription:
+        """The subscription a join's ``subscribe`` argument names (:meth:`to_wire`'s inverse);
+        the one parser of it, the controller's too. ``ValueError`` names what is wrong."""
+        scopes: dict[str, str] = {}
+        for kind, scope in given.items():
+            if not isinstance(kind, str) or not isinstance(scope, str):
+                raise ValueError(f"Subscription: kind {kind!r:.40} -> scope {scope!r:.40}: both "
+                                 "must be strings")
+            scopes[kind] = scope
+        return cls.of(**scopes)
+
     def scope(self, kind: str) -> str | None:
         """The scope of ``kind``, or None when the role does not subscribe to it."""
         for name, scope in self.scopes:

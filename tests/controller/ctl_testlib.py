@@ -14,15 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
+from xce_controller import sync
+from xce_controller.changes import ChangeRing
 from xce_controller.server import Controller, serve
 from xce_controller.settings import ClusterConf, ControllerSettings, config_of, settings_from_config
 from xce_controller.state import ClusterState
 from xce_controller.store import SQLiteStore
+from xce_controller.subscribe import Subscription
+from xce_controller.subscribe import parse as parse_subscription
 
 from xcecore import auth, wire
 from xcecore.auth.key import KeyAuth
+from xcecore.replica import Replica
 from xcecore.testing import Proc as HarnessProc
 from xcecore.testing import free_port
 
@@ -107,6 +113,59 @@ class RawClient:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def replica_for(args: dict[str, Any]) -> Replica:
+    """An empty replica of what a join with ``args`` subscribes to (the roles' own class)."""
+    role = args["role"]
+    host = (args.get("attrs") or {}).get("hname") if role == "worker" else None
+    sub = parse_subscription(args.get("subscribe"), role, host)
+    return Replica(sub.wanted(), host=host, manage_gc=False, name=f"test {role}")
+
+
+async def follow(member: RawClient, rep: Replica, syncs: int = 1, timeout: float = 30) -> list[dict[str, Any]]:
+    """Feed ``member``'s pushes to ``rep`` until ``syncs`` more syncs ended; the pushes fed."""
+    fed: list[dict[str, Any]] = []
+    with anyio.fail_after(timeout):
+        while syncs:
+            p = await member.push(timeout=timeout)
+            fed.append(p)
+            assert rep.apply(p["push"], p["data"]) or p["push"] in ("signal", "shutdown"), p
+            if p["push"] == "sync_end":
+                syncs -= 1
+    return fed
+
+
+async def join_synced(member: RawClient, args: dict[str, Any], timeout: float = 30) -> tuple[dict[str, Any], Replica]:
+    """Join with ``args`` and follow the sync it starts, as a role does: (the join's result,
+    the member's replica once ``sync_end`` arrived)."""
+    member.pushes.clear()
+    result = await member.ok("join", args)
+    rep = replica_for(args)
+    await follow(member, rep, 1, timeout)
+    return result, rep
+
+
+@dataclass
+class _Source:
+    state: ClusterState
+    ring: ChangeRing
+    store_id: str = "test-store"
+    rev: int = 0
+
+
+def synced_view(st: ClusterState, sub: Subscription) -> Replica:
+    """In process: a member's replica after the snapshot sync of ``sub`` from ``st`` (the
+    frames the controller streams, applied as a role applies them)."""
+    src = _Source(st, ChangeRing(16))
+    plan = sync.plan(src, sub, None, src.rev)
+    rep = Replica(sub.wanted(), host=sub.host, manage_gc=False, name="test member")
+    rep.apply("sync_begin", orjson.loads(sync.begin(src, sub, plan)))
+    for frames in sync.chunks(src, sub, plan):
+        for name, data in frames:
+            assert rep.apply(name, orjson.loads(data)), name
+    assert rep.complete
+    return rep
 
 
 def reload(state_dir: Path, conf: ClusterConf | None = None) -> ClusterState:

@@ -141,16 +141,20 @@ def test_non_reading_floods_leave_memory_bounded_and_others_served(ctl: Proc) ->
     def dropped(who: str, line: str) -> bool:
         return (f"{who} (" in line and "took no data" in line) or f"member {who} is over" in line
 
-    floods = ("apiserver@jobinfo-flood", "apiserver@join-flood")
-    def both_dropped() -> str:
+    def jobinfo_flood_dropped() -> str:
         text = ctl.log.read_text()
-        lines = text.splitlines()
-        return text if all(any(dropped(w, x) for x in lines) for w in floods) else ""
+        return text if any(dropped("apiserver@jobinfo-flood", x) for x in text.splitlines()) else ""
 
-    log = wait_for(both_dropped, 20, what="both floods dropped")
-    for who in floods:  # held back once (logged once), then dropped
-        assert sum(f"{who} (" in line and "is not reading its replies" in line
-                   for line in log.splitlines()) == 1, who
+    log = wait_for(jobinfo_flood_dropped, 20, what="the jobinfo flood dropped")
+    # The jobinfo flood is held back once (logged once), then dropped. The join flood's
+    # replies are small: what piles up is the frames of the syncs its joins start (each join
+    # cancels the sync before it, and a sync sends its next chunk only below the bound). It
+    # is dropped as a member over its bound when they fill its outbox, but a sync that the
+    # kernel's socket buffers took whole leaves nothing waiting: then it is an idle member
+    # that holds no memory here, and stays. Either way it is held back at most once.
+    held = [line for line in log.splitlines() if "is not reading its replies" in line]
+    assert sum("apiserver@jobinfo-flood (" in line for line in held) == 1, held
+    assert sum("apiserver@join-flood (" in line for line in held) <= 1, held
     # The deaf member passes its byte bound (2 MiB) after ~1.3 s of these pushes on a quick
     # machine, or stalls first (3 s) on a loaded one where the loop submits fewer: dropped
     # either way, and the bound it passed named.
@@ -159,8 +163,8 @@ def test_non_reading_floods_leave_memory_bounded_and_others_served(ctl: Proc) ->
     assert all("max_unsent_bytes 2097152" in x or "stall_timeout" in x for x in deaf_lines), deaf_lines
     assert ctl.popen.poll() is None
     assert admin.call("hello")["ok"]
+    assert closed_by_peer(socks[0], 5)
     for sock in socks:
-        assert closed_by_peer(sock, 5)
         sock.close()
     admin.close()
     deaf.close()

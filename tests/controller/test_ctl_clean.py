@@ -10,9 +10,8 @@ from typing import Any
 import anyio
 import orjson
 import pytest
-from ctl_testlib import RawClient, reload, running, start_controller, wait_listening
+from ctl_testlib import RawClient, reload, running, start_controller, synced_view, wait_listening
 from xce_controller import plugin
-from xce_controller.members import legacy_view
 from xce_controller.pushes import encode_rows
 from xce_controller.settings import config_of, settings_from_config
 from xce_controller.state import ClusterConf, ClusterState
@@ -232,7 +231,7 @@ def test_meta_row_holds_the_counter(tmp_path: Path) -> None:
 
 
 def test_worker_view_lists_only_its_active_jobs_through_the_host_index(tmp_path: Path) -> None:
-    """A worker's (re-)join state holds its running and suspended jobs, found through the
+    """A worker's (re-)join sync holds its running and suspended jobs, found through the
     host index (kept on dispatch, finish, requeue and load), never another host's."""
     t0 = time.time() - 60
     st, ids, rows = _cluster(t0)
@@ -244,8 +243,8 @@ def test_worker_view_lists_only_its_active_jobs_through_the_host_index(tmp_path:
     rows += st.control(susp.result["jobid"], "stop", t0).rows
 
     def view(state: ClusterState, host: str) -> list[str]:
-        jobs = legacy_view(state, "s", default_for("worker", host))["jobs"]
-        return [j.spec()["command"] for j in jobs]
+        jobs = synced_view(state, default_for("worker", host)).records("jobs").values()
+        return [j["command"] for j in jobs]
 
     assert view(st, "n1") == ["running", "stopped"]
     assert view(st, "n2") == ["elsewhere"]

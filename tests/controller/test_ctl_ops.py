@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from ctl_testlib import RawClient, running
+from ctl_testlib import RawClient, join_synced, running
 
 pytestmark = pytest.mark.anyio
 
 
 async def worker(ctl, host="n1", ncpus=2) -> RawClient:
     w = await RawClient.connect(ctl.address, f"worker@{host}")
-    await w.ok("join", {"role": "worker", "attrs": {"hname": host, "ncpus": ncpus}})
-    await w.push("state")
+    await join_synced(w, {"role": "worker", "attrs": {"hname": host, "ncpus": ncpus}})
     return w
 
 
 async def scheduler(ctl) -> RawClient:
     s = await RawClient.connect(ctl.address, "scheduler@ctl")
-    await s.ok("join", {"role": "scheduler", "attrs": {}})
-    await s.push("state")
+    await join_synced(s, {"role": "scheduler", "attrs": {}})
     return s
 
 
@@ -82,7 +80,7 @@ async def test_pending_job_control_and_reasons(tmp_path):
         cli = await RawClient.connect(ctl.address, "apiserver@laptop")
         j = (await cli.ok("jobsubmit", {"command": "x", "user": "alice", "queue": "priority"}))["jobid"]
         assert (await s.ok("set_pend_reason", {"reasons": {str(j): "no host fits"}})) == {"updated": 1}
-        assert (await s.push("pend_reasons"))["data"] == {"reasons": {str(j): "no host fits"}}
+        assert (await s.push("pend_reasons"))["data"]["reasons"] == {str(j): "no host fits"}
         assert (await cli.ok("jobinfo", {"jobids": [j]}))["jobs"][0]["pend_reason"] == "no host fits"
         assert (await s.ok("clear_reason", {})) == {"cleared": 1, "more": False}
         assert (await cli.ok("jobctrl", {"jobid": j, "action": "stop", "user": "alice"}))["state"] == "PSUSP"
@@ -161,16 +159,16 @@ async def test_worker_sees_only_its_host(tmp_path):
         await w1.ok("hello")  # round trip: anything for w1 has arrived by now
         assert [p["push"] for p in w1.pushes] == []
         assert err(await w1.call("notify_job", {"jobid": j, "event": "start", "pid": 1}))["code"] == "DENIED"
-        # a re-joining worker gets its running jobs in the full state
-        await w2.ok("join", {"role": "worker", "attrs": {"hname": "n2", "ncpus": 2}})
-        st = (await w2.push("state"))["data"]
-        assert [h["name"] for h in st["hosts"]] == ["n2"] and [x["jobid"] for x in st["jobs"]] == [j]
-        assert st["members"] == []
+        # a re-joining worker's sync holds its host and its running jobs, no members
+        _, st = await join_synced(w2, {"role": "worker", "attrs": {"hname": "n2", "ncpus": 2}})
+        assert list(st.records("hosts")) == ["n2"] and list(st.records("jobs")) == [j]
+        assert "members" not in st.kinds and st.records("cluster")["cluster"]["name"] == "xce"
         full = await RawClient.connect(ctl.address, "apiserver@web")
-        await full.ok("join", {"role": "apiserver"})
-        st = (await full.push("state"))["data"]
-        assert {h["name"] for h in st["hosts"]} == {"n1", "n2"} and len(st["jobs"]) == 1
-        assert st["cluster"]["name"] == "xce" and {q["name"] for q in st["queues"]} == {"normal", "priority"}
+        _, st = await join_synced(full, {"role": "apiserver"})
+        assert set(st.records("hosts")) == {"n1", "n2"} and st.count("jobs") == 1
+        assert st.records("cluster")["cluster"]["name"] == "xce"
+        assert set(st.records("queues")) == {"normal", "priority"}
+        assert "apiserver@web" in st.records("members")
 
 
 async def test_validation_errors_name_the_argument(tmp_path):

@@ -23,7 +23,8 @@ def test_every_op_and_push_is_documented():
     text = DOC.read_text()
     for op in OPS:
         assert re.search(rf"^\| `{op}` \|", text, re.M), f"op {op} missing from the op table"
-    for event in ("state", "job", "job_removed", "signal", "host", "queue", "resvals", "jusage", "pend_reasons",
+    assert "| `sync_begin` / `sync_records` / `sync_removed` / `sync_end` |" in text
+    for event in ("job", "job_removed", "signal", "host", "queue", "resvals", "jusage", "pend_reasons",
                   "member", "shutdown"):
         assert f"| `{event}` |" in text
 

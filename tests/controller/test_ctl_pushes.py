@@ -1,4 +1,4 @@
-"""Pushes: state then gap-free deltas; a slow subscriber is dropped, nobody else stalls."""
+"""Pushes: a sync then gap-free deltas; a slow subscriber is dropped, nobody else stalls."""
 
 from __future__ import annotations
 
@@ -7,25 +7,29 @@ import socket
 import anyio
 import pytest
 from anyio.abc import SocketAttribute
-from ctl_testlib import RawClient, running
+from ctl_testlib import RawClient, follow, join_synced, replica_for, running
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_state_then_gap_free_deltas(tmp_path):
+async def test_a_sync_then_gap_free_deltas(tmp_path):
     async with running(tmp_path) as ctl:
         s = await RawClient.connect(ctl.address, "scheduler@a")
         await s.ok("join", {"role": "scheduler"})
         cli = await RawClient.connect(ctl.address, "apiserver@x")
         for i in range(20):
             await cli.ok("jobsubmit", {"command": f"c{i}", "user": "u"})
-        await s.ok("join", {"role": "scheduler"})  # re-join: a fresh state, seq goes on
-        await s.ok("hello")
-        seqs = [p["seq"] for p in s.pushes]
+        await s.ok("join", {"role": "scheduler"})  # re-join: a fresh sync, seq goes on
+        rep = replica_for({"role": "scheduler"})
+        fed = await follow(s, rep, syncs=2)
+        seqs = [p["seq"] for p in fed]
         assert seqs == list(range(1, len(seqs) + 1))
-        events = [p["push"] for p in s.pushes]
-        assert events[0] == "state" and events[1:21] == ["job"] * 20 and events[-1] == "state"
-        assert len(s.pushes[-1]["data"]["jobs"]) == 20
+        events = [p["push"] for p in fed]
+        first = events.index("sync_end")
+        assert events[0] == "sync_begin" and "job" not in events[:first]  # nothing yet
+        assert events[first + 1:first + 21] == ["job"] * 20
+        assert "sync_begin" in events[first + 21:] and events[-1] == "sync_end"  # the re-join's
+        assert sorted(rep.records("jobs")) == list(range(1, 21)) and rep.complete
 
 
 async def test_slow_subscriber_is_dropped(tmp_path):
@@ -55,12 +59,11 @@ async def test_slow_subscriber_is_dropped(tmp_path):
                     await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
         assert [p["seq"] for p in got] == list(range(1, len(got) + 1))
-        left = [p["data"] for p in got if p["push"] == "member"]
+        left = [{k: v for k, v in p["data"].items() if k != "vseq"} for p in got if p["push"] == "member"]
         assert {"identity": "apiserver@slow", "role": "apiserver", "joined": False} in left
         assert all(c.caller.identity != "apiserver@slow" for c in ctl.conns.values())
         assert len(await cli.jobs()) == 150
         # it re-joins (new connection) and gets a full state
         again = await RawClient.connect(ctl.address, "apiserver@slow")
-        await again.ok("join", {"role": "apiserver"})
-        st = await again.push("state", timeout=20)
-        assert len(st["data"]["jobs"]) == 150 and st["seq"] == 1
+        _, st = await join_synced(again, {"role": "apiserver"})
+        assert st.count("jobs") == 150 and again.ids and st.syncs == 1

@@ -11,8 +11,10 @@ from typing import Any
 
 import anyio
 import pytest
-from ctl_testlib import RawClient, running
+from ctl_testlib import RawClient, follow, replica_for, running
 from xce_controller.ridfilter import RidFilter
+
+from xcecore.client.sync import SyncToken
 
 pytestmark = pytest.mark.anyio
 
@@ -160,4 +162,67 @@ async def test_a_cold_primary_serves_writes_then_every_job(tmp_path):
         listed = [j["jobid"] for j in await cli.jobs({"owner": "u"})]
         assert listed == [*jobids, new]
         assert ctl.promotion["how"] == "cold"
+        await cli.aclose()
+
+
+async def test_a_rejoin_gets_only_the_volatile_values_that_changed(tmp_path):
+    """Pend reasons (no revs) of 3,000 jobs: a re-join to the same primary is sent the two
+    that changed while it was away (and one cleared), and its replica ends as a whole sync
+    would leave it; a since without the volatile position gets them whole."""
+    async with running(tmp_path) as ctl:
+        cli = await RawClient.connect(ctl.address, "apiserver@x")
+        jobids = await _submit_many(cli, 3_000)
+        args = {"role": "scheduler", "subscribe": {"jobs": "unfinished", "pend_reasons": "all"}}
+        rep, token = replica_for(args), SyncToken()
+
+        async def join(member: RawClient, since: Any) -> list[dict[str, Any]]:
+            member.pushes.clear()
+            await member.ok("join", {**args, "since": since})
+            fed = await follow(member, rep)
+            for p in fed:
+                token.observe(p["push"], p["data"])
+            return fed
+
+        sched = await RawClient.connect(ctl.address, "scheduler@s")
+        await join(sched, None)
+        await sched.ok("set_pend_reason", {"reasons": {str(j): "queue inactive" for j in jobids}})
+        p = await sched.push("pend_reasons")
+        rep.apply(p["push"], p["data"])
+        token.observe(p["push"], p["data"])  # the push's vseq moves the member's position
+        assert rep.count("pend_reasons") == 3_000 and "vseq" not in rep.get("pend_reasons", jobids[0])
+        since = token.since()
+        assert since is not None and since["volatile"] == {"epoch": ctl.volatile.epoch,
+                                                           "seq": p["data"]["vseq"]}
+        await sched.aclose()
+
+        other = await RawClient.connect(ctl.address, "scheduler@t")
+        await other.ok("join", {"role": "scheduler", "subscribe": {}})
+        await other.ok("set_pend_reason", {"reasons": {str(jobids[5]): "no host fits",
+                                                       str(jobids[7]): "user limit"}})
+        await other.ok("clear_reason", {"jobids": [jobids[9]]})
+        back = await RawClient.connect(ctl.address, "scheduler@s")
+        fed = await join(back, since)
+        begin = fed[0]["data"]
+        assert begin["mode"] == "delta" and begin["volatile"]["mode"] == "delta"
+        reasons = _items([p for p in fed if p["push"] == "sync_records"], "pend_reasons")
+        assert sorted(r["jobid"] for r in reasons) == [jobids[5], jobids[7]]
+        assert [p["data"] for p in fed if p["push"] == "sync_removed"] == [
+            {"kind": "pend_reasons", "keys": [jobids[9]]}]
+        held = {k: r["reason"] for k, r in rep.records("pend_reasons").items()}
+        want = {j: "queue inactive" for j in jobids if j != jobids[9]}
+        want.update({jobids[5]: "no host fits", jobids[7]: "user limit"})
+        assert held == want and rep.count("jobs") == 3_000
+
+        # Without the volatile position (an older member's since): every reason, whole.
+        fed = await join(back, {"store": since["store"], "rev": since["rev"]})
+        assert fed[0]["data"]["mode"] == "delta" and fed[0]["data"]["volatile"]["mode"] == "whole"
+        whole = _items([p for p in fed if p["push"] == "sync_records"], "pend_reasons")
+        assert len(whole) == 2_999 and {r["jobid"]: r["reason"] for r in whole} == want
+        assert {k: r["reason"] for k, r in rep.records("pend_reasons").items()} == want
+        # Another primary term's position is not resumable: whole again.
+        stale = {**token.since(), "volatile": {"epoch": "0" * 16, "seq": 1}}
+        fed = await join(back, stale)
+        assert fed[0]["data"]["volatile"]["mode"] == "whole"
+        await back.aclose()
+        await other.aclose()
         await cli.aclose()

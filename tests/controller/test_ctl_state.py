@@ -13,9 +13,8 @@ from typing import Any
 
 import orjson
 import pytest
+from ctl_testlib import synced_view
 from xce_controller.jobs import Job, JobTable, make_alloc
-from xce_controller.members import legacy_view
-from xce_controller.pushes import encode
 from xce_controller.settings import ClusterConf
 from xce_controller.state import Changes, ClusterState, queue_record
 from xce_controller.subscribe import EVERYTHING, Subscription, default_for
@@ -152,26 +151,27 @@ def test_views_queues_conf_and_lookups() -> None:
         assert code(err) == "NOT_FOUND" and err.value.data == {"what": what, "name": arg}
 
 
-def test_legacy_state_for_members_and_for_a_worker() -> None:
+def test_the_snapshot_sync_for_members_and_for_a_worker() -> None:
     st = with_hosts(new_state(), "n1", "n2")
     on_n1, on_n2 = running(st, "n1"), running(st, "n2")
     pending = submit(st)
     st.add_member("scheduler@x", "scheduler", T0)
     everything = Subscription(tuple(EVERYTHING.items()))
-    full = orjson.loads(encode(legacy_view(st, "srv", everything)))
-    assert full["server"] == "srv" and full["cluster"] == st.clusterconf()
-    assert [h["name"] for h in full["hosts"]] == ["n1", "n2"]
-    assert [j["jobid"] for j in full["jobs"]] == [on_n1, on_n2, pending]
-    assert full["jobs"][0]["command"] == "true" and full["jobs"][0]["alloc"] == [
-        {"host": "n1", "ntasks": 1}]
-    assert [m["identity"] for m in full["members"]] == ["scheduler@x"]
-    assert full["queues"] == st.sorted_queues() and full["resources"] == st.conf.resources
-    mine = legacy_view(st, "srv", default_for("worker", "n1"))
-    assert [h["name"] for h in mine["hosts"]] == ["n1"]
-    assert [j.jobid for j in mine["jobs"]] == [on_n1] and mine["members"] == []
+    full = synced_view(st, everything)
+    assert full.get("cluster", "cluster") == {**st.clusterconf(), "rev": 0}
+    assert list(full.records("hosts")) == ["n1", "n2"]
+    assert list(full.records("jobs")) == [on_n1, on_n2, pending]
+    first = full.get("jobs", on_n1)
+    assert first is not None and first["command"] == "true"
+    assert first["alloc"] == [{"host": "n1", "ntasks": 1}]
+    assert list(full.records("members")) == ["scheduler@x"]
+    assert list(full.records("queues").values()) == st.sorted_queues()
+    mine = synced_view(st, default_for("worker", "n1"))
+    assert list(mine.records("hosts")) == ["n1"]
+    assert list(mine.records("jobs")) == [on_n1] and "members" not in mine.kinds
     st.notify("n1", {"jobid": on_n1, "event": "finish", "exit_status": 0}, T0)
-    assert legacy_view(st, "srv", default_for("worker", "n1"))["jobs"] == []
-    assert legacy_view(st, "srv", default_for("worker", "ghost"))["hosts"] == []
+    assert synced_view(st, default_for("worker", "n1")).count("jobs") == 0
+    assert synced_view(st, default_for("worker", "ghost")).count("hosts") == 0
 
 
 # -- members and hosts ---------------------------------------------------------------------

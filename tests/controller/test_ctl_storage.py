@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import orjson
 import pytest
-from ctl_testlib import Proc, RawClient, settings, start_controller, wait_listening
+from ctl_testlib import Proc, RawClient, follow, join_synced, settings, start_controller, wait_listening
 from loguru import logger
 from test_ctl_fuzz import SyncClient
 from xce_controller.jobs import Job, job_from_row
@@ -140,9 +140,9 @@ def lines() -> Iterator[list[str]]:
 async def test_a_failing_store_rolls_back_refuses_writes_and_recovers(tmp_path: Path, lines: list[str]) -> None:
     async with flaky(tmp_path) as (ctl, store):
         sched = await RawClient.connect(ctl.address, "scheduler@s")
-        await sched.ok("join", {"role": "scheduler"})
+        _, sched_view = await join_synced(sched, {"role": "scheduler"})
         worker = await RawClient.connect(ctl.address, "worker@n1")
-        await worker.ok("join", {"role": "worker", "attrs": {"hname": "n1", "ncpus": 2}})
+        _, worker_view = await join_synced(worker, {"role": "worker", "attrs": {"hname": "n1", "ncpus": 2}})
         admin = await RawClient.connect(ctl.address, "cli@x")
         a = (await admin.ok("jobsubmit", {"command": "a"}, rid="ka"))["jobid"]
 
@@ -168,17 +168,16 @@ async def test_a_failing_store_rolls_back_refuses_writes_and_recovers(tmp_path: 
         assert refused["code"] == "STORAGE" and "nothing changed" in refused["message"]
         assert (await admin.ok("resval", {"host": "n1"}))["hosts"]["n1"] == {"r1m": 0.25}
 
-        # Members never saw a rolled-back change; each got a fresh state after the rollback.
-        got: list[dict[str, Any]] = []
-        with anyio.fail_after(10):
-            while sum(p["push"] == "state" for p in got) < 2:  # at its join, after the rollback
-                got.append(await sched.push())
+        # Members never saw a rolled-back change; each was synced again after the rollback.
+        got = await follow(sched, sched_view, syncs=1, timeout=10)
         jobs_seen = [(p["data"]["jobid"], p["data"]["state"]) for p in got if p["push"] == "job"]
         assert jobs_seen == [(a, "PEND")]
-        assert [(j["jobid"], j["state"]) for j in got[-1]["data"]["jobs"]] == [(a, "PEND")]
-        assert [p["seq"] for p in got] == list(range(1, len(got) + 1))  # withdrawn: no gap
-        await worker.push("state")  # at its join
-        assert (await worker.push("state"))["data"]["jobs"] == []  # its view of n1: nothing runs
+        assert [(j["jobid"], j["state"]) for j in sched_view.records("jobs").values()] == [(a, "PEND")]
+        seqs = [p["seq"] for p in got]
+        assert seqs == list(range(seqs[0], seqs[0] + len(got)))  # withdrawn: no gap
+        assert sched_view.complete and sched_view.syncs == 2
+        await follow(worker, worker_view, syncs=1, timeout=10)
+        assert worker_view.count("jobs") == 0 and worker_view.syncs == 2  # n1: nothing runs
 
         store.failing = False  # the disk works again: a probe commits, writes are taken
         with anyio.fail_after(10):

@@ -11,6 +11,11 @@ member has forgotten its previous view, so the token is void until that sync end
 in the middle makes the next join ask for a snapshot again. A *delta* that is cut short leaves
 the old token valid: everything the member held is still there, and re-applying newer records
 is harmless (newest revision wins).
+
+The volatile values (no revisions) have a position of their own, the ``volatile`` of the last
+completed sync's ``sync_begin`` (a primary's term and a sequence in it): sent back in
+``since``, it lets the same primary send only the volatile values that changed. A sync that
+sends them whole voids it until it ends; one that sends what changed leaves the old one valid.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any
 
 REVISED = frozenset({"job", "host", "queue", "cluster", "job_removed"})
 """Ordinary pushes of durable changes: each carries the revision of the write that made it."""
+VOLATILE = frozenset({"pend_reasons", "resvals", "jusage", "member"})
+"""Ordinary pushes of volatile changes: each carries its ``vseq`` in the primary's term."""
 
 
 def _rev(value: Any) -> int | None:
@@ -28,23 +35,30 @@ def _rev(value: Any) -> int | None:
 class SyncToken:
     """Store id and highest complete revision, from the pushes of one client's connections."""
 
-    __slots__ = ("_syncing", "rev", "store", "syncs")
+    __slots__ = ("_syncing", "_volatile_next", "rev", "store", "syncs", "volatile")
 
     def __init__(self) -> None:
         self.store: str | None = None
         self.rev: int | None = None  # None: nothing complete to resume from
+        self.volatile: dict[str, Any] | None = None  # {"epoch", "seq"} of the last sync
         self.syncs = 0  # completed syncs
         self._syncing = False
+        self._volatile_next: dict[str, Any] | None = None
 
     def since(self) -> dict[str, Any] | None:
-        """The join's ``since`` argument: ``{"store", "rev"}``, or None for a snapshot."""
+        """The join's ``since`` argument: ``{"store", "rev"}`` (and ``volatile`` when known),
+        or None for a snapshot."""
         if self.store is None or self.rev is None:
             return None
-        return {"store": self.store, "rev": self.rev}
+        out: dict[str, Any] = {"store": self.store, "rev": self.rev}
+        if self.volatile is not None:
+            out["volatile"] = self.volatile
+        return out
 
     def forget(self) -> None:
         """Ask for a snapshot at the next join (the member dropped what it held)."""
         self.rev = None
+        self.volatile = None
 
     def observe(self, event: str, data: Any) -> None:
         """Account for one push (any event; those that do not concern the sync cost a lookup)."""
@@ -53,6 +67,12 @@ class SyncToken:
                 rev = _rev(data.get("rev"))
                 if rev is not None and rev > self.rev:
                     self.rev = rev
+        elif event in VOLATILE:
+            vol = self.volatile
+            if not self._syncing and vol is not None and isinstance(data, dict):
+                seq = _rev(data.get("vseq"))
+                if seq is not None and seq > vol["seq"]:
+                    self.volatile = {"epoch": vol["epoch"], "seq": seq}
         elif event == "sync_begin":
             if not isinstance(data, dict):
                 return
@@ -62,6 +82,14 @@ class SyncToken:
                 # A snapshot replaces the member's view: nothing older is complete any more.
                 self.rev = None
             self.store = store if isinstance(store, str) else None
+            vol = data.get("volatile")
+            self._volatile_next = None
+            if isinstance(vol, dict):
+                epoch, seq = vol.get("epoch"), _rev(vol.get("seq"))
+                if isinstance(epoch, str) and seq is not None:
+                    self._volatile_next = {"epoch": epoch, "seq": seq}
+            if self.rev is None or not (isinstance(vol, dict) and vol.get("mode") == "delta"):
+                self.volatile = None  # they are being replaced: nothing to resume from
         elif event == "sync_end":
             if not self._syncing or not isinstance(data, dict):
                 return
@@ -69,4 +97,5 @@ class SyncToken:
             rev = _rev(data.get("rev"))
             if rev is not None and self.store is not None:
                 self.rev = rev if self.rev is None else max(self.rev, rev)
+                self.volatile = self._volatile_next
                 self.syncs += 1

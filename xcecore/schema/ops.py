@@ -57,11 +57,22 @@ class Subscribe(TypedDict):
 
 
 @with_config(_STRICT)
+class VolatileSince(TypedDict):
+    """Where a member's volatile values stand: the ``volatile`` of its last sync's
+    ``sync_begin`` (a primary's term, and a position in that term's volatile changes)."""
+
+    epoch: Annotated[t.StoreId, _d("the term of the primary that synced them")]
+    seq: Annotated[t.NonNegative, _d("the position in that term's volatile changes")]
+
+
+@with_config(_STRICT)
 class Since(TypedDict):
     """Where a member's copy stands: the store it came from and the highest rev it holds."""
 
     store: Annotated[t.StoreId, _d("the store id of the member's last completed sync")]
     rev: Annotated[t.NonNegative, _d("the highest rev it holds from that store")]
+    volatile: NotRequired[Annotated[VolatileSince, _d(
+        "where its volatile values stand; absent: they are sent whole")]]
 
 
 @with_config(_STRICT)
@@ -82,17 +93,16 @@ class JoinArgs(TypedDict):
     member subscribed to nothing). After the reply the controller streams the sync
     (``sync_begin``, ``sync_records``/``sync_removed`` frames, ``sync_end``), then deltas;
     ``delta`` when ``since`` names this store and a rev inside the retention window (not for
-    a worker's host-scoped view, whose snapshot is small). A join without ``since`` (the form
-    of members before streamed syncs) gets one ``state`` push instead, as before. Joining
-    again on the same connection starts a new sync (seq keeps counting).
+    a worker's host-scoped view, whose snapshot is small), else ``snapshot``; a join without
+    ``since`` is one with ``since`` null (a snapshot). Joining again on the same connection
+    starts a new sync (seq keeps counting).
     """
 
     role: Annotated[t.Name, _d("the role joining; must equal the handshake's")]
     attrs: NotRequired[Annotated[t.JsonObject, _d("the member's attributes (default `{}`)")]]
     subscribe: NotRequired[Annotated[Subscribe, _d("kind -> scope (default: the role's)")]]
     since: NotRequired[Annotated[Since | None, _d(
-        "the member's resume point, null when it has completed no sync; absent: the older "
-        "form (one `state` push)")]]
+        "the member's resume point, null (or absent) when it has completed no sync")]]
     user: NotRequired[User]
 
 

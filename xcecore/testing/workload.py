@@ -190,11 +190,11 @@ class Observer:
         """Not needed."""
 
     def push(self, client: Any, role: str, event: str, seq: int, data: Any) -> None:
-        """Record job states from ``job`` pushes and full ``state`` pushes."""
+        """Record job states from ``job`` pushes and the jobs of a sync's frames."""
         if event == "job" and isinstance(data, dict):
             self._job(data)
-        elif event == "state" and isinstance(data, dict):
-            for job in data.get("jobs", []):
+        elif event == "sync_records" and isinstance(data, dict) and data.get("kind") == "jobs":
+            for job in data.get("items", []):
                 self._job(job)
 
     def _job(self, job: dict[str, Any]) -> None:

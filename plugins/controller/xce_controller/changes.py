@@ -14,11 +14,17 @@ window survives restarts and failovers. A rollback truncates what was not commit
 
 from __future__ import annotations
 
+import secrets
 from array import array
-from collections.abc import Iterable
-from typing import Any, Final, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-KINDS: Final = ("jobs", "hosts", "queues")
+if TYPE_CHECKING:
+    from xce_controller.state import Event
+
+KINDS: Final = ("jobs", "hosts", "queues", "resvals", "pend_reasons", "jusage", "members")
+"""Kinds a ring holds: the durable ones (in :class:`ChangeRing`s of revs) and the volatile
+ones (in a :class:`VolatileLog`'s ring of its own sequence numbers)."""
 _CODE: Final = {k: i for i, k in enumerate(KINDS)}
 REMOVED: Final = 0x80
 
@@ -124,3 +130,60 @@ class ChangeRing:
     def nbytes(self) -> int:
         """Bytes of the arrays (keys' objects not counted)."""
         return 8 * self.capacity + self.capacity + 8 * self.capacity
+
+
+_VOLATILE_EVENTS: Final = {"resvals": "resvals", "jusage": "jusage", "member": "members"}
+_VOLATILE_KEY: Final = {"resvals": "host", "jusage": "jobid", "member": "identity"}
+
+
+class VolatileLog:
+    """Which volatile records (resource values, pend reasons, job usage, members) changed,
+    in the order of this primary's pushes: a re-join's delta sends only those.
+
+    Volatile values have no revs and live in the primary's memory only, so their position is
+    this log's own sequence number within its ``epoch`` (random, one per primary term): a
+    ``since`` of another epoch (another primary, or this one before a restart) or older than
+    the ring gets every volatile value whole. The ring holds keys, not values: the sync sends
+    their current values (or removes the keys whose value is gone).
+    """
+
+    __slots__ = ("epoch", "ring", "seq")
+
+    def __init__(self, capacity: int) -> None:
+        self.epoch = secrets.token_hex(8)
+        self.seq = 0
+        self.ring = ChangeRing(capacity)
+
+    def note(self, events: Iterable[Event]) -> None:
+        """Record the volatile keys ``events`` (about to be encoded and pushed) change, and
+        give each such push the seq of its last change (``vseq``: a member's position)."""
+        ring = self.ring
+        for ev in events:
+            name, data = ev.name, ev.data
+            if not isinstance(data, dict):
+                continue
+            if name == "pend_reasons":
+                reasons = data.get("reasons")
+                if isinstance(reasons, dict):
+                    for text in reasons:
+                        self.seq += 1
+                        ring.append(self.seq, "pend_reasons", int(text))
+                    data["vseq"] = self.seq
+            elif name in _VOLATILE_EVENTS:
+                self.seq += 1
+                ring.append(self.seq, _VOLATILE_EVENTS[name], data.get(_VOLATILE_KEY[name]))
+                data["vseq"] = self.seq
+
+    def resumable(self, since: Mapping[str, Any] | None) -> int | None:
+        """The seq a member's ``since["volatile"]`` resumes after, or None (send them whole)."""
+        vol = since.get("volatile") if since is not None else None
+        if not isinstance(vol, Mapping) or vol.get("epoch") != self.epoch:
+            return None
+        seq = vol.get("seq")
+        if type(seq) is not int or not self.ring.covers(seq) or seq > self.seq:
+            return None
+        return seq
+
+    def wire(self, mode: str) -> dict[str, Any]:
+        """The ``volatile`` field of ``sync_begin``: where the member stands once it ends."""
+        return {"epoch": self.epoch, "seq": self.seq, "mode": mode}

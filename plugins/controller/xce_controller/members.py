@@ -1,5 +1,5 @@
-"""Members of a primary: what a join starts (a streamed sync, or the older ``state`` push), a
-sync again after a rollback, and the ``status`` op's bounded view of them.
+"""Members of a primary: the streamed sync a join starts, a sync again after a rollback, and
+the ``status`` op's bounded view of them.
 
 The sync runs as a task of the member's connection (:func:`xce_controller.sync.stream`), so it
 ends with the connection; a new join on the same connection cancels the sync under way and
@@ -11,12 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from loguru import logger
 
 from xce_controller import queries, sync
-from xce_controller.pushes import Subscriber, encode
-from xce_controller.state import ClusterState
-from xce_controller.subscribe import Subscription
+from xce_controller.pushes import Subscriber
 
 if TYPE_CHECKING:
     from xce_controller.ops import Caller
@@ -28,8 +25,8 @@ Connection = Any
 
 
 def subscribe(ctl: Controller, caller: Caller) -> None:
-    """Make ``caller`` a member that gets pushes: its sync first (or one ``state`` push for a
-    join of the older form), then ordinary pushes as they happen."""
+    """Make ``caller`` a member that gets pushes: its streamed sync first (the plan its join
+    made), then ordinary pushes as they happen."""
     conn = ctl.conns.get(caller.cid)
     if conn is None:
         return
@@ -41,9 +38,7 @@ def subscribe(ctl: Controller, caller: Caller) -> None:
     if not sub.scopes:
         return  # it asked for nothing (it still gets ``shutdown``)
     p = caller.plan
-    if p is None:
-        _legacy_state(ctl, conn, member)
-        return
+    assert p is not None, "a join that subscribed to something has a sync plan"
     if ctl.fanout.send(conn.cid, member, "sync_begin", sync.begin(ctl, sub, p), ctl.open_gate()):
         _start_sync(ctl, conn, member, p)
 
@@ -54,7 +49,7 @@ def resync(ctl: Controller, caller: Caller) -> None:
     conn = ctl.conns.get(caller.cid)
     if conn is None or not caller.joined:
         return
-    if caller.plan is not None:
+    if caller.sub.scopes:
         since = None if conn.sync_scope is not None else {"store": ctl.store_id,
                                                           "rev": ctl.committed_rev}
         caller.plan = sync.plan(ctl, caller.sub, since, ctl.rev)
@@ -87,35 +82,6 @@ def _stop_sync(conn: Connection) -> None:
     scope, conn.sync_scope = conn.sync_scope, None
     if scope is not None:
         scope.cancel()
-
-
-def _legacy_state(ctl: Controller, conn: Connection, member: Subscriber) -> None:
-    """The one ``state`` push of a join without ``since`` (members before streamed syncs).
-    It holds everything the member subscribed to, so it grows with the cluster."""
-    view = legacy_view(ctl.state, ctl.address, member.sub)
-    data = encode(view)  # raises before anything changed if it cannot be encoded
-    if len(data) > ctl.settings.max_frame:
-        logger.error(
-            "controller {}: the state push for {} is {} bytes, over the maximum frame {}: a "
-            "member that joins without 'since' gets the whole state in one frame; it should "
-            "stream its sync (join with 'since')", ctl.address, member.identity, len(data),
-            ctl.settings.max_frame)
-    ctl.fanout.send(conn.cid, member, "state", data, ctl.open_gate())
-
-
-def legacy_view(st: ClusterState, server: str, sub: Subscription) -> dict[str, Any]:
-    """The ``state`` push: a worker's view holds its host and its active jobs."""
-    host = sub.host if sub.hosted() else None
-    if host is None:
-        hosts = [st.hosts[n] for n in st.host_names]
-        jobs: list[Any] = list(st.jobs.values())
-        members = list(st.members.values())
-    else:
-        hosts = [st.hosts[host]] if host in st.hosts else []
-        jobs = st.jobs.active_jobs(host)
-        members = []
-    return {"server": server, "cluster": st.clusterconf(), "resources": st.conf.resources,
-            "queues": st.sorted_queues(), "hosts": hosts, "jobs": jobs, "members": members}
 
 
 def status(ctl: Controller, limit: int, after: str) -> dict[str, Any]:

@@ -145,15 +145,14 @@ def op_join(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -
     caller.worker_host = hname
     caller.joined, caller.sub = True, sub
     plan = None
-    if "since" in args and sub.scopes:  # a member that streams its sync
-        plan = srv.plan_sync(caller, sub, args["since"], bool(ch.rows))
+    if sub.scopes:  # every member streams its sync (``since`` absent: it holds nothing)
+        plan = srv.plan_sync(caller, sub, args.get("since"), bool(ch.rows))
     caller.plan = plan
     member = srv.state.add_member(caller.identity, role, now, None if role == WORKER else attrs,
                                   sub.to_wire())
     ch.events.extend(member.events)
-    ch.result = {"member": caller.identity, "server": srv.address, "role": role}
-    if "since" in args:
-        ch.result["sync"] = None if plan is None else plan.reply()
+    ch.result = {"member": caller.identity, "server": srv.address, "role": role,
+                 "sync": None if plan is None else plan.reply()}
     ch.after = lambda: srv.subscribe(caller)
     return ch
 

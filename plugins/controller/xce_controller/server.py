@@ -39,7 +39,7 @@ from loguru import logger
 
 from xce_controller import members, sync
 from xce_controller.authz import Policy
-from xce_controller.changes import ChangeRing
+from xce_controller.changes import ChangeRing, VolatileLog
 from xce_controller.delegate import Delegates
 from xce_controller.election import Election, FileLockElection
 from xce_controller.framing import FrameReader
@@ -163,6 +163,7 @@ class Controller:
         self.committed_rev = 0
         self.store_id = ""
         self.ring = ChangeRing(settings.change_retention)
+        self.volatile = VolatileLog(settings.change_retention)  # a new epoch every term
         self.rids = RidFilter()
         self.pending: dict[str, tuple[bytes, Gate]] = {}
         # Results committed while a store lookup was in flight (a lookup that found nothing
@@ -371,6 +372,7 @@ class Controller:
         self.election.publish()
         store = self._store
         follower, self.follower = self.follower, None
+        self.volatile = VolatileLog(self.settings.change_retention)
         if follower is not None and follower.loaded.is_set():
             await self._promote_hot(store, follower)
         else:
@@ -748,6 +750,8 @@ class Controller:
                     ev.data["rev"] = rev
             result = encode(ch.result)
             rows = encode_rows(ch.rows, encoded)
+        if ch.events:
+            self.volatile.note(ch.events)  # before encoding: the pushes carry their vseq
         events = encode_events(ch.events, encoded) if ch.events else []
         gate: Gate | None
         if rows:
@@ -802,8 +806,7 @@ class Controller:
         return sync.plan(self, sub, since, self.rev + (1 if writes else 0))
 
     def subscribe(self, caller: Caller) -> None:
-        """Start ``caller``'s pushes: its sync (or, for a join of the older form, the one
-        ``state`` push), then deltas."""
+        """Start ``caller``'s pushes: its sync, then deltas."""
         members.subscribe(self, caller)
 
     def resync(self, caller: Caller) -> None:

@@ -17,24 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from xcecore import role as _role
 from xcecore.wire import ErrorCode, RemoteError
 
-SCOPES: Final[dict[str, tuple[str, ...]]] = {
-    "cluster": ("all",),
-    "queues": ("all",),
-    "hosts": ("all", "own"),
-    "jobs": ("all", "unfinished", "host"),
-    "members": ("all",),
-    "resvals": ("all", "own"),
-    "pend_reasons": ("all",),
-    "jusage": ("all",),
-}
-"""Every kind a member may subscribe to, and its scopes."""
+SCOPES: Final = _role.SCOPES
+"""Every kind a member may subscribe to, and its scopes (the role API's table)."""
 HOSTED: Final = frozenset({"own", "host"})
 """Scopes that mean "the member's own host"."""
 WORKER_DEFAULT: Final = {"cluster": "all", "queues": "all", "hosts": "own", "jobs": "host",
                          "resvals": "own"}
-EVERYTHING: Final = {kind: "all" for kind in SCOPES}
+EVERYTHING: Final = {kind: "all" for kind in _role.KINDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +53,10 @@ class Subscription:
     def to_wire(self) -> dict[str, str]:
         return dict(self.scopes)
 
+    def wanted(self) -> _role.Subscription:
+        """The same subscription as the role API spells it (what a member's replica takes)."""
+        return _role.Subscription(self.scopes)
+
 
 NONE = Subscription(())
 
@@ -68,11 +64,12 @@ NONE = Subscription(())
 def default_for(role: str, host: str | None) -> Subscription:
     """The subscription of a join that sends none: a worker its host's view, others all."""
     scopes = WORKER_DEFAULT if host is not None and role == "worker" else EVERYTHING
-    return Subscription(tuple(scopes.items()), host)
+    return Subscription(_role.Subscription.from_wire(scopes).scopes, host)
 
 
 def parse(given: Mapping[str, Any] | None, role: str, host: str | None) -> Subscription:
-    """The subscription a join asks for; INVALID names what is wrong with it."""
+    """The subscription a join asks for (:meth:`xcecore.role.Subscription.from_wire` parses
+    it); INVALID names what is wrong with it."""
     if given is None:
         return default_for(role, host)
     if set(given) == {"pushes"}:  # the form of joins before per-kind scopes
@@ -82,18 +79,15 @@ def parse(given: Mapping[str, Any] | None, role: str, host: str | None) -> Subsc
         if pushes == "none":
             return NONE
         raise _invalid(f'"pushes" must be "all" or "none", not {pushes!r}')
-    scopes: list[tuple[str, str]] = []
-    for kind, scope in given.items():
-        allowed = SCOPES.get(kind)
-        if allowed is None:
-            raise _invalid(f"unknown kind {kind!r} (kinds: {', '.join(SCOPES)})")
-        if scope not in allowed:
-            raise _invalid(f"scope of {kind!r} must be one of {', '.join(allowed)}, not {scope!r}")
+    try:
+        wanted = _role.Subscription.from_wire(given)
+    except ValueError as exc:
+        raise _invalid(str(exc)) from None
+    for kind, scope in wanted.scopes:
         if scope in HOSTED and host is None:
             raise _invalid(f"scope {scope!r} of {kind!r} is a worker's own host; this member "
                            "has none")
-        scopes.append((kind, scope))
-    return Subscription(tuple(sorted(scopes)), host)
+    return Subscription(wanted.scopes, host)
 
 
 def _invalid(text: str) -> RemoteError:

@@ -13,8 +13,12 @@ slows only its own sync and holds at most a few chunks of memory.
 
 A ``delta`` sync sends the records of the retention window's changes after ``since`` (their
 current versions: a change that was overtaken by a newer one is skipped, the newer one sent)
-and the removals; records and volatile values that come with no rev (members, resource
-values, pend reasons, usage) are sent complete, whatever the mode.
+and the removals. The kinds without revs (members, resource values, pend reasons, usage) are
+sent whole in a snapshot; in a delta too, unless ``since`` carries this primary's volatile
+position (``since["volatile"]``, :class:`~xce_controller.changes.VolatileLog`) and its ring
+still covers it: then only the volatile keys that changed after it are sent (their current
+values, or removed). ``sync_begin``'s ``volatile`` says which (``mode`` ``delta`` or ``whole``)
+and where the member stands once the sync ends.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import anyio
 import orjson
 from loguru import logger
 
-from xce_controller.changes import ChangeRing
+from xce_controller.changes import ChangeRing, VolatileLog
 from xce_controller.jobs import Query
 from xce_controller.state import ClusterState
 from xce_controller.subscribe import Subscription
@@ -49,6 +53,7 @@ class Source(Protocol):
 
     state: ClusterState
     ring: ChangeRing
+    volatile: VolatileLog
     store_id: str
     rev: int
 
@@ -62,6 +67,7 @@ class Plan:
     store: str
     rev: int
     since: int | None
+    volatile_since: int | None = None  # a delta of the volatile kinds after this seq; None: whole
 
     def reply(self) -> dict[str, Any]:
         """The ``sync`` field of the join's reply."""
@@ -74,13 +80,15 @@ def plan(src: Source, sub: Subscription, since: dict[str, Any] | None, rev: int)
     if (since is not None and since.get("store") == src.store_id and not sub.hosted()
             and isinstance(since.get("rev"), int) and src.ring.covers(since["rev"])
             and since["rev"] <= rev):
-        return Plan("delta", src.store_id, rev, since["rev"])
+        return Plan("delta", src.store_id, rev, since["rev"], src.volatile.resumable(since))
     return Plan("snapshot", src.store_id, rev, None)
 
 
 def begin(src: Source, sub: Subscription, p: Plan) -> bytes:
     """The ``sync_begin`` push's data."""
-    data: dict[str, Any] = {"mode": p.mode, "store": p.store, "rev": p.rev, "since": p.since}
+    data: dict[str, Any] = {"mode": p.mode, "store": p.store, "rev": p.rev, "since": p.since,
+                            "volatile": src.volatile.wire("whole" if p.volatile_since is None
+                                                          else "delta")}
     if p.mode == "snapshot":
         data["counts"] = counts(src.state, sub)
     return orjson.dumps(data)
@@ -140,7 +148,8 @@ def chunks(src: Source, sub: Subscription, p: Plan) -> Iterator[list[Frame]]:
     if "cluster" in kinds:
         conf = {**st.clusterconf(), "rev": p.rev}
         yield [_records("cluster", [orjson.dumps(conf)])]
-    if "members" in kinds:
+    whole = p.volatile_since is None
+    if "members" in kinds and whole:
         yield from _members(st)
     if delta:
         assert p.since is not None
@@ -152,9 +161,15 @@ def chunks(src: Source, sub: Subscription, p: Plan) -> Iterator[list[Frame]]:
             yield from _hosts(st, sub, lambda h: orjson.dumps(h))
         if "jobs" in kinds:
             yield from _jobs(st, sub, kinds["jobs"])
-    # The kinds without revs come whole in every sync, snapshot or delta: the member
-    # replaces what it held of them at sync_begin (docs/protocol.md), even where a host or
-    # job record it is also sent carries the same values.
+    # The kinds without revs come whole unless this primary can say what changed since the
+    # member's volatile position: the member replaces what it held of them at sync_begin
+    # (docs/protocol.md), even where a host or job record it is also sent carries the same
+    # values.
+    if not whole:
+        assert p.volatile_since is not None
+        yield from _volatile_changes(src, sub, p.volatile_since)
+        yield [("sync_end", orjson.dumps({"rev": p.rev}))]
+        return
     if "resvals" in kinds:
         yield from _hosts(st, sub, lambda h: orjson.dumps({"host": h["name"], "values": h["resvals"]}),
                           kind="resvals")
@@ -291,6 +306,63 @@ def _changes(src: Source, sub: Subscription, since: int, upto: int) -> Iterator[
         last = got[-1].rev
         run = sum(1 for c in got if c.rev == last)
         rev, skip = (last, skip + run) if last == rev else (last, run)
+
+
+def _volatile_changes(src: Source, sub: Subscription, since: int) -> Iterator[list[Frame]]:
+    """The current values of the volatile keys changed after ``since`` (or their removal).
+
+    The keys of a step are taken from the ring before it is encoded, and the cursor is the
+    ring's own seq: a change made between two steps is sent by a later step (or was pushed).
+    """
+    kinds = sub.kinds()
+    seq = since
+    while True:
+        log = src.volatile
+        if not log.ring.covers(seq):
+            raise BehindWindow(f"volatile changes after seq {seq} are no longer in the window "
+                               f"(it starts after {log.ring.floor})")
+        got = log.ring.after(seq, SCAN)
+        if not got:
+            return
+        seq = got[-1].rev  # each volatile change has a seq of its own: no run to skip
+        st = src.state
+        out: list[Frame] = []
+        batches: dict[str, _Batch] = {}
+        removed: dict[str, list[Any]] = {}
+        seen: set[tuple[str, Any]] = set()
+        for c in got:
+            if c.kind not in kinds or (c.kind, c.key) in seen:
+                continue
+            seen.add((c.kind, c.key))
+            if c.kind == "resvals" and kinds["resvals"] == "own" and c.key != sub.host:
+                continue
+            data = _volatile_value(st, c.kind, c.key)
+            if data is None:
+                removed.setdefault(c.kind, []).append(c.key)
+            else:
+                batches.setdefault(c.kind, _Batch(c.kind)).add(data, out)
+        for b in batches.values():
+            b.flush(out)
+        out.extend(_removed(kind, keys) for kind, keys in removed.items())
+        yield out
+
+
+def _volatile_value(st: ClusterState, kind: str, key: Any) -> bytes | None:
+    """The current item of a volatile record (as a whole sync sends it), or None: gone."""
+    if kind == "pend_reasons":
+        job = st.jobs.get(key)
+        reason = None if job is None else job.pend_reason
+        return None if reason is None else orjson.dumps({"jobid": key, "reason": reason})
+    if kind == "jusage":
+        job = st.jobs.get(key)
+        if job is None or not job.usage or job.state not in ACTIVE:
+            return None
+        return orjson.dumps({"jobid": key, "usage": job.usage})
+    if kind == "resvals":
+        host = st.hosts.get(key)
+        return None if host is None else orjson.dumps({"host": key, "values": host["resvals"]})
+    member = st.members.get(key)
+    return None if member is None else orjson.dumps(member)
 
 
 def _current(st: ClusterState, kind: str, key: Any) -> tuple[int, bytes] | None:
