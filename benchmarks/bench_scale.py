@@ -189,7 +189,22 @@ def loaded_cluster(size: int, root: Path, *, api: bool = True, candidates: int =
     copy_state(size, root, fresh)
     bench = BenchCluster(root, candidates=candidates, api=api, hash_iterations=1000)
     bench.cluster.start(600)
+    wait_loaded(bench)
     return bench
+
+
+def wait_loaded(bench: BenchCluster, timeout: float = 900) -> float:
+    """Until the primary has loaded every job (its ``status`` says ``loading`` false: a
+    query waits for the load, longer than a client's liveness timeout); seconds waited."""
+    from xcecore.client import SyncClient
+
+    t0 = time.monotonic()
+    with SyncClient.open(bench.client_config("cli@bench-load"), role="cli") as cli:
+        while cli.call("status").get("loading"):
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"the primary did not load its jobs in {timeout} s")
+            time.sleep(0.2)
+    return time.monotonic() - t0
 
 
 # ------------------------------------------------------------------------------ member_join
@@ -881,11 +896,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown measurement(s) {', '.join(unknown)}; choose from {', '.join(MEASUREMENTS)}")
     quiet_logs()
-    results = {}
-    for name in chosen:
+    for name in chosen:  # each measurement's figures are written as soon as it is done
         log(PART, f"{name} at {', '.join(f'{s:,}' for s in args.sizes)}")
-        results[name] = MEASUREMENTS[name](args)
-    write(results, args)
+        results = {name: MEASUREMENTS[name](args)}
+        write(results, args)
     return 0
 
 
