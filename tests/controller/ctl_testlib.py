@@ -4,6 +4,7 @@ an in-process controller, and controller subprocesses that are always killed by 
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import orjson
 from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 from xce_controller import sync
-from xce_controller.changes import ChangeRing
+from xce_controller.changes import ChangeRing, VolatileLog
 from xce_controller.server import Controller, serve
 from xce_controller.settings import ClusterConf, ControllerSettings, config_of, settings_from_config
 from xce_controller.state import ClusterState
@@ -150,6 +151,7 @@ async def join_synced(member: RawClient, args: dict[str, Any], timeout: float = 
 class _Source:
     state: ClusterState
     ring: ChangeRing
+    volatile: VolatileLog
     store_id: str = "test-store"
     rev: int = 0
 
@@ -157,7 +159,7 @@ class _Source:
 def synced_view(st: ClusterState, sub: Subscription) -> Replica:
     """In process: a member's replica after the snapshot sync of ``sub`` from ``st`` (the
     frames the controller streams, applied as a role applies them)."""
-    src = _Source(st, ChangeRing(16))
+    src = _Source(st, ChangeRing(16), VolatileLog(16))
     plan = sync.plan(src, sub, None, src.rev)
     rep = Replica(sub.wanted(), host=sub.host, manage_gc=False, name="test member")
     rep.apply("sync_begin", orjson.loads(sync.begin(src, sub, plan)))
@@ -210,7 +212,8 @@ class Proc(HarnessProc):
     address: str = ""
 
 
-def start_controller(state_dir: Path, log_dir: Path, port: int | None = None, *extra: str) -> Proc:
+def start_controller(state_dir: Path, log_dir: Path, port: int | None = None, *extra: str,
+                     env: dict[str, str] | None = None) -> Proc:
     port = port or free_port()
     address = f"127.0.0.1:{port}"
     log = log_dir / f"ctl-{port}.log"
@@ -219,7 +222,8 @@ def start_controller(state_dir: Path, log_dir: Path, port: int | None = None, *e
     cmd = [sys.executable, "-m", "xce_controller", "--listen", address, "--state-dir", str(state_dir),
            "--key-file", str(keyfile), "--admins", "root", *extra]
     with open(log, "wb") as fh:
-        popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+        popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO,
+                                 env=None if env is None else {**os.environ, **env})
     return Proc(f"ctl-{port}", popen, log, address)
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import tracemalloc
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from ctl_testlib import RawClient, follow, replica_for, running
+from ctl_testlib import RawClient, follow, replica_for, running, start_controller, wait_listening
 from xce_controller.ridfilter import RidFilter
 
 from xcecore.client.sync import SyncToken
@@ -226,3 +227,46 @@ async def test_a_rejoin_gets_only_the_volatile_values_that_changed(tmp_path):
         await back.aclose()
         await other.aclose()
         await cli.aclose()
+
+
+def _huge_pages_available() -> bool:
+    import platform
+
+    lib, version = platform.libc_ver()
+    try:
+        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return (lib == "glibc" and tuple(int(x) for x in version.split(".")[:2]) >= (2, 35)
+            and ("[always]" in thp or "[madvise]" in thp))
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode(errors="replace").partition("=")[::2] for e in raw if b"=" in e)
+
+
+def test_a_candidate_keeps_its_heap_on_huge_pages_unless_told_not_to(tmp_path):
+    """A SIGKILLed primary's lock and sockets are released only once the kernel has torn its
+    memory down: a candidate re-executes itself (same pid) with its heap on 2 MiB pages."""
+    on = start_controller(tmp_path / "state", tmp_path)
+    off = None
+    try:
+        wait_listening(on.address, state="primary")
+        off = start_controller(tmp_path / "state", tmp_path, env={"XCE_CONTROLLER_HUGEPAGES": "0"})
+        wait_listening(off.address, state="standby")
+        env_on, env_off = _environ(on.pid), _environ(off.pid)
+        assert "PYTHONMALLOC" not in env_off and "re-executing" not in off.log.read_text()
+        if not _huge_pages_available():
+            assert "PYTHONMALLOC" not in env_on  # nothing to gain here: left alone
+            return
+        assert env_on["PYTHONMALLOC"] == "malloc"
+        assert "glibc.malloc.hugetlb=1" in env_on["GLIBC_TUNABLES"]
+        assert on.log.read_text().count("re-executing itself with its heap on transparent") == 1
+        rollup = Path(f"/proc/{on.pid}/smaps_rollup").read_text()
+        huge = next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("AnonHugePages"))
+        assert huge > 0, rollup
+    finally:
+        on.kill()
+        if off is not None:
+            off.kill()

@@ -15,8 +15,7 @@ from typing import Any
 import anyio
 from loguru import logger
 
-from xce_controller.plugin import tune_memory
-from xce_controller.server import serve
+from xce_controller.plugin import heap_on_huge_pages, tune_memory
 from xce_controller.settings import SECTION, config_of, settings_from_config
 from xcecore import auth
 from xcecore.config import EVENT_LOOPS
@@ -86,6 +85,8 @@ async def _run(args: argparse.Namespace) -> None:
                     return
 
         tg.start_soon(on_signal)
+        from xce_controller.server import serve  # here: main() may execute the process again
+
         await serve(settings)
         tg.cancel_scope.cancel()
 
@@ -93,6 +94,8 @@ async def _run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m xce_controller``."""
     args = parse_args(argv)
+    if argv is None:  # the process's own command line: it can be executed again
+        heap_on_huge_pages()
     logger.remove()
     # diagnose=False: a traceback must not print the values of a request's variables (they may
     # be huge or nested too deep to print).
