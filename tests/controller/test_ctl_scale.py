@@ -246,14 +246,15 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(e.decode(errors="replace").partition("=")[::2] for e in raw if b"=" in e)
 
 
-def test_a_candidate_keeps_its_heap_on_huge_pages_unless_told_not_to(tmp_path):
+def test_a_candidate_keeps_its_heap_on_huge_pages_when_told_to(tmp_path):
     """A SIGKILLed primary's lock and sockets are released only once the kernel has torn its
-    memory down: a candidate re-executes itself (same pid) with its heap on 2 MiB pages."""
-    on = start_controller(tmp_path / "state", tmp_path)
+    memory down: with XCE_CONTROLLER_HUGEPAGES=1 a candidate re-executes itself (same pid)
+    with its heap on 2 MiB pages; without it, it does not."""
+    on = start_controller(tmp_path / "state", tmp_path, env={"XCE_CONTROLLER_HUGEPAGES": "1"})
     off = None
     try:
-        wait_listening(on.address, state="primary")
-        off = start_controller(tmp_path / "state", tmp_path, env={"XCE_CONTROLLER_HUGEPAGES": "0"})
+        wait_listening(on.address, state="primary", timeout=60)
+        off = start_controller(tmp_path / "state", tmp_path)
         wait_listening(off.address, state="standby")
         env_on, env_off = _environ(on.pid), _environ(off.pid)
         assert "PYTHONMALLOC" not in env_off and "re-executing" not in off.log.read_text()

@@ -44,8 +44,8 @@ frames with the moving threshold and 40-50 MB with it fixed. Setting it fixes it
 
 HUGEPAGE_ENV = {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 """The environment a candidate re-executes itself with (:func:`heap_on_huge_pages`)."""
-HUGEPAGE_OPT_OUT = "XCE_CONTROLLER_HUGEPAGES"
-"""Set to ``0`` in the environment to keep the default allocator (no re-exec)."""
+HUGEPAGE_SWITCH = "XCE_CONTROLLER_HUGEPAGES"
+"""``1`` in a candidate's environment puts its heap on huge pages (:func:`heap_on_huge_pages`)."""
 
 
 def heap_on_huge_pages() -> None:
@@ -55,12 +55,12 @@ def heap_on_huge_pages() -> None:
     (``glibc.malloc.hugetlb=1``, glibc >= 2.35, THP ``always`` or ``madvise``).
 
     Why: the kernel releases a SIGKILLed process's ``flock`` and sockets only after it has
-    torn down its memory, page by page. For a primary holding 1,000,000 jobs (~1 GB) that
-    took 0.4-1.6 s on a loaded 2-core machine -- the standbys wait for the lock and the
-    clients for the connection's end all that time -- and 20-50 ms with 2 MiB pages
-    (benchmarks/RESULTS.md, section 11). The price: ~9 % more memory per object than
-    pymalloc. Does nothing where that is unavailable, when already done, or when
-    ``XCE_CONTROLLER_HUGEPAGES=0``.
+    torn down its memory, page by page. For a process holding ~1 GB (a primary with
+    1,000,000 jobs) that took 0.4-1.6 s on a loaded 2-core machine -- the standbys wait for
+    the lock and the clients for the connection's end all that time -- and 20-50 ms with
+    2 MiB pages (docs/operator.md, "Large clusters"). The price: a second interpreter start,
+    ~9 % more memory per object than pymalloc, and slower full collections; so it is opt-in:
+    only with ``XCE_CONTROLLER_HUGEPAGES=1``, and nothing where it is unavailable or done.
     """
     import os
     import platform
@@ -71,7 +71,7 @@ def heap_on_huge_pages() -> None:
 
     env = os.environ
     tunables = env.get("GLIBC_TUNABLES", "")
-    if env.get(HUGEPAGE_OPT_OUT) == "0" or sys.platform != "linux" or (
+    if env.get(HUGEPAGE_SWITCH) != "1" or sys.platform != "linux" or (
             env.get("PYTHONMALLOC") == "malloc" and HUGEPAGE_ENV["GLIBC_TUNABLES"] in tunables):
         return
     lib, version = platform.libc_ver()
@@ -85,8 +85,8 @@ def heap_on_huge_pages() -> None:
     new = {**env, "PYTHONMALLOC": "malloc",
            "GLIBC_TUNABLES": ":".join(filter(None, (tunables, HUGEPAGE_ENV["GLIBC_TUNABLES"])))}
     logger.info("controller: re-executing itself with its heap on transparent huge pages "
-                "(PYTHONMALLOC=malloc, glibc.malloc.hugetlb=1), so that a SIGKILL releases its "
-                "lock within milliseconds; {}=0 keeps the default allocator", HUGEPAGE_OPT_OUT)
+                "(PYTHONMALLOC=malloc, glibc.malloc.hugetlb=1: {}=1), so that a SIGKILL "
+                "releases its lock within milliseconds", HUGEPAGE_SWITCH)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, new)
