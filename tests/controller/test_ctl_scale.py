@@ -262,6 +262,7 @@ def test_a_candidate_keeps_its_heap_on_huge_pages_when_told_to(tmp_path):
             assert "PYTHONMALLOC" not in env_on  # nothing to gain here: left alone
             return
         assert env_on["PYTHONMALLOC"] == "malloc"
+        assert env_on["XCE_CONTROLLER_HUGEPAGES"] == "applied"  # executed again once, not more
         assert "glibc.malloc.hugetlb=1" in env_on["GLIBC_TUNABLES"]
         assert on.log.read_text().count("re-executing itself with its heap on transparent") == 1
         rollup = Path(f"/proc/{on.pid}/smaps_rollup").read_text()
