@@ -208,6 +208,12 @@ def log_times(text: str, needle: str, near: float) -> list[float]:
     """
     out = []
     for line in text.splitlines():
+        if needle in line and len(line) > 29 and line[10] == "T" and line[19] == ".":
+            try:  # the ISO 8601 prefix of xcecore's log lines: a whole date, time and offset
+                out.append(dt.datetime.fromisoformat(line[:29]).timestamp())
+            except ValueError:
+                pass
+            continue
         if needle not in line or len(line) < 12 or line[2] != ":" or line[8] != ".":
             continue
         try:
