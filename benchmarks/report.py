@@ -579,7 +579,9 @@ def scale_section(d: dict[str, Any] | None) -> list[str]:
             st = v.get(key) if isinstance(v, dict) else None
             if isinstance(st, dict):
                 cells = [fmt(st.get(k), 2) for k in ("p50", "p90", "p99", "max", "min")]
-                lines.append(f"| {int(size):,} | {label} | " + " | ".join(cells) + f" | {st.get('n', 0)} | {aim} |")
+                how = ", candidates with XCE_CONTROLLER_HUGEPAGES=1" if v.get("huge_pages") else ""
+                lines.append(f"| {int(size):,} | {label}{how} | " + " | ".join(cells)
+                             + f" | {st.get('n', 0)} | {aim} |")
     lines += ["", "| size | measure | value | aim |", "|---|---|---|---|"]
     for name, key, label, aim in SCALE_VALUES:
         for size, v in sorted(res.get(name, {}).items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
