@@ -5,7 +5,8 @@
 # and what the MUNGE authentication tests need (tests/core/test_munge*.py, [cluster] auth =
 # "munge"): munged, munge and unmunge (munge), libmunge.so.2 (libmunge2), useradd and userdel
 # (passwd) for the test users, chpasswd (passwd) and libpam.so.0 with pam_unix (libpam0g,
-# libpam-modules) for the API server's PAM logon test (tests/apiserver/test_api_pam.py).
+# libpam-modules) for the API server's PAM logon test (tests/apiserver/test_api_pam.py);
+# and etcd (etcd-server, etcdctl: etcd-client) for the etcd backend's tests (plugins/etcd).
 # Idempotent: installs only what is missing. Run as root (CI runs as root).
 set -euo pipefail
 if [ "$(id -u)" -ne 0 ]; then
@@ -28,6 +29,8 @@ command -v chpasswd >/dev/null || need+=(passwd)
 ldconfig -p | grep -q 'libpam\.so\.0 ' || need+=(libpam0g)
 compgen -G "/lib/*/security/pam_unix.so" >/dev/null || compgen -G "/usr/lib/*/security/pam_unix.so" \
   >/dev/null || need+=(libpam-modules)
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v etcdctl >/dev/null || need+=(etcd-client)
 if [ ${#need[@]} -eq 0 ]; then
   echo "install-system-deps.sh: everything is installed"
   exit 0
@@ -35,3 +38,8 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
 apt-get install -y --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u)
+# Debian's etcd-server package enables a system etcd service on 127.0.0.1:2379; the tests start
+# their own members on other ports and never use it. Stop it where a service manager runs it.
+if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
+  systemctl disable --now etcd || true
+fi

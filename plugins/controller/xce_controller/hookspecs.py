@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from xce_controller.jobs import JobTable
     from xce_controller.store import Write
     from xce_controller.storeread import Delta, Head, Images
+    from xcecore.config import Config
 
 
 class Store(Protocol):
@@ -110,17 +111,21 @@ class Store(Protocol):
 
 
 @hookspec(firstresult=True)
-def xce_controller_election(state_dir: str, advertise: str, hung_timeout: float) -> Election:
+def xce_controller_election(state_dir: str, advertise: str, hung_timeout: float, backend: str,
+                            config: Config) -> Election:
     """Return the election for this controller candidate (built-in: a lock on the state dir).
 
-    firstresult; the built-in answers last (``trylast``). Called once at controller start, on
-    the event loop's thread, with the candidate's state directory, the address it advertises
-    and ``[controller] hung_timeout`` (seconds without a heartbeat after which a standby may
-    fence the primary; 0: never; an implementation may leave the argument out). The object
-    keeps the :class:`xce_controller.election.Election` protocol: try/wait to become primary,
-    publish ``advertise`` as the primary's address, read the current primary's address,
-    register the candidate for ``status``, beat while primary, say before each
-    acknowledgement whether it still may, release. Optionally ``takeover_in(primary)``: a
+    firstresult; the built-in answers last (``trylast``), and only for ``backend`` "file".
+    ``backend`` is ``[controller] backend``: an implementation answers for the backend it
+    provides and returns None for the others; ``config`` is the validated configuration (its
+    own section is there). Called once at controller start, on the event loop's thread, with
+    the candidate's state directory, the address it advertises and ``[controller]
+    hung_timeout`` (seconds without a heartbeat after which a standby may fence the primary;
+    0: never; an implementation may leave any argument out). The object keeps the
+    :class:`xce_controller.election.Election` protocol: try/wait to become primary, publish
+    ``advertise`` as the primary's address, read the current primary's address, register the
+    candidate for ``status``, beat while primary, say before each acknowledgement (and at
+    every beat) whether it still may, release. Optionally ``takeover_in(primary)``: a
     standby's estimate of when it takes over from a primary that stopped beating (the
     handshake then tells clients ``takeover_ms`` instead of naming that primary); without it
     a standby names the primary it reads, hung or not.
@@ -128,30 +133,36 @@ def xce_controller_election(state_dir: str, advertise: str, hung_timeout: float)
 
 
 @hookspec(firstresult=True)
-def xce_controller_store(state_dir: str) -> Store:
+def xce_controller_store(state_dir: str, backend: str, config: Config, election: Election) -> Store:
     """Return the durable state store for a primary (built-in: SQLite in WAL mode).
 
-    firstresult; the built-in answers last (``trylast``). Called once when this candidate
-    starts, on the event loop's thread: as a standby it follows the store through the object,
-    and promoted it opens it for writing. The object keeps the :class:`Store` protocol:
-    load and follow the state, commit grouped writes with their revs and idempotency keys,
-    look keys up.
+    firstresult; the built-in answers last (``trylast``), and only for ``backend`` "file".
+    Called once when this candidate starts, on the event loop's thread, after its election
+    was made, with that election (a store may guard its writes with it): as a standby it
+    follows the store through the object, and promoted it opens it for writing. The object
+    keeps the :class:`Store` protocol: load and follow the state, commit grouped writes with
+    their revs and idempotency keys, look keys up.
     """
 
 
-def election(hook: pluggy.HookRelay, state_dir: str, advertise: str, hung_timeout: float) -> Election:
+def election(hook: pluggy.HookRelay, state_dir: str, advertise: str, hung_timeout: float,
+             backend: str = "file", config: Config | None = None) -> Election:
     """The election a plugin provides (typed facade of ``xce_controller_election``)."""
     found: Any = hook.xce_controller_election(state_dir=state_dir, advertise=advertise,
-                                              hung_timeout=hung_timeout)
+                                              hung_timeout=hung_timeout, backend=backend,
+                                              config=config)
     if found is None:
-        raise RuntimeError("no plugin provides a controller election (is the controller plugin "
-                           "loaded?)")
+        raise RuntimeError(f"no plugin provides a controller election for backend {backend!r} "
+                           "([controller] backend; is the plugin that provides it installed?)")
     return found  # type: ignore[no-any-return]
 
 
-def store(hook: pluggy.HookRelay, state_dir: str) -> Store:
+def store(hook: pluggy.HookRelay, state_dir: str, backend: str = "file",
+          config: Config | None = None, election: Election | None = None) -> Store:
     """The store a plugin provides (typed facade of ``xce_controller_store``)."""
-    found: Any = hook.xce_controller_store(state_dir=state_dir)
+    found: Any = hook.xce_controller_store(state_dir=state_dir, backend=backend, config=config,
+                                           election=election)
     if found is None:
-        raise RuntimeError("no plugin provides a controller store (is the controller plugin loaded?)")
+        raise RuntimeError(f"no plugin provides a controller store for backend {backend!r} "
+                           "([controller] backend; is the plugin that provides it installed?)")
     return found  # type: ignore[no-any-return]

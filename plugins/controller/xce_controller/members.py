@@ -89,10 +89,12 @@ def status(ctl: Controller, limit: int, after: str) -> dict[str, Any]:
     st = ctl.state
     assert ctl.election is not None
     page, nxt = queries.members_page(st, limit, "n" + after if after else None)
+    describe = getattr(ctl.election, "describe", None)  # a backend's own words (etcd: lease)
     return {
         "server": ctl.address, "state": ctl.role, "primary": ctl.address, "since": ctl.since,
         "candidates": ctl.election.candidates(), "jobs": len(st.jobs), "hosts": len(st.hosts),
         "members": len(st.members), "roles": dict(st.roles), "member_list": page,
         "next": nxt, "store": ctl.store_id, "rev": ctl.rev, "loading": ctl.loading is not None,
         "promotion": dict(ctl.promotion),
+        "backend": describe() if callable(describe) else {"backend": ctl.settings.backend},
     }

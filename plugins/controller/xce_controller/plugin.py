@@ -150,11 +150,17 @@ class ControllerRole(Role):
         settings = dataclasses.replace(settings_from_config(ctx.config, ctx.auth), reload=reload)
         hook = ctx.pm.hook
 
+        backend, config = settings.backend, ctx.config
+        elected: list[Election] = []  # the election this candidate made (its store's guard)
+
         def election(state_dir: str, advertise: str) -> Election:
-            return hookspecs.election(hook, state_dir, advertise, settings.hung_timeout)
+            made = hookspecs.election(hook, state_dir, advertise, settings.hung_timeout,
+                                      backend, config)
+            elected.append(made)
+            return made
 
         def store(state_dir: str) -> Store:
-            return hookspecs.store(hook, state_dir)
+            return hookspecs.store(hook, state_dir, backend, config, elected[-1] if elected else None)
 
         async with anyio.create_task_group() as tg:
 
@@ -200,17 +206,25 @@ def xce_config_sections() -> Iterable[ConfigSection]:
 
 
 @hookimpl(trylast=True)
-def xce_controller_election(state_dir: str, advertise: str, hung_timeout: float) -> Election:
-    """Built-in election: an exclusive flock on ``<state_dir>/primary.lock``, with a
-    heartbeat record and fencing of a hung primary on the same host."""
+def xce_controller_election(state_dir: str, advertise: str, hung_timeout: float,
+                            backend: str = "file") -> Election | None:
+    """Built-in election (backend "file"): an exclusive flock on ``<state_dir>/primary.lock``,
+    with a heartbeat record and fencing of a hung primary on the same host."""
     from xce_controller.election import FileLockElection
+
+    if backend != "file":
+        return None
 
     return FileLockElection(state_dir, advertise, hung_timeout=hung_timeout)
 
 
 @hookimpl(trylast=True)
-def xce_controller_store(state_dir: str) -> Store:
-    """Built-in store: SQLite (WAL, synchronous=FULL, group commit) in the state dir."""
+def xce_controller_store(state_dir: str, backend: str = "file") -> Store | None:
+    """Built-in store (backend "file"): SQLite (WAL, synchronous=FULL, group commit) in the
+    state dir."""
     from xce_controller.store import SQLiteStore
+
+    if backend != "file":
+        return None
 
     return SQLiteStore(state_dir)

@@ -363,6 +363,10 @@ class Controller:
         interval = election.beat_interval
         while True:
             election.heartbeat()
+            # Also while idle: a primary whose election says it may no longer acknowledge
+            # (an etcd lease it cannot prove live, a fence mark) gives the role up now.
+            if self.role == "primary" and self._fenced is None and election.still_primary() is not None:
+                self._may_acknowledge(0)
             await anyio.sleep(interval)
 
     async def _promote(self) -> None:

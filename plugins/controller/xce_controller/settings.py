@@ -92,6 +92,7 @@ class ControllerSettings:
     change_retention: int = CHANGE_RETENTION  # changes the retention window holds
     service_users: frozenset[str] = frozenset()  # [cluster] service_users (root always is one)
     grants: Mapping[str, frozenset[str]] = field(default_factory=dict)  # role -> ops
+    backend: str = "file"  # which plugin's election and store ("file": the built-in ones)
     tls: TLS | None = None  # [tls]: the listener's TLS (None: plain TCP)
     reload: Callable[[], ControllerSettings] | None = field(default=None, compare=False)
 
@@ -186,6 +187,9 @@ def check_controller_section(section: dict[str, Any]) -> None:
     if section["lost_job_action"] not in LOST_JOB_ACTIONS:
         raise ValueError("controller.lost_job_action must be 'requeue' or 'exit', got "
                          f"{section['lost_job_action']!r}")
+    if not section["backend"] or not section["backend"].isidentifier():
+        raise ValueError(f"controller.backend must be a backend's name (\"file\", \"etcd\"), "
+                         f"got {section['backend']!r}")
     hung = section["hung_timeout"]
     if isinstance(hung, bool) or not isinstance(hung, int | float) or not (hung == 0 or hung >= MIN_HUNG_TIMEOUT):
         raise ValueError(f"controller.hung_timeout must be 0 (off) or a number of seconds >= "
@@ -247,6 +251,10 @@ SECTION = ConfigSection(
             "seconds a finished (DONE/EXIT) job is kept after it ends before it is purged "
             "(like LSF CLEAN_PERIOD); 0 keeps finished jobs forever",
         ),
+        "backend": Field(
+            (str,), "file", "election and state store: \"file\" (the built-in flock and SQLite "
+            "in state_dir, candidates on one host) or a plugin's (\"etcd\": xce-etcd, "
+            "candidates on several hosts, the [etcd] section)"),
         "hung_timeout": Field(
             _NUM, DEFAULT_HUNG_TIMEOUT,
             "seconds without a heartbeat from the primary before a standby on the same host "
@@ -309,5 +317,6 @@ def settings_from_config(config: Config, auth: AuthMethod) -> ControllerSettings
         change_retention=int(c["change_retention"]),
         service_users=frozenset(cluster["service_users"]),
         grants=check_grants(c["grants"]),
+        backend=str(c["backend"]),
         tls=server_tls(config.section("tls"), what="a controller candidate"),
     )

@@ -1,0 +1,272 @@
+"""A thin blocking client of etcd v3's JSON gateway (``/v3/...`` over HTTP/1.1, httpx).
+
+Only what the backend needs: ranges (paged), transactions, leases (grant, one keep-alive,
+revoke) and the member status. Keys and values are bytes on this side and base64 on the
+wire; int64 fields come back as strings and are converted here.
+
+Several endpoints: a request goes to the endpoint that last answered; when it cannot even
+connect (``httpx.ConnectError``: nothing was sent) it tries the next ones, once each. A
+request that was sent and got no answer (a timeout, a broken connection) is *not* retried
+elsewhere: a write's outcome is then unknown (:class:`OutcomeUnknown`), and only the caller
+knows whether repeating it is safe.
+
+Errors etcd answers are :class:`EtcdError` with gRPC's code and etcd's message; those that
+etcd rejects before proposing to raft (:data:`DEFINITE`) are certain not to have been applied.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+DEFINITE = (
+    "mvcc: database space exceeded",
+    "too many operations in txn request",
+    "request is too large",
+    "duplicate key given in txn request",
+    "requested lease not found",
+)
+"""etcd errors raised before a request is proposed: the request was certainly not applied."""
+
+
+class EtcdUnavailable(Exception):
+    """No endpoint could be reached (nothing was sent to any of them)."""
+
+
+class OutcomeUnknown(Exception):
+    """A request was sent and no answer came (timeout, connection lost, a raft-level error)."""
+
+
+class EtcdError(Exception):
+    """etcd answered with an error."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def definite(self) -> bool:
+        """True when etcd rejected the request before proposing it (certainly not applied)."""
+        return any(text in self.message for text in DEFINITE)
+
+
+@dataclass(frozen=True, slots=True)
+class KV:
+    """One key as a range returns it."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+def b64(data: bytes) -> str:
+    """Base64 text of ``data`` (the gateway's encoding of bytes fields)."""
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: str | None) -> bytes:
+    """Bytes of the gateway's base64 text (absent: empty)."""
+    return base64.b64decode(text) if text else b""
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"  # every key
+
+
+def _kv(raw: dict[str, Any]) -> KV:
+    return KV(unb64(raw.get("key")), unb64(raw.get("value")), int(raw.get("create_revision", 0)),
+              int(raw.get("mod_revision", 0)), int(raw.get("lease", 0)))
+
+
+# -- request bodies (pure) ----------------------------------------------------------------------
+
+def put_op(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
+    """A transaction's put."""
+    body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+    if lease:
+        body["lease"] = str(lease)
+    return {"request_put": body}
+
+
+def delete_op(key: bytes) -> dict[str, Any]:
+    """A transaction's delete of one key."""
+    return {"request_delete_range": {"key": b64(key)}}
+
+
+def range_op(key: bytes) -> dict[str, Any]:
+    """A transaction's read of one key."""
+    return {"request_range": {"key": b64(key)}}
+
+
+def mod_revision_is(key: bytes, revision: int) -> dict[str, Any]:
+    """Compare: ``key``'s mod_revision equals ``revision`` (the fencing token)."""
+    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
+
+
+def absent(key: bytes) -> dict[str, Any]:
+    """Compare: ``key`` does not exist (its create_revision is 0)."""
+    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """What a transaction did: which branch, the revision after it, the branch's answers."""
+
+    succeeded: bool
+    revision: int
+    responses: list[dict[str, Any]]
+
+    def ranged(self, index: int) -> list[KV]:
+        """The keys the ``index``-th response (a range) returned."""
+        rng = self.responses[index].get("response_range", {})
+        return [_kv(k) for k in rng.get("kvs", [])]
+
+
+class EtcdClient:
+    """Blocking JSON-gateway client over several endpoints; thread-safe."""
+
+    def __init__(self, endpoints: list[str], *, timeout: float = 1.0, ca_file: str | None = None,
+                 cert_file: str | None = None, key_file: str | None = None) -> None:
+        if not endpoints:
+            raise ValueError("etcd: at least one endpoint is needed")
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.timeout = timeout
+        verify: Any = ca_file if ca_file else True
+        cert: Any = (cert_file, key_file) if cert_file else None
+        # One connection per thread at a time; keep-alive reuses them.
+        self._http = httpx.Client(timeout=timeout, verify=verify, cert=cert,
+                                  limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+        self._current = 0
+        self._lock = threading.Lock()
+        self.requests = 0  # for tests and benchmarks
+
+    def close(self) -> None:
+        """Close every connection."""
+        self._http.close()
+
+    def post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """POST ``body`` to ``path`` on the first endpoint that takes the connection."""
+        with self._lock:
+            start = self._current
+        n = len(self.endpoints)
+        failures = []
+        for i in range(n):
+            index = (start + i) % n
+            url = self.endpoints[index] + path
+            try:
+                resp = self._http.post(url, json=body, timeout=timeout or self.timeout)
+            except httpx.ConnectError as exc:  # nothing was sent: another endpoint may answer
+                failures.append(f"{self.endpoints[index]}: {exc}")
+                continue
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                with self._lock:  # next time, start with another endpoint
+                    self._current = (index + 1) % n
+                raise OutcomeUnknown(f"{url}: no answer ({type(exc).__name__}: {exc})") from None
+            with self._lock:
+                self._current = index
+            self.requests += 1
+            try:
+                data = resp.json()
+            except ValueError:
+                raise OutcomeUnknown(f"{url}: HTTP {resp.status_code}, not JSON: {resp.text[:200]!r}") from None
+            if not isinstance(data, dict):
+                raise OutcomeUnknown(f"{url}: unexpected answer {data!r:.200}")
+            if resp.status_code != 200 or "error" in data:
+                message = str(data.get("message") or data.get("error") or resp.text[:200])
+                err = EtcdError(int(data.get("code", 0) or 0), message)
+                if err.definite:
+                    raise err
+                raise OutcomeUnknown(f"{url}: {message}")
+            return data
+        raise EtcdUnavailable("no etcd endpoint reachable: " + "; ".join(failures))
+
+    # -- KV --------------------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> KV | None:
+        """One key, or None."""
+        kvs, _ = self.range(key)
+        return kvs[0] if kvs else None
+
+    def range(self, key: bytes, range_end: bytes | None = None, *, limit: int = 0,
+              revision: int = 0) -> tuple[list[KV], int]:
+        """Keys in ``[key, range_end)`` (just ``key`` without an end) and the store revision."""
+        body: dict[str, Any] = {"key": b64(key)}
+        if range_end is not None:
+            body["range_end"] = b64(range_end)
+        if limit:
+            body["limit"] = str(limit)
+        if revision:
+            body["revision"] = str(revision)
+        data = self.post("/v3/kv/range", body)
+        kvs = [_kv(k) for k in data.get("kvs", [])]
+        return kvs, int(data.get("header", {}).get("revision", 0))
+
+    def scan(self, prefix: bytes, page: int = 2000) -> tuple[list[KV], int]:
+        """Every key under ``prefix``, in pages, all read at one revision."""
+        end = prefix_end(prefix)
+        out: list[KV] = []
+        start, revision = prefix, 0
+        while True:
+            kvs, rev = self.range(start, end, limit=page, revision=revision)
+            revision = revision or rev
+            out.extend(kvs)
+            if len(kvs) < page:
+                return out, revision
+            start = kvs[-1].key + b"\0"
+
+    def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
+        """Put one key; the revision it got."""
+        body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        data = self.post("/v3/kv/put", body)
+        return int(data.get("header", {}).get("revision", 0))
+
+    def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
+            failure: list[dict[str, Any]] | None = None, timeout: float | None = None) -> TxnResult:
+        """One transaction."""
+        body: dict[str, Any] = {"compare": compare, "success": success}
+        if failure:
+            body["failure"] = failure
+        data = self.post("/v3/kv/txn", body, timeout)
+        return TxnResult(bool(data.get("succeeded", False)),
+                         int(data.get("header", {}).get("revision", 0)),
+                         list(data.get("responses", [])))
+
+    # -- leases ------------------------------------------------------------------------------------
+
+    def lease_grant(self, ttl: int, timeout: float | None = None) -> tuple[int, int]:
+        """A new lease: (id, the TTL etcd granted, which may be longer than asked)."""
+        data = self.post("/v3/lease/grant", {"TTL": str(ttl)}, timeout)
+        return int(data["ID"]), int(data.get("TTL", ttl))
+
+    def lease_keepalive(self, lease: int, timeout: float | None = None) -> int:
+        """Renew ``lease`` once; the TTL it has again (0: the lease is gone)."""
+        data = self.post("/v3/lease/keepalive", {"ID": str(lease)}, timeout)
+        return int(data.get("result", {}).get("TTL", 0))
+
+    def lease_revoke(self, lease: int, timeout: float | None = None) -> None:
+        """Revoke ``lease`` (its keys are deleted); a lease already gone is fine."""
+        try:
+            self.post("/v3/lease/revoke", {"ID": str(lease)}, timeout)
+        except EtcdError as exc:
+            if "lease not found" not in exc.message:
+                raise
+
+    def status(self, timeout: float | None = None) -> dict[str, Any]:
+        """The answering member's status (version, db size, leader, ...)."""
+        return self.post("/v3/maintenance/status", {}, timeout)

@@ -1,0 +1,264 @@
+"""The election on etcd: a lease per candidate, a leader key, and a fencing token.
+
+Each candidate holds one lease (``[etcd] lease_ttl``) for its lifetime, renewed by a keeper
+thread every quarter TTL; its registration (``<prefix>/candidates/<address>``) lives on it.
+Campaigning is one transaction: *if* ``<prefix>/leader`` does not exist, put it (value: the
+advertised address) on the candidate's lease. The winner's token is the leader key's
+``mod_revision``; the store guards every write with ``mod_revision(leader) == token``, so
+once the key is gone (the lease expired or was revoked) or belongs to another candidate, no
+write of this one can commit, whatever it believes (a paused, partitioned or zombie primary).
+
+Before every acknowledgement the primary checks a local deadline (:meth:`still_primary`):
+the monotonic time at which its last successful keep-alive was *sent*, plus the TTL etcd
+granted (less ``drift`` of it for clock-rate differences), less ``safety_margin``. etcd
+counts the lease from when it received that keep-alive, which is later, so when the deadline
+has not passed the lease is certainly live and no other candidate can hold the leader key.
+A primary past its deadline stops acknowledging and gives the role up (the server checks at
+every beat too, so it also leaves while idle).
+
+The keeper renews only while the controller's event loop shows it runs (:meth:`heartbeat`
+within half a TTL): a primary whose loop is stuck loses its lease like a frozen one, and a
+standby takes over after the TTL, without any fencing by signal (there is no other host's
+process to signal anyway).
+
+Waiting standbys campaign every :data:`POLL` seconds (the campaign's failure branch reads the
+leader key, so one request both tries and learns who leads); after a primary's SIGKILL the
+key goes when etcd expires its lease, about one TTL later; a graceful stop revokes the lease
+and the next poll wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import orjson
+from loguru import logger
+from xce_etcd.client import (
+    EtcdClient,
+    EtcdError,
+    EtcdUnavailable,
+    OutcomeUnknown,
+    absent,
+    prefix_end,
+    put_op,
+    range_op,
+)
+from xce_etcd.settings import EtcdSettings
+
+POLL = 0.02  # seconds between two campaigns of a waiting standby
+CANDIDATES_REFRESH = 1.0  # seconds between two reads of the candidate list (for status)
+
+
+def _safe(address: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-:" else "_" for c in address)
+
+
+class EtcdElection:
+    """One candidate's election on etcd (the ``Election`` protocol of ``xce_controller``)."""
+
+    def __init__(self, client: EtcdClient, settings: EtcdSettings, advertise: str) -> None:
+        self.client = client
+        self.settings = settings
+        self.advertise = advertise
+        prefix = settings.prefix.encode()
+        self.leader_key = prefix + b"/leader"
+        self.candidates_prefix = prefix + b"/candidates/"
+        self.my_key = self.candidates_prefix + _safe(advertise).encode()
+        self.beat_interval = min(0.1, settings.lease_ttl / 10)
+        self.lease = 0
+        self.granted_ttl = 0
+        self.token = 0  # the leader key's mod_revision while this candidate holds it
+        self._deadline = 0.0  # monotonic: until then the lease is certainly live
+        self._held = False
+        self._lost: str | None = None  # why this primary may no longer acknowledge
+        self._state = "standby"
+        self._registered = ""  # the state last written to the registration (per lease)
+        self._loop_beat = 0.0
+        self._leader: str | None = None
+        self._candidates: list[dict[str, Any]] = []
+        self._candidates_at = 0.0
+        self._abandoned = threading.Event()
+        self._stop = threading.Event()
+        self._mutex = threading.Lock()
+        self._keeper = threading.Thread(target=self._keep, name="xce-etcd-lease", daemon=True)
+        self._keeper.start()
+
+    # -- the lease ---------------------------------------------------------------------------
+
+    def _keep(self) -> None:
+        """Grant, then renew every quarter TTL; register; refresh the cached views."""
+        interval = self.settings.lease_ttl / 4
+        complained = 0.0
+        while not self._stop.is_set():
+            try:
+                self._renew()
+                self._refresh()
+            except (EtcdUnavailable, OutcomeUnknown, EtcdError) as exc:
+                now = time.monotonic()
+                if now - complained > 5.0:
+                    complained = now
+                    logger.warning("controller {}: etcd: cannot renew this candidate's lease "
+                                   "({}); retrying every {:g} s{}", self.advertise, exc, interval,
+                                   "; as primary it stops acknowledging at its deadline"
+                                   if self._held else "")
+            self._stop.wait(interval)
+
+    def _renew(self) -> None:
+        ttl = self.settings.grant_ttl
+        timeout = self.settings.lease_ttl / 4
+        if self._held and time.monotonic() - self._loop_beat > self.settings.lease_ttl / 2:
+            return  # the event loop makes no progress: let the lease run out (see module doc)
+        sent = time.monotonic()
+        if self.lease:
+            got = self.client.lease_keepalive(self.lease, timeout)
+            if got <= 0:
+                logger.warning("controller {}: etcd: lease {:x} expired{}", self.advertise,
+                               self.lease, "; no longer primary" if self._held else "")
+                self._lose("its lease expired at etcd")
+                self.lease, self._registered = 0, ""
+                return
+        else:
+            self.lease, got = self.client.lease_grant(ttl, timeout)
+            self._registered = ""
+        self.granted_ttl = got
+        deadline = sent + got * (1 - self.settings.drift) - self.settings.safety_margin
+        with self._mutex:
+            self._deadline = max(self._deadline, deadline) if self.lease else 0.0
+
+    def _refresh(self) -> None:
+        state = self._state
+        if state != self._registered and self.lease:
+            body = {"address": self.advertise, "pid": os.getpid(), "host": socket.gethostname(),
+                    "state": state, "since": time.time(), "lease": f"{self.lease:x}"}
+            self.client.put(self.my_key, orjson.dumps(body), self.lease)
+            self._registered = state
+        now = time.monotonic()
+        if now - self._candidates_at >= CANDIDATES_REFRESH:
+            self._candidates_at = now
+            kvs, _ = self.client.range(self.candidates_prefix, prefix_end(self.candidates_prefix))
+            out = []
+            for kv in kvs:
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    entry = orjson.loads(kv.value)
+                    if isinstance(entry, dict):
+                        out.append(entry)
+            self._candidates = out
+            if not self._held:
+                got = self.client.get(self.leader_key)
+                self._leader = got.value.decode(errors="replace") if got else None
+
+    def _lose(self, why: str) -> None:
+        with self._mutex:
+            if self._held and self._lost is None:
+                self._lost = why
+            self._deadline = 0.0
+
+    def lost(self, why: str) -> None:
+        """The store learnt this candidate is no longer the leader (its guard failed)."""
+        self._lose(why)
+
+    # -- the Election protocol ---------------------------------------------------------------------
+
+    def live(self) -> bool:
+        """True while the lease is certainly live (before the local deadline)."""
+        return time.monotonic() < self._deadline
+
+    def _campaign(self) -> bool:
+        if not self.lease or not self.live():
+            return False
+        try:
+            res = self.client.txn([absent(self.leader_key)],
+                                  [put_op(self.leader_key, self.advertise.encode(), self.lease)],
+                                  [range_op(self.leader_key)], timeout=self.settings.request_timeout)
+        except (EtcdUnavailable, EtcdError, OutcomeUnknown):
+            # Unknown: if it took, the key is ours on our lease; the next campaign sees it.
+            return False
+        if res.succeeded:
+            self._won(res.revision)
+            return True
+        kvs = res.ranged(0)
+        if kvs and kvs[0].lease == self.lease:  # an earlier campaign whose answer was lost
+            self._won(kvs[0].mod_revision)
+            return True
+        self._leader = kvs[0].value.decode(errors="replace") if kvs else None
+        return False
+
+    def _won(self, revision: int) -> None:
+        with self._mutex:
+            self.token, self._held, self._lost = revision, True, None
+            self._loop_beat = time.monotonic()
+            self._leader = self.advertise
+        logger.info("controller {}: etcd: won the election (leader key revision {}, lease {:x}, "
+                    "TTL {} s)", self.advertise, revision, self.lease, self.granted_ttl)
+
+    def try_acquire(self) -> bool:
+        """Campaign once (if the lease is granted already); never blocks for long."""
+        return self._campaign()
+
+    def wait(self) -> bool:
+        """Campaign every :data:`POLL` s until won (True) or abandoned (False)."""
+        while not self._abandoned.is_set():
+            if self._campaign():
+                return True
+            self._abandoned.wait(POLL)
+        return False
+
+    def abandon(self) -> None:
+        """Make :meth:`wait` return False."""
+        self._abandoned.set()
+
+    def publish(self) -> None:
+        """Nothing to do: the leader key names this candidate since the campaign."""
+
+    def current_primary(self) -> str | None:
+        """The leader key's address as last read (never blocks: called on the event loop)."""
+        return self._leader
+
+    def register(self, state: str) -> None:
+        """Record ``state`` (written by the keeper thread, on this candidate's lease)."""
+        self._state = state
+
+    def candidates(self) -> list[dict[str, Any]]:
+        """The registered candidates as last read (every second)."""
+        return list(self._candidates)
+
+    def heartbeat(self) -> None:
+        """The event loop runs: the keeper may keep renewing."""
+        self._loop_beat = time.monotonic()
+
+    def still_primary(self) -> str | None:
+        """None while this candidate may acknowledge; else why not."""
+        if not self._held:
+            return "it does not hold the etcd leader key"
+        if self._lost is not None:
+            return self._lost
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            return (f"it cannot prove its etcd lease live (no keep-alive answered for "
+                    f"{self.granted_ttl - left:.2f} s of its {self.granted_ttl} s TTL)")
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """The backend, the lease holder and its TTL (for ``status``)."""
+        return {"backend": "etcd", "endpoints": list(self.settings.endpoints),
+                "prefix": self.settings.prefix, "leader": self._leader,
+                "lease_ttl": self.granted_ttl or self.settings.grant_ttl,
+                "lease_left": round(max(0.0, self._deadline - time.monotonic()), 3) if self._held else None}
+
+    def release(self) -> None:
+        """Stop renewing and revoke the lease (the leader key and registration go with it)."""
+        self._abandoned.set()
+        self._stop.set()
+        with self._mutex:
+            lease, self.lease, self._held, self._deadline = self.lease, 0, False, 0.0
+        if lease:
+            try:
+                self.client.lease_revoke(lease, self.settings.request_timeout)
+            except (EtcdUnavailable, OutcomeUnknown, EtcdError) as exc:
+                logger.warning("controller {}: etcd: could not revoke lease {:x} ({}); it "
+                               "expires in {} s", self.advertise, lease, exc, self.granted_ttl)

@@ -1,0 +1,314 @@
+"""The state store on etcd: every group of writes is one transaction guarded by the fencing token.
+
+Keys (``P`` is ``[etcd] prefix``): ``P/s/<table>/<key>`` holds a record's JSON (tables
+``jobs``, ``hosts``, ``queues``, ``meta``), ``P/i/<rid>`` an idempotency key's result (``<unix
+time> <result JSON>``), ``P/store_id`` the store's random id, ``P/leader`` the election's key.
+
+The writer thread takes every write queued since its last commit, as the SQLite store does,
+and commits them in transactions of at most ``max_txn_ops`` operations and
+``max_request_bytes`` bytes (a write's rows never span two transactions; a write that alone
+exceeds a limit fails with a STORAGE fault naming it). Each transaction carries the compare
+``mod_revision(P/leader) == token``: it commits only while the leader key is still the one
+this candidate's campaign wrote. Each transaction's writes are reported (``on_done``) as one
+batch, after it committed, so a reply waits for its own commit; etcd's revision after the
+transaction is the batch's revision.
+
+Outcomes of a transaction:
+
+- committed: reported;
+- refused by etcd before it was proposed (``mvcc: database space exceeded``: the quota, a
+  transaction over etcd's own limits): the batch fails with a :class:`StorageFault` (the
+  controller answers STORAGE, rolls back, refuses writes and probes, as with a full disk),
+  and every later write of the same epoch fails too (see ``xce_controller.store``);
+- the guard failed (another candidate holds the leader key): this candidate is not primary
+  any more; the election is told, nothing is reported, the writer returns, and the controller
+  gives the role up at its next beat (its connections close: clients learn the outcome from
+  the next primary, through the write's idempotency key);
+- no answer (a timeout, the majority unreachable, a leader change inside etcd): the outcome is
+  unknown, so it must not be answered either way; handled like a failed guard. The next
+  primary loads whatever did commit.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+from loguru import logger
+from xce_controller.store import TABLES, Loaded, StorageFault, Write
+from xce_etcd.client import (
+    EtcdClient,
+    EtcdError,
+    EtcdUnavailable,
+    OutcomeUnknown,
+    absent,
+    delete_op,
+    mod_revision_is,
+    put_op,
+)
+from xce_etcd.election import EtcdElection
+from xce_etcd.settings import EtcdSettings
+
+_STOP = object()
+OP_OVERHEAD = 32  # bytes an operation costs in the request besides its (base64) fields
+
+
+class TooLarge(Exception):
+    """One write alone exceeds a transaction's limits."""
+
+
+def op_size(op: dict[str, Any]) -> int:
+    """About the bytes ``op`` takes in a gateway request (its base64 fields and some JSON)."""
+    body = next(iter(op.values()))
+    return OP_OVERHEAD + sum(len(v) for v in body.values())
+
+
+class EtcdStore:
+    """The controller's ``Store`` on etcd (see the module docstring)."""
+
+    def __init__(self, client: EtcdClient, settings: EtcdSettings, election: EtcdElection) -> None:
+        self.client = client
+        self.settings = settings
+        self.election = election
+        prefix = settings.prefix.encode()
+        self.state_prefix = prefix + b"/s/"
+        self.idem_prefix = prefix + b"/i/"
+        self.id_key = prefix + b"/store_id"
+        self.path = f"etcd {','.join(settings.endpoints)} {settings.prefix}"
+        self.store_id = ""
+        self.revision = 0  # etcd's revision after the last commit (the store's rev)
+        self.commits = 0
+        self.epoch = 0
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    def key(self, table: str, key: Any) -> bytes:
+        """The etcd key of record ``key`` of ``table``."""
+        if table not in TABLES:
+            raise ValueError(f"unknown table {table!r}")
+        name: str = str(key)
+        out: bytes = self.state_prefix + table.encode() + b"/" + name.encode()
+        return out
+
+    def guard(self) -> list[dict[str, Any]]:
+        """The fencing compare every write carries."""
+        return [mod_revision_is(self.election.leader_key, self.election.token)]
+
+    # -- open and load ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the store id if this prefix has none (guarded, like every write)."""
+        new = secrets.token_hex(8).encode()
+        res = self.client.txn([*self.guard(), absent(self.id_key)], [put_op(self.id_key, new)])
+        got = self.client.get(self.id_key)
+        if got is None:
+            raise RuntimeError(f"etcd: the store id {self.id_key.decode()} could not be created "
+                               "(is this candidate still the leader?)")
+        self.store_id = got.value.decode()
+        if res.succeeded:
+            logger.info("etcd store {}: created (store id {})", self.settings.prefix, self.store_id)
+
+    def load(self, idem_ttl: float) -> Loaded:
+        """Every record and idempotency key, read at one revision; old keys are deleted."""
+        kvs, revision = self.client.scan(self.state_prefix)
+        out = Loaded()
+        tables: dict[str, dict[Any, Any]] = {"jobs": out.jobs, "hosts": out.hosts,
+                                               "queues": out.queues, "meta": out.meta}
+        skip = len(self.state_prefix)
+        for kv in kvs:
+            table, _, name = kv.key[skip:].decode().partition("/")
+            into = tables.get(table)
+            if into is None:
+                logger.warning("etcd store {}: ignoring unknown key {}", self.settings.prefix,
+                               kv.key.decode(errors="replace"))
+                continue
+            into[int(name) if table == "jobs" else name] = orjson.loads(kv.value)
+        idem, _ = self.client.scan(self.idem_prefix)
+        limit = time.time() - idem_ttl
+        old: list[bytes] = []
+        for kv in idem:
+            ts, _, result = kv.value.partition(b" ")
+            if float(ts) < limit:
+                old.append(kv.key)
+            else:
+                out.idem[kv.key[len(self.idem_prefix):].decode()] = result
+        self.revision = revision
+        self._prune(old)
+        return out
+
+    def _prune(self, keys: list[bytes]) -> None:
+        step = max(1, self.settings.max_txn_ops - 1)
+        for i in range(0, len(keys), step):
+            try:
+                self.client.txn(self.guard(), [delete_op(k) for k in keys[i:i + step]])
+            except (EtcdError, EtcdUnavailable, OutcomeUnknown) as exc:
+                logger.warning("etcd store {}: cannot prune old idempotency keys ({}); kept for "
+                               "now", self.settings.prefix, exc)
+                return
+
+    def committed(self, keys: Iterable[tuple[str, Any]]) -> dict[tuple[str, Any], bytes | None]:
+        """The committed JSON of each ``(table, key)`` (None: no such record); any thread."""
+        out: dict[tuple[str, Any], bytes | None] = {}
+        for table, key in keys:
+            got = self.client.get(self.key(table, key))
+            out[(table, key)] = None if got is None else got.value
+        return out
+
+    def lookup(self, rid: str) -> bytes | None:
+        """The stored result of idempotency key ``rid``, or None."""
+        got = self.client.get(self.idem_prefix + rid.encode())
+        return None if got is None else got.value.partition(b" ")[2]
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def ops_of(self, w: Write, now: float) -> dict[bytes, dict[str, Any]]:
+        """The write's operations by key (a key written twice: the last one)."""
+        ops: dict[bytes, dict[str, Any]] = {}
+        for table, key, data in w.rows:
+            k = self.key(table, key)
+            ops.pop(k, None)
+            ops[k] = delete_op(k) if data is None else put_op(k, data)
+        if w.rid is not None:
+            k = self.idem_prefix + w.rid.encode()
+            ops[k] = put_op(k, f"{now:.3f} ".encode() + w.result)
+        return ops
+
+    def chunks(self, writes: list[Write], now: float) -> list[tuple[list[Write], list[dict[str, Any]]]]:
+        """``writes`` split into transactions within the limits, each write whole in one."""
+        limit_ops = self.settings.max_txn_ops - 1  # the guard is one more
+        limit_bytes = self.settings.max_request_bytes - 1024
+        out: list[tuple[list[Write], list[dict[str, Any]]]] = []
+        cur: list[Write] = []
+        ops: dict[bytes, dict[str, Any]] = {}
+        size = 0
+        for w in writes:
+            mine = self.ops_of(w, now)
+            mine_size = sum(op_size(op) for op in mine.values())
+            if len(mine) > limit_ops or mine_size > limit_bytes:
+                raise TooLarge(f"one write has {len(mine)} operations, {mine_size} bytes; the "
+                               f"limits are {limit_ops} and {limit_bytes} ([etcd] max_txn_ops, "
+                               "max_request_bytes)")
+            merged = len(ops.keys() | mine.keys())
+            if cur and (merged > limit_ops or size + mine_size > limit_bytes):
+                out.append((cur, list(ops.values())))
+                cur, ops, size = [], {}, 0
+            cur.append(w)
+            for k, op in mine.items():
+                ops.pop(k, None)
+                ops[k] = op
+            size += mine_size
+        if cur:
+            out.append((cur, list(ops.values())))
+        return out
+
+    def submit(self, write: Write) -> None:
+        """Queue ``write`` (never blocks), stamped with the epoch."""
+        write.epoch = self.epoch
+        self._queue.put(write)
+
+    def resume(self) -> None:
+        """The caller rolled back after a failure: attempt writes again (a new epoch)."""
+        self.epoch += 1
+
+    def stop(self) -> None:
+        """Make :meth:`run_writer` commit what is queued and return."""
+        self._queue.put(_STOP)
+
+    def fault(self, cause: str, code: str = "") -> StorageFault:
+        """A STORAGE fault naming this store."""
+        return StorageFault(cause, self.path, code)
+
+    def run_writer(self, on_done: Callable[[list[Write]], None]) -> None:
+        """Commit queued writes in guarded transactions until :meth:`stop` (module docstring)."""
+        failed_epoch = -1
+        fault: StorageFault | None = None
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch: list[Write] = [first]
+            stopping = False
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stopping = True
+                    break
+                batch.append(item)
+            split = 0
+            while split < len(batch) and batch[split].epoch <= failed_epoch:
+                split += 1
+            if split:
+                assert fault is not None
+                for w in batch[:split]:
+                    w.error = fault
+                on_done(batch[:split])
+            live = batch[split:]
+            if live:
+                got = self._commit_all(live, on_done)
+                if got is None:
+                    return  # not primary any more, or an outcome unknown: nothing is reported
+                if isinstance(got, StorageFault):
+                    fault, failed_epoch = got, max(w.epoch for w in live)
+            if stopping:
+                return
+
+    def _commit_all(self, live: list[Write], on_done: Callable[[list[Write]], None]
+                    ) -> StorageFault | bool | None:
+        """Commit ``live`` chunk by chunk: False (all committed), a fault (the rest failed and
+        was reported), or None (stop: leadership lost or an outcome unknown)."""
+        now = time.time()
+        try:
+            parts = self.chunks(live, now)
+        except TooLarge as exc:
+            f = self.fault(f"a write exceeds etcd's transaction limits: {exc}", "E2BIG")
+            return self._fail(live, f, on_done)
+        for i, (writes, ops) in enumerate(parts):
+            try:
+                res = self.client.txn(self.guard(), ops, timeout=self.settings.request_timeout)
+            except EtcdError as exc:  # refused before it was proposed: certainly not applied
+                code = "NOSPACE" if "space exceeded" in exc.message else f"GRPC{exc.code}"
+                cause = (f"etcd is full (its quota: {exc.message}; compact and defragment, or "
+                         "raise --quota-backend-bytes)" if code == "NOSPACE"
+                         else f"etcd refused the transaction: {exc.message}")
+                rest = [w for ws, _ in parts[i:] for w in ws]
+                return self._fail(rest, self.fault(cause, code), on_done)
+            except (OutcomeUnknown, EtcdUnavailable) as exc:
+                # EtcdUnavailable: nothing was sent, but the primary cannot write either; it
+                # steps down like one whose outcome is unknown (its lease goes the same way).
+                why = f"an etcd write's outcome is unknown ({exc})"
+                logger.error("controller {}: {}; not acknowledging it nor anything after it, "
+                             "giving up the primary role (the next primary loads what committed)",
+                             self.election.advertise, why)
+                self.election.lost(why)
+                return None
+            if not res.succeeded:
+                why = (f"its etcd guard failed: the leader key {self.election.leader_key.decode()} "
+                       f"is no longer the one it wrote at revision {self.election.token}")
+                logger.error("controller {}: {}; another candidate leads: not acknowledging, "
+                             "giving up the primary role", self.election.advertise, why)
+                self.election.lost(why)
+                return None
+            self.revision = res.revision
+            self.commits += 1
+            on_done(writes)
+        return False
+
+    @staticmethod
+    def _fail(writes: list[Write], fault: StorageFault,
+              on_done: Callable[[list[Write]], None]) -> StorageFault:
+        for w in writes:
+            w.error = fault
+        on_done(writes)
+        return fault
+
+    def close(self) -> None:
+        """Nothing to release (the client belongs to the plugin)."""
+

@@ -1,0 +1,29 @@
+"""The etcd backend on loopback: three candidates, one real etcd member, real processes."""
+
+from __future__ import annotations
+
+import pytest
+from xce_etcd.testing import EtcdCluster, etcd_config
+
+from xcecore.testing.cluster import LocalCluster, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def config(etcd: EtcdCluster, prefix: str = "/xce") -> str:
+    return '[controller]\nbackend = "etcd"\nadmins = ["t"]\n' + etcd_config(etcd.endpoints, prefix)
+
+
+def test_failover_keeps_every_acknowledged_write(etcd_one: EtcdCluster, xce_cluster, xce_client) -> None:
+    cluster: LocalCluster = xce_cluster(3, extra_config=config(etcd_one))
+    c = xce_client(cluster, "cli", join=False)
+    ids = [c.call("jobsubmit", {"command": "true", "user": "t", "queue": "normal"}, deadline=30)["jobid"]
+           for _ in range(20)]
+    old, new = cluster.kill_primary(30)
+    assert new != old
+    more = c.call("jobsubmit", {"command": "true", "user": "t"}, deadline=30)["jobid"]
+    assert more > max(ids)
+    jobs = {j["jobid"] for j in c.call("jobinfo", {}, deadline=30)["jobs"]}
+    assert set(ids) | {more} <= jobs
+    text = cluster.logs()
+    assert "won the election" in text
