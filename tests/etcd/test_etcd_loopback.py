@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from xce_etcd.testing import EtcdCluster, etcd_config
 
-from xcecore.testing.cluster import LocalCluster, wait_for
+from xcecore.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 

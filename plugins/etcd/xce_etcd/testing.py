@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xcecore.testing.cluster import LocalCluster, Proc, probe
-
 from xce_etcd.client import EtcdClient, EtcdUnavailable, OutcomeUnknown
+
+from xcecore.testing.cluster import LocalCluster, Proc, probe
 
 TUNING = ("--heartbeat-interval=100", "--election-timeout=600")
 """etcd's raft timing for a 1 s lease: its minimum lease TTL is 1.5 election timeouts."""
@@ -205,7 +205,7 @@ class MultiHostCluster(LocalCluster):
 
     def start_candidate(self, index: int) -> Proc:
         """Start candidate ``index`` on its host."""
-        addr, ns, state = self.hosts[index]
+        _addr, ns, state = self.hosts[index]
         state.mkdir(parents=True, exist_ok=True)
         role = self.server_role
         proc = self.spawn(f"{role}{index}", role, f'{role}.listen="{self.address(index)}"',

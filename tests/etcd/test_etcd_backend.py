@@ -1,0 +1,139 @@
+"""The election and the store on a real one-member etcd (loopback): fencing, deadlines, limits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import orjson
+import pytest
+from xce_controller.store import Write
+from xce_etcd.client import EtcdClient
+from xce_etcd.election import EtcdElection
+from xce_etcd.settings import EtcdSettings
+from xce_etcd.store import EtcdStore
+from xce_etcd.testing import EtcdCluster
+
+from xcecore.testing.cluster import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@contextmanager
+def candidate(etcd: EtcdCluster, name: str, **kw: object) -> Iterator[EtcdElection]:
+    settings = EtcdSettings(tuple(etcd.endpoints), prefix="/t", **kw)  # type: ignore[arg-type]
+    client = EtcdClient(list(settings.endpoints), timeout=settings.request_timeout)
+    e = EtcdElection(client, settings, name)
+    try:
+        yield e
+    finally:
+        e.release()
+        client.close()
+
+
+def win(e: EtcdElection) -> None:
+    wait_for(e.try_acquire, 10, what=f"{e.advertise} to win")
+
+
+def commit(store: EtcdStore, writes: list[Write]) -> list[list[Write]]:
+    """Run the writer over ``writes`` until it reports them all (or returns); the batches."""
+    done: list[list[Write]] = []
+    for w in writes:
+        store.submit(w)
+    store.stop()
+    t = threading.Thread(target=store.run_writer, args=(done.append,))
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    return done
+
+
+def job(i: int, size: int = 10) -> Write:
+    return Write([("jobs", i, orjson.dumps({"jobid": i, "pad": "x" * size}))], rid=f"r{i}",
+                 result=orjson.dumps({"jobid": i}))
+
+
+def test_a_deposed_primary_cannot_commit_and_stops_acknowledging(etcd_one: EtcdCluster) -> None:
+    with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
+        win(a)
+        assert not b.try_acquire() and b.current_primary() == "a"
+        store = EtcdStore(a.client, a.settings, a)
+        store.open()
+        assert [len(x) for x in commit(store, [job(1), job(2)])] == [2]
+        # a pauses (its keeper no longer runs): its lease is revoked from outside, as expiry would
+        a._stop.set()
+        a.client.lease_revoke(a.lease)
+        win(b)
+        zombie = EtcdStore(a.client, a.settings, a)
+        assert commit(zombie, [job(3)]) == []  # not reported: never acknowledged
+        assert a.still_primary() is not None and "guard failed" in a.still_primary()  # type: ignore[operator]
+        loaded = EtcdStore(b.client, b.settings, b).load(3600)
+        assert sorted(loaded.jobs) == [1, 2] and set(loaded.idem) == {"r1", "r2"}
+
+
+def test_the_deadline_passes_when_etcd_stops_answering(etcd_one: EtcdCluster) -> None:
+    with candidate(etcd_one, "a") as a:
+        win(a)
+        assert a.still_primary() is None
+        member = etcd_one.members[0]
+        stopped = time.monotonic()
+        os.kill(member.pid, signal.SIGSTOP)
+        try:
+            # heartbeats keep coming (the loop runs); only the keep-alives fail
+            def refused() -> str | None:
+                a.heartbeat()
+                return a.still_primary()
+
+            why = wait_for(refused, 10, interval=0.01, what="the deadline")
+            assert time.monotonic() - stopped <= a.granted_ttl  # within the TTL
+            assert "cannot prove its etcd lease live" in why
+        finally:
+            os.kill(member.pid, signal.SIGCONT)
+
+
+def test_a_stuck_event_loop_lets_the_lease_expire(etcd_one: EtcdCluster) -> None:
+    with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
+        win(a)
+        # no a.heartbeat(): as if its event loop were stuck; b takes over after the TTL
+        win(b)
+        assert a.still_primary() is not None
+
+
+def test_batches_split_within_the_txn_limits_and_a_too_large_write_is_refused(etcd_one: EtcdCluster) -> None:
+    with candidate(etcd_one, "a", max_txn_ops=16) as a:
+        win(a)
+        store = EtcdStore(a.client, a.settings, a)
+        store.open()
+        writes = [Write([("jobs", 100 * i + k, b"{}") for k in range(4)], rid=f"w{i}") for i in range(10)]
+        batches = commit(store, writes)
+        assert [w for b in batches for w in b] == writes and len(batches) > 1
+        for b in batches:  # each transaction: whole writes within the limit (guard + ops)
+            assert sum(len(w.rows) + 1 for w in b) <= 15
+        big = Write([("jobs", 5000 + k, b"{}") for k in range(20)], rid="big")
+        after = Write([("jobs", 9999, b"{}")], rid="after")
+        (failed,) = commit(EtcdStore(a.client, a.settings, a), [big, after])
+        assert failed == [big, after] and big.error is not None and "transaction limits" in big.error.cause
+        loaded = store.load(3600)
+        assert len(loaded.jobs) == 40 and 5000 not in loaded.jobs and 9999 not in loaded.jobs
+
+
+def test_a_full_etcd_gives_a_storage_fault(etcd_factory) -> None:
+    etcd = etcd_factory(["127.0.0.1"], extra=("--quota-backend-bytes=4194304",), client_port=23990,
+                        peer_port=23991)
+    etcd.start()
+    with candidate(etcd, "a") as a:
+        win(a)
+        store = EtcdStore(a.client, a.settings, a)
+        store.open()
+        faults = []
+        for i in range(40):  # 40 x 512 KiB > the 4 MiB quota
+            (done,) = commit(EtcdStore(a.client, a.settings, a), [job(i, 512 * 1024)])
+            if done[0].error is not None:
+                faults.append(done[0].error)
+                break
+        assert faults and faults[0].code == "NOSPACE" and "etcd is full" in faults[0].cause
+        assert a.still_primary() is None  # full is not deposed: reads go on, writes get STORAGE
