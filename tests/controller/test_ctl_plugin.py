@@ -60,7 +60,16 @@ def test_the_plugin_adds_its_hooks_to_the_manager(tmp_path, xce_plugin_manager, 
     assert hookspecs.store(pm.hook, str(tmp_path)) == "site store"  # firstresult: the site's wins
     spy = mocker.spy(pm.hook, "xce_controller_election")
     assert isinstance(hookspecs.election(pm.hook, str(tmp_path), "h:1", 2.0), FileLockElection)
-    spy.assert_called_once_with(state_dir=str(tmp_path), advertise="h:1", hung_timeout=2.0)
+    spy.assert_called_once_with(state_dir=str(tmp_path), advertise="h:1", hung_timeout=2.0,
+                                backend="file", config=None)
+    # [controller] backend: the built-ins answer only "file"; an unprovided backend is named
+    assert plugin.xce_controller_store(state_dir=str(tmp_path), backend="etcd") is None
+    assert plugin.xce_controller_election(state_dir=str(tmp_path), advertise="h:1", hung_timeout=2.0,
+                                          backend="etcd") is None
+    solo = xce_plugin_manager(builtins=False)
+    solo.register(plugin, "controller")
+    with pytest.raises(RuntimeError, match="for backend 'nosuch'"):
+        hookspecs.election(solo.hook, str(tmp_path), "h:1", 2.0, "nosuch")
     bare = xce_plugin_manager(builtins=False)
     bare.add_hookspecs(hookspecs)
     with pytest.raises(RuntimeError, match="no plugin provides a controller store"):

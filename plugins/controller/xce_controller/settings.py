@@ -202,7 +202,8 @@ SECTION = ConfigSection(
     {
         "listen": Field((str,), "127.0.0.1:7600", "host:port this candidate listens on"),
         "advertise": Field((str,), None, "address clients are redirected to (default: listen)"),
-        "state_dir": Field((str,), None, "state directory shared by every candidate (flock, SQLite)",
+        "state_dir": Field((str,), None, "state directory: shared by every candidate with the file "
+                           "backend (flock, SQLite); a local directory with etcd",
                            required=True),
         "admins": Field((list,), [], "user names with administrator rights (root always has "
                                      "them; with auth = 'key' so does the cluster's owner)"),
