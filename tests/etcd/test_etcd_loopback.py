@@ -27,3 +27,15 @@ def test_failover_keeps_every_acknowledged_write(etcd_one: EtcdCluster, xce_clus
     assert set(ids) | {more} <= jobs
     text = cluster.logs()
     assert "won the election" in text
+
+
+def test_status_shows_the_backend_and_the_lease_holder(etcd_one: EtcdCluster, xce_cluster) -> None:
+    import subprocess
+    import sys
+
+    cluster: LocalCluster = xce_cluster(2, extra_config=config(etcd_one, "/st"))
+    out = subprocess.run([sys.executable, "-m", "xcecore", "--config", str(cluster.config_path), "status"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("backend etcd"))
+    assert f"lease holder {cluster.address(0)}, TTL 1 s" in line and "prefix /st" in line

@@ -343,11 +343,17 @@ def status(s: Session, ns: Parsed) -> None:
     members = st.get("member_list", [])
     if ns.as_json:
         emit_json({"candidates": rows, "primary": st["primary"], "jobs": st["jobs"], "hosts": st["hosts"],
-                   "members": st["members"], "member_list": members})
+                   "members": st["members"], "member_list": members, "backend": st.get("backend")})
         return
     table(["CANDIDATE", "STATE"], [[r["candidate"], r["state"]] for r in rows], title="controller candidates")
     echo(f"primary {st['primary']} since {when(st['since'])}: {st['jobs']} jobs, {st['hosts']} hosts, "
          f"{st['members']} members joined")
+    be = st.get("backend")
+    if isinstance(be, dict) and be.get("backend") == "etcd":
+        echo(f"backend etcd {','.join(be.get('endpoints', []))} prefix {be.get('prefix')}: lease holder "
+             f"{be.get('leader')}, TTL {be.get('lease_ttl')} s ({be.get('lease_left')} s left)")
+    elif isinstance(be, dict):
+        echo(f"backend {be.get('backend')}")
     # Every member, with the attributes it joined with (a worker's are its host's: xce hosts).
     table(["MEMBER", "ROLE", "JOINED", "LAST SEEN", "PUSHES", "ATTRIBUTES"],
           [[m["identity"], m["role"], when(m.get("joined_at")), when(m.get("last_seen")),

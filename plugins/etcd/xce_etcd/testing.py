@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from xce_etcd.client import EtcdClient, EtcdUnavailable, OutcomeUnknown
-
 from xcecore.testing.cluster import LocalCluster, Proc, probe
 
 TUNING = ("--heartbeat-interval=100", "--election-timeout=600")
