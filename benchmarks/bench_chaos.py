@@ -4,6 +4,7 @@ Run from the repository root, as root (network namespaces, nftables, tmpfs)::
 
     python benchmarks/bench_chaos.py [--runs 5] [--faults 30] [--seed S] [--quick]
     python benchmarks/bench_chaos.py --kinds stop-primary,kill-primary --faults 20
+    python benchmarks/bench_chaos.py --backend etcd [--runs 4] [--faults 25]
 
 Each run builds a fresh bed (``xcecore.testing.chaos``): three controller candidates on host
 ``ctl`` (the file backend), two workers on ``n1``/``n2``, the scheduler and the API server on
@@ -16,6 +17,11 @@ heal), the client-visible outage (injection -> first acknowledged write issued a
 p50/p99) and the checker's verdict over all runs; plus jobs left unfinished at the end (a
 liveness finding, not one of the checker's safety properties). Writes
 ``benchmarks/results/chaos.json``.
+
+``--backend etcd``: each run builds the etcd backend's bed instead (``xce_etcd.chaos``: hosts
+``h1``-``h3`` each an etcd member and a candidate, writers on ``cli``) and draws from its
+fault kinds (the primary killed, frozen, powered off, cut from the etcd majority; the etcd
+leader killed or frozen; a standby's host powered off). Writes ``chaos-etcd.json``.
 """
 
 from __future__ import annotations
@@ -39,14 +45,14 @@ from xcecore.testing.nemesis import FAULTS
 PART = "chaos"
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], all_kinds: Any = FAULTS) -> dict[str, Any]:
     """Per kind: applied, survived, outage distribution (ms); overall verdict."""
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         for f in r["faults"]:
             by_kind[f["kind"]].append(f)
     kinds = {}
-    for kind in FAULTS:
+    for kind in all_kinds:
         fs = by_kind.get(kind, [])
         kinds[kind] = {
             "applied": len(fs),
@@ -87,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--writers", type=int, default=3)
     ap.add_argument("--hung-timeout", type=float, default=2.0)
     ap.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
+    ap.add_argument("--backend", choices=("file", "etcd"), default="file",
+                    help="the controller backend (etcd: the etcd backend's bed and faults)")
     args = ap.parse_args(argv)
     missing = requirements()
     if missing:
         ap.error(missing)
+    if args.backend == "etcd":
+        return run_etcd(args)
     runs_n, faults_n = (1, len(FAULTS)) if args.quick else (args.runs, args.faults)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or None
     quiet_logs("ERROR")
@@ -129,6 +139,53 @@ def main(argv: list[str] | None = None) -> int:
                         "first_seed": seed0, "writers": args.writers, "hung_timeout": args.hung_timeout,
                         "kinds": kinds or list(FAULTS), "summary": summary, "runs": runs})
     log(PART, f"{summary['faults_survived']}/{summary['faults']} faults survived; checker "
+              f"{'OK' if summary['verdict_ok'] else 'VIOLATIONS ' + str(summary['violations'])}; "
+              f"{summary['operations']}")
+    return 0 if summary["verdict_ok"] else 1
+
+
+def run_etcd(args: Any) -> int:
+    """``--backend etcd``: seeded runs of ``xce_etcd.chaos``."""
+    import time
+
+    from xce_etcd import chaos
+
+    runs_n, faults_n = (1, len(chaos.FAULTS)) if args.quick else (args.runs, args.faults)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or None
+    quiet_logs("ERROR")
+    seed0 = args.seed if args.seed is not None else random.randrange(1 << 30)
+    runs: list[dict[str, Any]] = []
+    for i in range(runs_n):
+        seed = seed0 + i
+        root = Path(tempfile.mkdtemp(prefix="xce-bench-chaos-etcd-"))
+        keep = args.keep
+        t0 = time.monotonic()
+        try:
+            with FaultBed(root / "bed") as bed:
+                verdict, records = chaos.run(bed, root, seed=seed, faults=faults_n, kinds=kinds,
+                                             writers=args.writers)
+            if not verdict.ok:
+                keep = True
+                print(verdict.summary(), file=sys.stderr)
+        except BaseException:
+            keep = True
+            raise
+        finally:
+            if keep:
+                log(PART, f"run {i + 1}: kept {root}")
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+        duration = time.monotonic() - t0
+        runs.append({"seed": seed, "duration_s": round(duration, 1), "verdict": verdict.as_dict(),
+                     "faults": [f.as_dict() for f in records], "unfinished": []})
+        log(PART, f"etcd run {i + 1}/{runs_n} (seed {seed}): {len(records)} faults in {duration:.0f} s; "
+                  f"{'checker OK' if verdict.ok else 'VIOLATIONS'}")
+    summary = summarize(runs, chaos.FAULTS)
+    write_result(f"{PART}-etcd", {**meta(), "backend": "etcd", "runs_requested": runs_n,
+                                  "faults_per_run": faults_n, "first_seed": seed0,
+                                  "writers": args.writers, "kinds": kinds or list(chaos.FAULTS),
+                                  "summary": summary, "runs": runs})
+    log(PART, f"etcd: {summary['faults_survived']}/{summary['faults']} faults survived; checker "
               f"{'OK' if summary['verdict_ok'] else 'VIOLATIONS ' + str(summary['violations'])}; "
               f"{summary['operations']}")
     return 0 if summary["verdict_ok"] else 1

@@ -5,87 +5,33 @@ bed's checker over every write (none acknowledged lost or doubled, never two pri
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from xce_etcd.client import OutcomeUnknown
-from xce_etcd.testing import EtcdCluster, MultiHostCluster, etcd_config
+from xce_etcd.chaos import EtcdBed
 
-from xcecore.testing import netns
 from xcecore.testing.checker import OK, History, check, promotions_in_logs
 from xcecore.testing.cluster import wait_for
-from xcecore.testing.faultbed import FaultBed, Host
+from xcecore.testing.faultbed import FaultBed
 from xcecore.testing.workload import Writers, resolve_unknown
 
 pytestmark = pytest.mark.timeout(240)
 
 
-@dataclass
-class Setup:
-    bed: FaultBed
-    hosts: list[Host]
-    cli: Host
-    etcd: EtcdCluster
-    cluster: MultiHostCluster
-
-    def leader_member(self) -> int:
-        """The index of the etcd member that leads raft (asked from a live host)."""
-        for h in self.hosts:
-            if not h.powered or h.frozen:
-                continue
-            with netns.entered(h.netns):
-                client = self.etcd.client(timeout=0.5)
-                try:
-                    st = client.status()
-                    lead = int(st["leader"])
-                    for i, m in enumerate(self.etcd.members):
-                        with client_for(m.url) as one:
-                            if int(one.status()["header"]["member_id"]) == lead:
-                                return i
-                except OutcomeUnknown:
-                    continue
-                finally:
-                    client.close()
-        raise AssertionError("no etcd member answers")
-
-
-@contextmanager
-def client_for(url: str) -> Iterator[Any]:
-    from xce_etcd.client import EtcdClient
-
-    c = EtcdClient([url], timeout=0.5)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-def build(bed: FaultBed, etcd_factory: Callable[..., EtcdCluster], tmp: Any) -> Setup:
-    hosts = [bed.add_host(f"h{i}") for i in range(1, 4)]
-    cli = bed.add_host("cli")
-    etcd = etcd_factory([h.addr for h in hosts], [h.netns for h in hosts])
-    for m in etcd.members:
-        etcd.start_member(m)
-    with netns.entered(hosts[0].netns):
-        etcd.wait_healthy(30)
-    cluster = MultiHostCluster(tmp / "cluster", [(h.addr, h.netns, h.state_dir) for h in hosts],
-                               etcd_config(etcd.endpoints), 'admins = ["chaos"]\n')
-    bed.clusters.append(cluster)  # closed (by pid) with the bed
-    cluster.start()
-    return Setup(bed, hosts, cli, etcd, cluster)
-
-
 @pytest.fixture
-def setup(xce_faultbed: FaultBed, etcd_factory: Callable[..., EtcdCluster], tmp_path: Any) -> Setup:
-    return build(xce_faultbed, etcd_factory, tmp_path)
+def setup(xce_faultbed: FaultBed, tmp_path: Path) -> Iterator[EtcdBed]:
+    eb = EtcdBed(xce_faultbed, tmp_path)
+    try:
+        eb.start()
+        yield eb
+    finally:
+        eb.stop()
 
 
-def writers(s: Setup, history: History, n: int = 2) -> Writers:
-    w = Writers(history, lambda name: s.bed.client(s.cluster, s.cli, "cli", name=name), n, seed=1,
-                gap=0.01)
+def writers(s: EtcdBed, history: History, n: int = 2) -> Writers:
+    w = Writers(history, s.client, n, seed=1, gap=0.01)
     w.start()
     wait_for(lambda: history.counts().get("ok", 0) >= 5, 30, what="the first writes")
     return w
@@ -96,7 +42,7 @@ def acked_after(history: History, t: float) -> list[Any]:
             if op.outcome == OK and op.kind == "submit" and op.invoked >= t]
 
 
-def verdict(s: Setup, history: History) -> None:
+def verdict(s: EtcdBed, history: History) -> None:
     with s.bed.client(s.cluster, s.cli, "cli", name="final") as c:
         resolve_unknown(history, c)
         jobs = c.call("jobinfo", deadline=30)["jobs"]
@@ -109,7 +55,7 @@ FAULTS = ["sigkill", "power_off", "freeze", "cut_from_etcd_majority"]
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_the_primary_lost_a_standby_takes_over(setup: Setup, fault: str) -> None:
+def test_the_primary_lost_a_standby_takes_over(setup: EtcdBed, fault: str) -> None:
     s = setup
     history = History()
     load = writers(s, history)
@@ -151,7 +97,7 @@ def test_the_primary_lost_a_standby_takes_over(setup: Setup, fault: str) -> None
 
 
 @pytest.mark.parametrize("which", ["etcd_leader", "etcd_follower", "standby_host"])
-def test_losing_an_etcd_member_or_a_standby_keeps_the_primary(setup: Setup, which: str) -> None:
+def test_losing_an_etcd_member_or_a_standby_keeps_the_primary(setup: EtcdBed, which: str) -> None:
     s = setup
     history = History()
     load = writers(s, history)
@@ -160,7 +106,7 @@ def test_losing_an_etcd_member_or_a_standby_keeps_the_primary(setup: Setup, whic
         victim = next(i for i in range(3) if i != primary)
         s.bed.power_off(s.hosts[victim])
     else:
-        lead = s.leader_member()
+        lead = s.etcd_leader()
         victim = lead if which == "etcd_leader" else next(
             i for i in range(3) if i not in (lead, primary))
         s.etcd.kill(s.etcd.members[victim])
@@ -174,7 +120,7 @@ def test_losing_an_etcd_member_or_a_standby_keeps_the_primary(setup: Setup, whic
     # standby took over, which the checker has verified as one primary at a time)
 
 
-def test_a_whole_cluster_restart_keeps_the_state(setup: Setup) -> None:
+def test_a_whole_cluster_restart_keeps_the_state(setup: EtcdBed) -> None:
     s = setup
     ids = []
     with s.bed.client(s.cluster, s.cli, "cli", name="w") as c:
@@ -186,8 +132,7 @@ def test_a_whole_cluster_restart_keeps_the_state(setup: Setup) -> None:
     s.etcd.stop()
     for m in s.etcd.members:
         s.etcd.start_member(m)
-    with netns.entered(s.hosts[1].netns):
-        s.etcd.wait_healthy(30)
+    s.wait_etcd()
     for i in range(3):
         s.cluster.start_candidate(i)
     s.cluster.wait_primary(60)
@@ -195,3 +140,14 @@ def test_a_whole_cluster_restart_keeps_the_state(setup: Setup) -> None:
         jobs = {j["jobid"]: j for j in c.call("jobinfo", deadline=30)["jobs"]}
         more = c.call("jobsubmit", {"command": "true", "user": "chaos", "name": "after"}, deadline=30)["jobid"]
     assert set(ids) <= set(jobs) and more > max(ids)
+
+
+def test_a_seeded_run_of_random_faults_loses_nothing(xce_faultbed: FaultBed, tmp_path: Path) -> None:
+    """Every fault kind once, in a seeded order (benchmarks/bench_chaos.py --backend etcd runs
+    more of them); the checker over the whole history."""
+    from xce_etcd import chaos
+
+    verdict, records = chaos.run(xce_faultbed, tmp_path, seed=7, faults=len(chaos.FAULTS))
+    assert {r.kind for r in records} == set(chaos.FAULTS)
+    assert verdict.ok, verdict.summary() + "\n" + "\n".join(
+        f"{r.kind} {r.target} outage {r.outage}" for r in records)
