@@ -83,7 +83,8 @@ OTHERS: dict[str, list[tuple[str, str, str]]] = {
 MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "restfuzz",
         "failover-stop", "failover-stop-liveness3", "chaos", "scale", "auth", "failover-munge",
         "failover-key-sameload", "tls", "failover-tls", "failover-sameload-tls",
-        "failover-stop-baseline", "failover-stop-liveness3-baseline", "arrays")
+        "failover-stop-baseline", "failover-stop-liveness3-baseline", "arrays",
+        "failover-etcd", "failover-stop-etcd", "etcd", "chaos-etcd")
 SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
@@ -599,6 +600,72 @@ def scale_section(d: dict[str, Any] | None) -> list[str]:
     return [*lines, ""]
 
 
+def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dict[str, Any] | None,
+                 chaos: dict[str, Any] | None) -> list[str]:
+    """The etcd backend (``--backend etcd`` of bench_failover and bench_chaos, bench_etcd)."""
+    lines = ["## 13. The etcd backend (`--backend etcd`, `bench_etcd.py`)", "",
+             "Three controller candidates on the etcd backend (`plugins/etcd`: lease election with a "
+             "fencing token, state in etcd, lease TTL 1 s) over a real three-member etcd 3.4 started "
+             "with `--heartbeat-interval=100 --election-timeout=600` (docs/operator.md). The peers' "
+             "figures are BENCHMARKS.md's. Compare with sections 1, 3 and 10 (the file backend).", ""]
+    fos = [(n, d) for n, d in (("SIGKILL", fo), ("SIGSTOP", stop)) if d is not None]
+    if fos:
+        lines += [DIST_HEAD]
+        for name, d in fos:
+            sm = d["summary"]
+            lines.append(dist_row(f"{name} of the primary -> first acknowledged write issued after it (ms)",
+                                  sm["first_write_ms"], "p50 <= 1,500, p99 <= 3,000"))
+            lines.append(dist_row(f"{name}: every role (2 workers, scheduler, API) re-joined (ms)",
+                                  sm["all_rejoined_ms"], "p50 <= 2,000"))
+        lines += [""] + [f"Source ({name}): {provenance(d)}; {d['kills']} faults, checker: "
+                         f"{'OK' if d['checker'].get('ok') else 'VIOLATIONS'} ({d['checker'].get('counts')})."
+                         for name, d in fos] + [""]
+        lines += ["Where the time goes: a SIGKILLed or stopped primary's lease expires at etcd one TTL "
+                  "(1 s) after its last keep-alive (sent every 250 ms), etcd's lessor checks for expired "
+                  "leases every 500 ms, then a standby's next campaign (every 20 ms) wins and it loads "
+                  "the state from etcd. etcd's lease TTL is whole seconds, and its shortest is 1.5 "
+                  "election timeouts: 1 s is the shortest lease these raft settings allow.", ""]
+    else:
+        lines += ["Failover: not run yet (`python benchmarks/bench_failover.py --backend etcd`).", ""]
+    if tp is not None:
+        alone, lib = tp["etcd_alone"], tp["xce_on_etcd"]
+        lines += [f"Throughput, source: {provenance(tp)}.", "",
+                  "| measure | median /s | min-max | runs | aim |", "|---|---|---|---|---|"]
+        for key, label in (("puts_1_clients", "etcd alone: sequential puts, 1 client (JSON gateway)"),
+                           ("puts_8_clients", "etcd alone: sequential puts, 8 clients")):
+            st = alone[key]["puts_per_s"]
+            lines.append(f"| {label} | {fmt(st.get('p50'), 0)} | {fmt(st.get('min'), 0)}-{fmt(st.get('max'), 0)} "
+                         f"| {alone[key]['runs']} | |")
+        aims = {"sequential_1_client": ">= 300", "pipelined_1_client_256_inflight": ">= 5,000"}
+        for key, v in lib.items():
+            st = v["jobs_per_s"]
+            lines.append(f"| xce on etcd: {key.replace('_', ' ')} (durable submissions) | {fmt(st.get('p50'), 0)} | "
+                         f"{fmt(st.get('min'), 0)}-{fmt(st.get('max'), 0)} | {v['runs']} | {aims.get(key, '')} |")
+        lines += ["", "Every submission is acknowledged after the guarded etcd transaction that holds it "
+                  "committed; concurrent submissions share one transaction (group commit), which is "
+                  "why pipelined and many-client rates exceed etcd's own sequential put rate while one "
+                  "sequential client cannot.", ""]
+    else:
+        lines += ["Throughput: not run yet (`python benchmarks/bench_etcd.py`).", ""]
+    if chaos is not None:
+        s = chaos["summary"]
+        lines += [f"Chaos, source: {provenance(chaos)}. {s['runs']} run(s) of {chaos['faults_per_run']} faults "
+                  f"(seeds from {chaos['first_seed']}) on the etcd bed (`xce_etcd.chaos`: hosts h1-h3 each an "
+                  f"etcd member and a candidate, {chaos['writers']} recorded writers on `cli`).", "",
+                  f"**{s['faults_survived']} of {s['faults']} faults survived; checker: "
+                  f"{'OK' if s['verdict_ok'] else 'VIOLATIONS'}** (violations: "
+                  f"{ {k: v for k, v in s['violations'].items() if v} or 'none'}; operations: {s['operations']}).",
+                  "", "| fault kind | applied | survived | outage p50 (ms) | p99 | max |", "|---|---|---|---|---|---|"]
+        for kind, k in s["by_kind"].items():
+            o = k["outage_ms"]
+            lines.append(f"| {kind} | {k['applied']} | {k['recovered']} | {fmt(o.get('p50'))} | "
+                         f"{fmt(o.get('p99'))} | {fmt(o.get('max'))} |")
+        lines.append("")
+    else:
+        lines += ["Chaos: not run yet (`python benchmarks/bench_chaos.py --backend etcd`, as root).", ""]
+    return lines
+
+
 def others_section() -> list[str]:
     """Headline figures of the other benchmarks, with links to their reports."""
     lines = ["## 8. Other benchmarks' figures (gathered from `results/*.json`)", "",
@@ -821,6 +888,7 @@ def main() -> int:
     lines += auth_section(mine["auth"], mine["failover-munge"], mine["failover-key-sameload"])
     lines += tls_section(mine["tls"], mine["failover-tls"], mine["failover-sameload-tls"])
     lines += arrays_section(mine["arrays"])
+    lines += etcd_section(mine["failover-etcd"], mine["failover-stop-etcd"], mine["etcd"], mine["chaos-etcd"])
     OUT.write_text("\n".join(lines))
     print(f"[report] wrote {OUT.relative_to(ROOT)}", flush=True)
     return 0

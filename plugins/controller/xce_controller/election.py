@@ -319,7 +319,7 @@ class FileLockElection:
                         "{:.1f} s, but this standby cannot fence it: {}. It will not promote "
                         "while that primary holds the lock; the outage lasts until it recovers "
                         "or is stopped. The file backend is for candidates on one host; "
-                        "multi-host sites need the etcd backend (planned)",
+                        "multi-host sites use the etcd backend ([controller] backend = \"etcd\")",
                         self.advertise, rec.address, rec.who.pid, rec.term,
                         fencing.mono() - rec.mono, exc)
             except OSError as exc:
