@@ -221,7 +221,7 @@ def test_a_standby_on_another_host_refuses_to_fence(xce_faultbed: FaultBed) -> N
     try:
         wait_for(lambda: "cannot fence it" in standby.text(), 20, what="the refusal")
         assert "another network namespace" in standby.text()
-        assert "etcd backend (planned)" in standby.text()
+        assert "multi-host sites use the etcd backend" in standby.text()
         assert primary.alive() and standby.alive()
     finally:
         os.kill(primary.pid, signal.SIGCONT)
