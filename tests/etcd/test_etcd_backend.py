@@ -60,6 +60,7 @@ def job(i: int, size: int = 10) -> Write:
 def test_a_deposed_primary_cannot_commit_and_stops_acknowledging(etcd_one: EtcdCluster) -> None:
     with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
         win(a)
+        wait_for(lambda: b.live(), 10, what="b's lease")
         assert not b.try_acquire() and b.current_primary() == "a"
         store = EtcdStore(a.client, a.settings, a)
         store.open()
@@ -70,7 +71,8 @@ def test_a_deposed_primary_cannot_commit_and_stops_acknowledging(etcd_one: EtcdC
         win(b)
         zombie = EtcdStore(a.client, a.settings, a)
         assert commit(zombie, [job(3)]) == []  # not reported: never acknowledged
-        assert a.still_primary() is not None and "guard failed" in a.still_primary()  # type: ignore[operator]
+        # its guard failed (or its keeper saw the lease gone first): it may not acknowledge
+        assert a.still_primary() is not None
         loaded = EtcdStore(b.client, b.settings, b).load(3600)
         assert sorted(loaded.jobs) == [1, 2] and set(loaded.idem) == {"r1", "r2"}
 
@@ -137,3 +139,15 @@ def test_a_full_etcd_gives_a_storage_fault(etcd_factory) -> None:
                 break
         assert faults and faults[0].code == "NOSPACE" and "etcd is full" in faults[0].cause
         assert a.still_primary() is None  # full is not deposed: reads go on, writes get STORAGE
+
+
+def test_an_idle_primary_whose_leader_key_is_deleted_stops(etcd_one: EtcdCluster) -> None:
+    with candidate(etcd_one, "a") as a:
+        win(a)
+        a.client.txn([], [{"request_delete_range": {"key": "L3QvbGVhZGVy"}}])  # /t/leader
+
+        def stopped() -> str | None:
+            a.heartbeat()
+            return a.still_primary()
+
+        assert "no longer the one it wrote" in wait_for(stopped, 10, what="the primary to notice")

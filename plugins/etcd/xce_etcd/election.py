@@ -38,6 +38,7 @@ from typing import Any
 
 import orjson
 from loguru import logger
+
 from xce_etcd.client import (
     EtcdClient,
     EtcdError,
@@ -148,9 +149,14 @@ class EtcdElection:
                     if isinstance(entry, dict):
                         out.append(entry)
             self._candidates = out
+            got = self.client.get(self.leader_key)
             if not self._held:
-                got = self.client.get(self.leader_key)
                 self._leader = got.value.decode(errors="replace") if got else None
+            elif got is None or got.mod_revision != self.token:
+                # Deleted or replaced under a live lease (by hand?): the guard would fail at
+                # the next write; an idle primary must not keep answering as one meanwhile.
+                self._lose(f"the leader key {self.leader_key.decode()} is no longer the one it "
+                           f"wrote at revision {self.token}")
 
     def _lose(self, why: str) -> None:
         with self._mutex:
@@ -254,6 +260,8 @@ class EtcdElection:
         """Stop renewing and revoke the lease (the leader key and registration go with it)."""
         self._abandoned.set()
         self._stop.set()
+        if threading.current_thread() is not self._keeper:  # its request ends within its timeout
+            self._keeper.join(self.settings.lease_ttl)
         with self._mutex:
             lease, self.lease, self._held, self._deadline = self.lease, 0, False, 0.0
         if lease:
