@@ -11,14 +11,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from xce_etcd.settings import SECTION
-
 from xcecore.hookspecs import hookimpl
 from xcecore.records import ConfigSection
 
 if TYPE_CHECKING:
     from xce_etcd.election import EtcdElection
     from xce_etcd.store import EtcdStore
-
     from xcecore.config import Config
 
 BACKEND = "etcd"

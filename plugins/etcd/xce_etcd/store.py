@@ -40,6 +40,7 @@ from typing import Any
 import orjson
 from loguru import logger
 from xce_controller.store import TABLES, Loaded, StorageFault, Write
+
 from xce_etcd.client import (
     EtcdClient,
     EtcdError,
