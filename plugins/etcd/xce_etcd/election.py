@@ -149,10 +149,12 @@ class EtcdElection:
                     if isinstance(entry, dict):
                         out.append(entry)
             self._candidates = out
+            held, token = self._held, self.token  # as before the read (a campaign may win meanwhile)
             got = self.client.get(self.leader_key)
-            if not self._held:
-                self._leader = got.value.decode(errors="replace") if got else None
-            elif got is None or got.mod_revision != self.token:
+            if not held:
+                if not self._held:
+                    self._leader = got.value.decode(errors="replace") if got else None
+            elif got is None or got.mod_revision != token:
                 # Deleted or replaced under a live lease (by hand?): the guard would fail at
                 # the next write; an idle primary must not keep answering as one meanwhile.
                 self._lose(f"the leader key {self.leader_key.decode()} is no longer the one it "

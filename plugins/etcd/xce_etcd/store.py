@@ -24,9 +24,12 @@ Outcomes of a transaction:
   any more; the election is told, nothing is reported, the writer returns, and the controller
   gives the role up at its next beat (its connections close: clients learn the outcome from
   the next primary, through the write's idempotency key);
-- no answer (a timeout, the majority unreachable, a leader change inside etcd): the outcome is
-  unknown, so it must not be answered either way; handled like a failed guard. The next
-  primary loads whatever did commit.
+- no answer (a member lost, a timeout, a leader change inside etcd): settled through another
+  endpoint (:meth:`EtcdStore._commit_chunk`: a chain key makes "not yet committed" final by
+  a fence, and the transaction is sent again); only when that cannot be done while the
+  lease is provable (the majority unreachable) is the outcome unknown, and then it must not
+  be answered either way: handled like a failed guard. The next primary loads whatever did
+  commit.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import queue
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from loguru import logger
@@ -46,6 +49,7 @@ from xce_etcd.client import (
     EtcdError,
     EtcdUnavailable,
     OutcomeUnknown,
+    TxnResult,
     absent,
     delete_op,
     mod_revision_is,
@@ -55,6 +59,7 @@ from xce_etcd.election import EtcdElection
 from xce_etcd.settings import EtcdSettings
 
 _STOP = object()
+_T = TypeVar("_T")
 OP_OVERHEAD = 32  # bytes an operation costs in the request besides its (base64) fields
 
 
@@ -79,6 +84,10 @@ class EtcdStore:
         self.state_prefix = prefix + b"/s/"
         self.idem_prefix = prefix + b"/i/"
         self.id_key = prefix + b"/store_id"
+        self.chain_key = prefix + b"/w"  # the last transaction's id: see _resolve
+        self._chain_rev = 0  # its mod_revision as this primary last wrote or read it
+        self._batches = 0
+        self.resolved = 0  # unknown outcomes resolved without giving up (tests read it)
         self.path = f"etcd {','.join(settings.endpoints)} {settings.prefix}"
         self.store_id = ""
         self.revision = 0  # etcd's revision after the last commit (the store's rev)
@@ -100,23 +109,41 @@ class EtcdStore:
         """The fencing compare every write carries."""
         return [mod_revision_is(self.election.leader_key, self.election.token)]
 
+    def chained(self) -> list[dict[str, Any]]:
+        """The guard, and: no transaction committed since the last one this primary knows of."""
+        return [*self.guard(), mod_revision_is(self.chain_key, self._chain_rev)]
+
     # -- open and load ---------------------------------------------------------------------------
+
+    def _retried(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` (idempotent: a read, a create-if-absent), again on another endpoint while
+        etcd does not answer, as long as this candidate's lease is provable."""
+        while True:
+            try:
+                return fn()
+            except (OutcomeUnknown, EtcdUnavailable):
+                if self.election.still_primary() is not None:
+                    raise
+                time.sleep(0.02)
 
     def open(self) -> None:
         """Create the store id if this prefix has none (guarded, like every write)."""
         new = secrets.token_hex(8).encode()
-        res = self.client.txn([*self.guard(), absent(self.id_key)], [put_op(self.id_key, new)])
-        got = self.client.get(self.id_key)
+        res = self._retried(lambda: self.client.txn([*self.guard(), absent(self.id_key)],
+                                                    [put_op(self.id_key, new)]))
+        got = self._retried(lambda: self.client.get(self.id_key))
         if got is None:
             raise RuntimeError(f"etcd: the store id {self.id_key.decode()} could not be created "
                                "(is this candidate still the leader?)")
         self.store_id = got.value.decode()
         if res.succeeded:
             logger.info("etcd store {}: created (store id {})", self.settings.prefix, self.store_id)
+        chain = self._retried(lambda: self.client.get(self.chain_key))
+        self._chain_rev = chain.mod_revision if chain is not None else 0
 
     def load(self, idem_ttl: float) -> Loaded:
         """Every record and idempotency key, read at one revision; old keys are deleted."""
-        kvs, revision = self.client.scan(self.state_prefix)
+        kvs, revision = self._retried(lambda: self.client.scan(self.state_prefix))
         out = Loaded()
         tables: dict[str, dict[Any, Any]] = {"jobs": out.jobs, "hosts": out.hosts,
                                                "queues": out.queues, "meta": out.meta}
@@ -129,7 +156,7 @@ class EtcdStore:
                                kv.key.decode(errors="replace"))
                 continue
             into[int(name) if table == "jobs" else name] = orjson.loads(kv.value)
-        idem, _ = self.client.scan(self.idem_prefix)
+        idem, _ = self._retried(lambda: self.client.scan(self.idem_prefix))
         limit = time.time() - idem_ttl
         old: list[bytes] = []
         for kv in idem:
@@ -273,7 +300,7 @@ class EtcdStore:
             return self._fail(live, f, on_done)
         for i, (writes, ops) in enumerate(parts):
             try:
-                res = self.client.txn(self.guard(), ops, timeout=self.settings.request_timeout)
+                res = self._commit_chunk(ops)
             except EtcdError as exc:  # refused before it was proposed: certainly not applied
                 code = "NOSPACE" if "space exceeded" in exc.message else f"GRPC{exc.code}"
                 cause = (f"etcd is full (its quota: {exc.message}; compact and defragment, or "
@@ -282,8 +309,7 @@ class EtcdStore:
                 rest = [w for ws, _ in parts[i:] for w in ws]
                 return self._fail(rest, self.fault(cause, code), on_done)
             except (OutcomeUnknown, EtcdUnavailable) as exc:
-                # EtcdUnavailable: nothing was sent, but the primary cannot write either; it
-                # steps down like one whose outcome is unknown (its lease goes the same way).
+                # Not resolved before this primary's lease deadline: it steps down.
                 why = f"an etcd write's outcome is unknown ({exc})"
                 logger.error("controller {}: {}; not acknowledging it nor anything after it, "
                              "giving up the primary role (the next primary loads what committed)",
@@ -301,6 +327,61 @@ class EtcdStore:
             self.commits += 1
             on_done(writes)
         return False
+
+    def _commit_chunk(self, ops: list[dict[str, Any]]) -> TxnResult:
+        """Commit ``ops`` once, whatever happens to a request: resolve unknown outcomes.
+
+        Every transaction also writes its own id to ``P/w`` and requires ``P/w`` unchanged
+        since the last transaction this primary knows of. When one gets no answer (a member
+        lost, a timeout), another endpoint is asked: ``P/w`` holding its id means it
+        committed; unchanged means it has not *yet*, and a fence (a transaction that only
+        rewrites ``P/w`` under the same compare) makes sure it never will, after which it is
+        sent again. So a lost member costs a retry, not a failover. Raises OutcomeUnknown
+        when this cannot be settled while the lease is still provable.
+        """
+        while True:
+            self._batches += 1
+            mine = f"{self.election.advertise} {self.election.token} {self._batches}".encode()
+            try:
+                res = self.client.txn(self.chained(), [*ops, put_op(self.chain_key, mine)],
+                                      timeout=self.settings.request_timeout)
+            except (OutcomeUnknown, EtcdUnavailable) as exc:
+                got = self._resolve(mine, exc)
+                if got is None:
+                    continue  # fenced: certainly not applied; send it again
+                res = got
+            if res.succeeded:
+                self._chain_rev = res.revision
+            return res
+
+    def _resolve(self, mine: bytes, first: Exception) -> TxnResult | None:
+        """After transaction ``mine`` got no answer: its result if it committed, None once it
+        is certain it never will (fenced); OutcomeUnknown if the lease runs out first."""
+        last: Exception = first
+        while self.election.still_primary() is None:
+            try:
+                got = self.client.get(self.chain_key)
+                if got is not None and got.value == mine:
+                    self.resolved += 1
+                    return TxnResult(True, got.mod_revision, [])
+                if got is not None and got.value == b"fence " + mine:  # our fence took after all
+                    self._chain_rev = got.mod_revision
+                    self.resolved += 1
+                    return None
+                if (got.mod_revision if got is not None else 0) != self._chain_rev:
+                    return TxnResult(False, 0, [])  # someone else wrote: the guard would fail
+                fence = self.client.txn(self.chained(), [put_op(self.chain_key, b"fence " + mine)],
+                                        timeout=self.settings.request_timeout)
+                if fence.succeeded:
+                    self._chain_rev = fence.revision
+                    self.resolved += 1
+                    logger.warning("controller {}: an etcd transaction got no answer ({}); it was "
+                                   "fenced off and is sent again", self.election.advertise, first)
+                    return None
+            except (OutcomeUnknown, EtcdUnavailable) as exc:
+                last = exc
+            time.sleep(0.01)
+        raise OutcomeUnknown(f"{first}; not settled before the lease deadline ({last})")
 
     @staticmethod
     def _fail(writes: list[Write], fault: StorageFault,
