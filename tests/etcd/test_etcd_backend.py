@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import orjson
 import pytest
+from xce_controller.jobs import Job
 from xce_controller.store import Write
 from xce_etcd.client import EtcdClient
 from xce_etcd.election import EtcdElection
@@ -52,9 +53,24 @@ def commit(store: EtcdStore, writes: list[Write]) -> list[list[Write]]:
     return done
 
 
+def row(i: int, size: int = 10) -> tuple[str, int, bytes, bytes]:
+    """A job's row as the controller writes it: its mutable fields and its submission."""
+    j = Job(orjson.dumps({"command": "true", "pad": "x" * size}), i, "u", "normal", "", 1,
+            "PEND", 1.0)
+    return ("jobs", i, j.row(), j._spec)
+
+
 def job(i: int, size: int = 10) -> Write:
-    return Write([("jobs", i, orjson.dumps({"jobid": i, "pad": "x" * size}))], rid=f"r{i}",
-                 result=orjson.dumps({"jobid": i}))
+    return Write([row(i, size)], rid=f"r{i}", result=orjson.dumps({"jobid": i}), rev=i)
+
+
+def load(store: EtcdStore) -> tuple[list[int], set[str]]:
+    """What a new primary loads: the job ids (through head and load_jobs) and the keys."""
+    head = store.head()
+    jobs = sorted(store.load_jobs(head.max_jobid, 60.0).jobs)
+    keys: set[str] = set()
+    store.load_idem(time.time() - 3600, lambda rid, ts: keys.add(rid))
+    return jobs, keys
 
 
 def test_a_deposed_primary_cannot_commit_and_stops_acknowledging(etcd_one: EtcdCluster) -> None:
@@ -73,8 +89,10 @@ def test_a_deposed_primary_cannot_commit_and_stops_acknowledging(etcd_one: EtcdC
         assert commit(zombie, [job(3)]) == []  # not reported: never acknowledged
         # its guard failed (or its keeper saw the lease gone first): it may not acknowledge
         assert a.still_primary() is not None
-        loaded = EtcdStore(b.client, b.settings, b).load(3600)
-        assert sorted(loaded.jobs) == [1, 2] and set(loaded.idem) == {"r1", "r2"}
+        fresh = EtcdStore(b.client, b.settings, b)
+        fresh.open()
+        assert load(fresh) == ([1, 2], {"r1", "r2"})
+        assert fresh.head().rev == 2  # the highest committed rev (job 3's never committed)
 
 
 def test_the_deadline_passes_when_etcd_stops_answering(etcd_one: EtcdCluster) -> None:
@@ -110,17 +128,20 @@ def test_batches_split_within_the_txn_limits_and_a_too_large_write_is_refused(et
         win(a)
         store = EtcdStore(a.client, a.settings, a)
         store.open()
-        writes = [Write([("jobs", 100 * i + k, b"{}") for k in range(4)], rid=f"w{i}") for i in range(10)]
+        writes = [Write([row(100 * i + k) for k in range(4)], rid=f"w{i}", rev=i + 1)
+                  for i in range(10)]
         batches = commit(store, writes)
         assert [w for b in batches for w in b] == writes and len(batches) > 1
-        for b in batches:  # each transaction: whole writes within the limit (guard + ops)
-            assert sum(len(w.rows) + 1 for w in b) <= 15
-        big = Write([("jobs", 5000 + k, b"{}") for k in range(20)], rid="big")
-        after = Write([("jobs", 9999, b"{}")], rid="after")
+        for b in batches:  # each transaction: whole writes within the limit (a job is two
+            # keys, and its key; the chain key and meta/rev are two more)
+            assert sum(2 * len(w.rows) + 1 for w in b) <= 14
+        big = Write([row(5000 + k) for k in range(20)], rid="big", rev=11)
+        after = Write([row(9999)], rid="after", rev=12)
         (failed,) = commit(store, [big, after])
         assert failed == [big, after] and big.error is not None and "transaction limits" in big.error.cause
-        loaded = store.load(3600)
-        assert len(loaded.jobs) == 40 and 5000 not in loaded.jobs and 9999 not in loaded.jobs
+        jobs, keys = load(store)
+        assert len(jobs) == 40 and 5000 not in jobs and 9999 not in jobs and "big" not in keys
+        assert store.head().rev == 10
 
 
 def test_a_full_etcd_gives_a_storage_fault(etcd_factory) -> None:
@@ -179,5 +200,39 @@ def test_a_member_that_stops_answering_costs_a_retry_not_the_role(etcd_factory) 
             assert a.still_primary() is None and store.resolved >= 1
         finally:
             os.kill(first.pid, signal.SIGCONT)
-        loaded = store.load(3600)
-        assert sorted(loaded.jobs) == [1, 2, 3]
+        assert load(store)[0] == [1, 2, 3]
+
+
+def test_the_store_protocol_on_etcd_head_jobs_images_and_expiry(etcd_one: EtcdCluster) -> None:
+    with candidate(etcd_one, "a") as a:
+        win(a)
+        store = EtcdStore(a.client, a.settings, a)
+        store.open()
+        host = orjson.dumps({"name": "h1", "ncpus": 4})
+        writes = [job(7), job(12), Write([("hosts", "h1", host, None)], rev=13),
+                  Write([("meta", "next_jobid", b"20", None)], rev=14)]
+        commit(store, writes)
+        head = store.head()
+        assert (head.rev, head.max_jobid, head.next_jobid) == (14, 12, 20)
+        assert head.hosts == {"h1": {"name": "h1", "ncpus": 4}} and head.store_id == store.store_id
+        assert store.load_window(100, head.floor) == ([], 14)  # no window: members get snapshots
+        spec7 = row(7)[3]
+        images = store.committed([("jobs", 7), ("jobs", 99), ("hosts", "h1")])
+        assert images == {("jobs", 7): (row(7)[2], spec7), ("jobs", 99): None,
+                          ("hosts", "h1"): (host, None)}
+        table = store.load_jobs(head.max_jobid, 60.0)
+        assert sorted(table.jobs) == [7, 12] and table.jobs[7].spec() == orjson.loads(spec7)
+        assert sorted(store.load_jobs(7, 60.0).jobs) == [7]  # only ids <= upto
+        # a removal deletes the record and its submission
+        commit(store, [Write([("jobs", 7, None, None)], rid="rm7", rev=15)])
+        assert a.client.range(store.key("jobs", 7), store.key("jobs", 8))[0] == []
+        assert sorted(store.load_jobs(store.head().max_jobid, 60.0).jobs) == [12]
+        # housekeeping drops the keys stored before its time, and only those
+        cut = time.time() + 1
+        commit(store, [Write([], expire_before=cut)])
+        assert store.expired == 3 and store.lookup("r7") is None
+        assert load(store) == ([12], set())
+        # standbys do not follow on etcd (yet): the controller's follower never loads
+        assert store.snapshot(100, 60.0, 0.0, lambda rid, ts: None) is None
+        with pytest.raises(NotImplementedError, match="no hot standby"):
+            store.changes_since(0)

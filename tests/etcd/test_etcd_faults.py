@@ -15,7 +15,7 @@ from xce_etcd.chaos import EtcdBed
 from xcecore.testing.checker import OK, History, check, promotions_in_logs
 from xcecore.testing.cluster import wait_for
 from xcecore.testing.faultbed import FaultBed
-from xcecore.testing.workload import Writers, resolve_unknown
+from xcecore.testing.workload import Writers, all_jobs, resolve_unknown
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -45,7 +45,7 @@ def acked_after(history: History, t: float) -> list[Any]:
 def verdict(s: EtcdBed, history: History) -> None:
     with s.bed.client(s.cluster, s.cli, "cli", name="final") as c:
         resolve_unknown(history, c)
-        jobs = c.call("jobinfo", deadline=30)["jobs"]
+        jobs = all_jobs(c)
     v = check(history.snapshot(), jobs, promotions=promotions_in_logs(
         [s.cluster.root / f"controller{i}.log" for i in range(3)]))
     assert v.ok, v.summary()
@@ -137,7 +137,7 @@ def test_a_whole_cluster_restart_keeps_the_state(setup: EtcdBed) -> None:
         s.cluster.start_candidate(i)
     s.cluster.wait_primary(60)
     with s.bed.client(s.cluster, s.cli, "cli", name="w2") as c:
-        jobs = {j["jobid"]: j for j in c.call("jobinfo", deadline=30)["jobs"]}
+        jobs = {j["jobid"]: j for j in all_jobs(c)}
         more = c.call("jobsubmit", {"command": "true", "user": "chaos", "name": "after"}, deadline=30)["jobid"]
     assert set(ids) <= set(jobs) and more > max(ids)
 

@@ -481,8 +481,9 @@ class StatusArgs(TypedDict):
     "since": <float epoch of promotion>, "candidates": [{"address", "state", "pid",
     "since"}], "jobs": <int>, "hosts": <int>, "members": <int>, "roles": {"<role>": <int>},
     "member_list": [member, ...], "next": cursor | null, "store": "<store id>", "rev": <int>,
-    "loading": <bool>, "promotion": {...}, "backend": {"backend": "file" | "etcd", ...}}``: a page of members by identity (default 1,000),
-    each with its ``joined_at``, ``last_seen`` and ``subscribe``. ``candidates`` lists every
+    "loading": <bool>, "promotion": {...}, "backend": {"backend": "file" | "etcd", ...}}``:
+    a page of members by identity (default 1,000), each with its ``joined_at``, ``last_seen``
+    and ``subscribe``. ``candidates`` lists every
     candidate registered in the state directory whose process is alive; ``loading`` is true
     while a new primary still loads its jobs. ``backend`` with etcd also has ``endpoints``,
     ``prefix``, ``leader`` (the lease holder), ``lease_ttl`` and ``lease_left`` (seconds the

@@ -28,7 +28,7 @@ from xcecore.testing import netns
 from xcecore.testing.checker import OK, History, Verdict, check, promotions_in_logs
 from xcecore.testing.faultbed import FaultBed, Host
 from xcecore.testing.nemesis import FaultRecord
-from xcecore.testing.workload import Writers, resolve_unknown
+from xcecore.testing.workload import Writers, all_jobs, resolve_unknown
 
 Undo = Callable[[], None]
 
@@ -228,7 +228,7 @@ def run(bed: FaultBed, root: Path, *, seed: int, faults: int, kinds: list[str] |
         load.stop()
         with eb.client("final") as c:
             resolve_unknown(history, c)
-            jobs = c.call("jobinfo", deadline=30)["jobs"]
+            jobs = all_jobs(c)
         acked = sorted((op.invoked, op.completed) for op in history.snapshot()
                        if op.outcome == OK and op.kind != "read" and op.completed is not None)
         for rec in records:

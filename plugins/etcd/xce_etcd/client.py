@@ -202,8 +202,9 @@ class EtcdClient:
         return kvs[0] if kvs else None
 
     def range(self, key: bytes, range_end: bytes | None = None, *, limit: int = 0,
-              revision: int = 0) -> tuple[list[KV], int]:
-        """Keys in ``[key, range_end)`` (just ``key`` without an end) and the store revision."""
+              revision: int = 0, last_first: bool = False) -> tuple[list[KV], int]:
+        """Keys in ``[key, range_end)`` (just ``key`` without an end) and the store revision
+        (``last_first``: in descending key order)."""
         body: dict[str, Any] = {"key": b64(key)}
         if range_end is not None:
             body["range_end"] = b64(range_end)
@@ -211,15 +212,20 @@ class EtcdClient:
             body["limit"] = str(limit)
         if revision:
             body["revision"] = str(revision)
+        if last_first:
+            body["sort_order"] = "DESCEND"
+            body["sort_target"] = "KEY"
         data = self.post("/v3/kv/range", body)
         kvs = [_kv(k) for k in data.get("kvs", [])]
         return kvs, int(data.get("header", {}).get("revision", 0))
 
-    def scan(self, prefix: bytes, page: int = 2000) -> tuple[list[KV], int]:
-        """Every key under ``prefix``, in pages, all read at one revision."""
-        end = prefix_end(prefix)
+    def scan(self, prefix: bytes, page: int = 2000, *, end: bytes | None = None,
+             revision: int = 0) -> tuple[list[KV], int]:
+        """Every key under ``prefix`` (below ``end`` if given), in pages, all read at one
+        revision (``revision``, or the current one)."""
+        end = prefix_end(prefix) if end is None else end
         out: list[KV] = []
-        start, revision = prefix, 0
+        start = prefix
         while True:
             kvs, rev = self.range(start, end, limit=page, revision=revision)
             revision = revision or rev

@@ -1,8 +1,17 @@
 """The state store on etcd: every group of writes is one transaction guarded by the fencing token.
 
-Keys (``P`` is ``[etcd] prefix``): ``P/s/<table>/<key>`` holds a record's JSON (tables
-``jobs``, ``hosts``, ``queues``, ``meta``), ``P/i/<rid>`` an idempotency key's result (``<unix
-time> <result JSON>``), ``P/store_id`` the store's random id, ``P/leader`` the election's key.
+Keys (``P`` is ``[etcd] prefix``): ``P/s/<table>/<key>`` holds a record (tables ``jobs``,
+``hosts``, ``queues``: ``<rev> <JSON>``, the rev of the write that last changed it; ``meta``:
+its JSON, ``meta/rev`` the highest committed rev), a job's key is its id in 20 digits (so
+keys sort by id) and its submission is ``P/s/jobs/<id>/spec``; ``P/i/<rid>`` an idempotency
+key's result (``<unix time> <result JSON>``), ``P/store_id`` the store's random id, ``P/w``
+the chain key (below), ``P/leader`` the election's key.
+
+**Not a hot standby yet.** This store implements the new primary's load (:meth:`head`,
+:meth:`load_jobs`, :meth:`load_idem`; :meth:`load_window` gives an empty window whose floor
+is the loaded rev, so members re-joining with an older ``since`` get a snapshot) but not the
+standby's follow: :meth:`snapshot` answers None ("no store to follow"), so the controller's
+follower never loads and every promotion is a cold load from etcd (docs/operator.md).
 
 The writer thread takes every write queued since its last commit, as the SQLite store does,
 and commits them in transactions of at most ``max_txn_ops`` operations and
@@ -34,17 +43,22 @@ Outcomes of a transaction:
 
 from __future__ import annotations
 
+import gc
 import queue
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import orjson
 from loguru import logger
-from xce_controller.store import TABLES, Loaded, StorageFault, Write
+from xce_controller.changes import Change
+from xce_controller.jobs import Job, JobTable, normalise
+from xce_controller.store import TABLES, StorageFault, Write
+from xce_controller.storeread import Delta, Head, Images
 
 from xce_etcd.client import (
+    KV,
     EtcdClient,
     EtcdError,
     EtcdUnavailable,
@@ -53,6 +67,7 @@ from xce_etcd.client import (
     absent,
     delete_op,
     mod_revision_is,
+    prefix_end,
     put_op,
 )
 from xce_etcd.election import EtcdElection
@@ -61,6 +76,14 @@ from xce_etcd.settings import EtcdSettings
 _STOP = object()
 _T = TypeVar("_T")
 OP_OVERHEAD = 32  # bytes an operation costs in the request besides its (base64) fields
+JOB_DIGITS = 20  # a job's key is its id zero-padded, so etcd's key order is id order
+SPEC = b"/spec"  # suffix of a job's submission key
+EXPIRE_PAGE = 2000  # idempotency keys one housekeeping write looks at
+
+
+def record_of(value: bytes) -> bytes:
+    """A record's JSON from its stored value (``<rev> <JSON>``)."""
+    return value.partition(b" ")[2]
 
 
 class TooLarge(Exception):
@@ -93,6 +116,10 @@ class EtcdStore:
         self.revision = 0  # etcd's revision after the last commit (the store's rev)
         self.commits = 0
         self.epoch = 0
+        self.expired = 0  # idempotency keys dropped by housekeeping
+        self._head_rev = 0  # the rev head() read (a cold load's window floor)
+        self._expire_from = self.idem_prefix  # housekeeping's cursor over the keys
+        self.rev_key = self.key("meta", "rev")
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     # -- keys ------------------------------------------------------------------------------------
@@ -101,7 +128,7 @@ class EtcdStore:
         """The etcd key of record ``key`` of ``table``."""
         if table not in TABLES:
             raise ValueError(f"unknown table {table!r}")
-        name: str = str(key)
+        name: str = f"{int(key):0{JOB_DIGITS}d}" if table == "jobs" else str(key)
         out: bytes = self.state_prefix + table.encode() + b"/" + name.encode()
         return out
 
@@ -141,33 +168,102 @@ class EtcdStore:
         chain = self._retried(lambda: self.client.get(self.chain_key))
         self._chain_rev = chain.mod_revision if chain is not None else 0
 
-    def load(self, idem_ttl: float) -> Loaded:
-        """Every record and idempotency key, read at one revision; old keys are deleted."""
-        kvs, revision = self._retried(lambda: self.client.scan(self.state_prefix))
-        out = Loaded()
-        tables: dict[str, dict[Any, Any]] = {"jobs": out.jobs, "hosts": out.hosts,
-                                               "queues": out.queues, "meta": out.meta}
-        skip = len(self.state_prefix)
+    def head(self) -> Head:
+        """Meta, hosts and queues (no job), and the highest job id, at one etcd revision;
+        after :meth:`open`, on a thread."""
+        loads = orjson.loads
+
+        def read() -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[str, Any]], int]:
+            meta_kvs, revision = self.client.scan(self.state_prefix + b"meta/")
+            tables: list[dict[str, dict[str, Any]]] = []
+            for t in (b"hosts/", b"queues/"):
+                kvs, _ = self.client.scan(self.state_prefix + t, revision=revision)
+                skip = len(self.state_prefix + t)
+                tables.append({kv.key[skip:].decode(): loads(record_of(kv.value)) for kv in kvs})
+            jobs = self.state_prefix + b"jobs/"
+            last, _ = self.client.range(jobs, prefix_end(jobs), limit=1, revision=revision,
+                                        last_first=True)
+            skip = len(self.state_prefix + b"meta/")
+            meta = {kv.key[skip:].decode(): loads(kv.value) for kv in meta_kvs}
+            top = int(last[0].key[len(jobs):len(jobs) + JOB_DIGITS]) if last else 0
+            return meta, tables[0], tables[1], top
+
+        meta, hosts, queues, max_jobid = self._retried(read)
+        rev = int(meta.get("rev", 0))
+        self._head_rev = rev
+        return Head(store_id=self.store_id, rev=rev,
+                    next_jobid=max(int(meta.get("next_jobid", 1)), max_jobid + 1),
+                    max_jobid=max_jobid, hosts=hosts, queues=queues, meta=meta, floor=rev)
+
+    def load_jobs(self, upto: int, clean_width: float) -> JobTable:
+        """Every job with id <= ``upto``, indexed, read at one etcd revision (a thread). The
+        collector is off meanwhile, as for the file store."""
+        jobs = self.state_prefix + b"jobs/"
+        end = self.key("jobs", upto + 1)
+        kvs, _ = self._retried(lambda: self.client.scan(jobs, end=end))
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return JobTable.build(self._jobs(kvs), clean_width)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _jobs(self, kvs: list[KV]) -> Iterator[Job]:
+        """Jobs from a scan in key order: each job's data key, then its ``/spec`` key."""
+        loads = orjson.loads
+        data: bytes | None = None
         for kv in kvs:
-            table, _, name = kv.key[skip:].decode().partition("/")
-            into = tables.get(table)
-            if into is None:
-                logger.warning("etcd store {}: ignoring unknown key {}", self.settings.prefix,
-                               kv.key.decode(errors="replace"))
-                continue
-            into[int(name) if table == "jobs" else name] = orjson.loads(kv.value)
+            if kv.key.endswith(SPEC):
+                if data is None:
+                    logger.warning("etcd store {}: job key {} has a submission but no record; "
+                                   "skipped", self.settings.prefix, kv.key.decode(errors="replace"))
+                    continue
+                job = Job(kv.value, *loads(data))
+                normalise(job)
+                yield job
+                data = None
+            else:
+                if data is not None:
+                    logger.warning("etcd store {}: a job record before {} has no submission; "
+                                   "skipped", self.settings.prefix, kv.key.decode(errors="replace"))
+                data = record_of(kv.value)
+
+    def load_window(self, capacity: int, floor: int) -> tuple[list[Change], int]:
+        """No retention window (this store keeps no removal records yet): empty, with the
+        floor at the rev :meth:`head` read, so a member's older ``since`` gets a snapshot."""
+        return [], max(floor, self._head_rev)
+
+    def load_idem(self, since: float, add: Callable[[str, float], None]) -> int:
+        """Call ``add(rid, ts)`` for each idempotency key stored at or after ``since``; the
+        older ones are deleted (guarded, in bounded transactions)."""
         idem, _ = self._retried(lambda: self.client.scan(self.idem_prefix))
-        limit = time.time() - idem_ttl
         old: list[bytes] = []
+        n = 0
+        skip = len(self.idem_prefix)
         for kv in idem:
-            ts, _, result = kv.value.partition(b" ")
-            if float(ts) < limit:
+            ts = float(kv.value.partition(b" ")[0])
+            if ts < since:
                 old.append(kv.key)
             else:
-                out.idem[kv.key[len(self.idem_prefix):].decode()] = result
-        self.revision = revision
+                add(kv.key[skip:].decode(), ts)
+                n += 1
         self._prune(old)
-        return out
+        return n
+
+    def snapshot(self, ring_capacity: int, clean_width: float, idem_since: float,
+                 add_idem: Callable[[str, float], None]) -> tuple[Head, JobTable] | None:
+        """Always None: etcd standbys do not follow yet (see the module docstring), so the
+        controller's follower never loads and a promotion loads the state cold."""
+        return None
+
+    def wait_changed(self, timeout: float) -> bool:
+        """Not implemented: never called, as :meth:`snapshot` never loads."""
+        raise NotImplementedError("the etcd store does not follow a primary yet (no hot standby)")
+
+    def changes_since(self, rev: int) -> Delta | None:
+        """Not implemented: never called, as :meth:`snapshot` never loads."""
+        raise NotImplementedError("the etcd store does not follow a primary yet (no hot standby)")
 
     def _prune(self, keys: list[bytes]) -> None:
         step = max(1, self.settings.max_txn_ops - 1)
@@ -179,12 +275,37 @@ class EtcdStore:
                                "now", self.settings.prefix, exc)
                 return
 
-    def committed(self, keys: Iterable[tuple[str, Any]]) -> dict[tuple[str, Any], bytes | None]:
-        """The committed JSON of each ``(table, key)`` (None: no such record); any thread."""
-        out: dict[tuple[str, Any], bytes | None] = {}
+    def _expire(self, before: float) -> None:
+        """Housekeeping: look at the next :data:`EXPIRE_PAGE` idempotency keys after the
+        cursor (wrapping around) and delete those stored before ``before``: bounded work per
+        housekeeping write, and every key is looked at once per sweep."""
+        try:
+            kvs, _ = self.client.range(self._expire_from, prefix_end(self.idem_prefix),
+                                       limit=EXPIRE_PAGE)
+        except (EtcdError, EtcdUnavailable, OutcomeUnknown) as exc:
+            logger.warning("etcd store {}: cannot read idempotency keys to expire ({}); next "
+                           "time", self.settings.prefix, exc)
+            return
+        self._expire_from = kvs[-1].key + b"\0" if len(kvs) == EXPIRE_PAGE else self.idem_prefix
+        old = [kv.key for kv in kvs if float(kv.value.partition(b" ")[0]) < before]
+        self._prune(old)
+        self.expired += len(old)
+
+    def committed(self, keys: Iterable[tuple[str, Any]]) -> Images:
+        """The committed ``(data, spec)`` of each ``(table, key)`` (None: no such record;
+        spec None but for jobs); any thread."""
+        out: Images = {}
         for table, key in keys:
-            got = self.client.get(self.key(table, key))
-            out[(table, key)] = None if got is None else got.value
+            k = self.key(table, key)
+            if table == "jobs":
+                kvs, _ = self.client.range(k, k + SPEC + b"\0")
+                got = {kv.key: kv.value for kv in kvs}
+                data, spec = got.get(k), got.get(k + SPEC)
+                out[(table, key)] = None if data is None else (record_of(data), spec)
+            else:
+                one = self.client.get(k)
+                out[(table, key)] = None if one is None else (
+                    one.value if table == "meta" else record_of(one.value), None)
         return out
 
     def lookup(self, rid: str) -> bytes | None:
@@ -197,10 +318,21 @@ class EtcdStore:
     def ops_of(self, w: Write, now: float) -> dict[bytes, dict[str, Any]]:
         """The write's operations by key (a key written twice: the last one)."""
         ops: dict[bytes, dict[str, Any]] = {}
-        for table, key, data in w.rows:
+        stamp = b"%d " % w.rev
+        for table, key, data, spec in w.rows:
             k = self.key(table, key)
             ops.pop(k, None)
-            ops[k] = delete_op(k) if data is None else put_op(k, data)
+            if table == "meta":
+                ops[k] = delete_op(k) if data is None else put_op(k, data)
+                continue
+            ops[k] = delete_op(k) if data is None else put_op(k, stamp + data)
+            if table == "jobs":
+                s = k + SPEC
+                ops.pop(s, None)
+                if data is None:
+                    ops[s] = delete_op(s)
+                elif spec is not None:
+                    ops[s] = put_op(s, spec)
         if w.rid is not None:
             k = self.idem_prefix + w.rid.encode()
             ops[k] = put_op(k, f"{now:.3f} ".encode() + w.result)
@@ -208,7 +340,7 @@ class EtcdStore:
 
     def chunks(self, writes: list[Write], now: float) -> list[tuple[list[Write], list[dict[str, Any]]]]:
         """``writes`` split into transactions within the limits, each write whole in one."""
-        limit_ops = self.settings.max_txn_ops - 1  # the guard is one more
+        limit_ops = self.settings.max_txn_ops - 2  # the chain key and meta/rev are two more
         limit_bytes = self.settings.max_request_bytes - 1024
         out: list[tuple[list[Write], list[dict[str, Any]]]] = []
         cur: list[Write] = []
@@ -300,7 +432,8 @@ class EtcdStore:
             return self._fail(live, f, on_done)
         for i, (writes, ops) in enumerate(parts):
             try:
-                res = self._commit_chunk(ops)
+                top = max(w.rev for w in writes)
+                res = self._commit_chunk(ops, top)
             except EtcdError as exc:  # refused before it was proposed: certainly not applied
                 code = "NOSPACE" if "space exceeded" in exc.message else f"GRPC{exc.code}"
                 cause = (f"etcd is full (its quota: {exc.message}; compact and defragment, or "
@@ -325,10 +458,13 @@ class EtcdStore:
                 return None
             self.revision = res.revision
             self.commits += 1
+            for w in writes:
+                if w.expire_before is not None:  # housekeeping (removal records: none here)
+                    self._expire(w.expire_before)
             on_done(writes)
         return False
 
-    def _commit_chunk(self, ops: list[dict[str, Any]]) -> TxnResult:
+    def _commit_chunk(self, ops: list[dict[str, Any]], rev: int = 0) -> TxnResult:
         """Commit ``ops`` once, whatever happens to a request: resolve unknown outcomes.
 
         Every transaction also writes its own id to ``P/w`` and requires ``P/w`` unchanged
@@ -337,11 +473,14 @@ class EtcdStore:
         committed; unchanged means it has not *yet*, and a fence (a transaction that only
         rewrites ``P/w`` under the same compare) makes sure it never will, after which it is
         sent again. So a lost member costs a retry, not a failover. Raises OutcomeUnknown
-        when this cannot be settled while the lease is still provable.
+        when this cannot be settled while the lease is still provable. ``rev``: the highest
+        controller rev of the chunk (0: none), written to ``meta/rev`` and named in ``P/w``.
         """
+        if rev:
+            ops = [*ops, put_op(self.rev_key, str(rev).encode())]
         while True:
             self._batches += 1
-            mine = f"{self.election.advertise} {self.election.token} {self._batches}".encode()
+            mine = f"{self.election.advertise} {self.election.token} {self._batches} rev {rev}".encode()
             try:
                 res = self.client.txn(self.chained(), [*ops, put_op(self.chain_key, mine)],
                                       timeout=self.settings.request_timeout)
