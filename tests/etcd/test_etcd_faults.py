@@ -125,7 +125,7 @@ def test_a_whole_cluster_restart_keeps_the_state(setup: EtcdBed) -> None:
     ids = []
     with s.bed.client(s.cluster, s.cli, "cli", name="w") as c:
         for i in range(30):
-            ids.append(c.call("jobsubmit", {"command": "true", "user": "chaos", "name": f"r{i}"},
+            ids.append(c.call("jobsubmit", {"command": "true", "name": f"r{i}"},
                               deadline=30)["jobid"])
     for p in s.cluster.candidates.values():
         p.kill()
@@ -138,7 +138,7 @@ def test_a_whole_cluster_restart_keeps_the_state(setup: EtcdBed) -> None:
     s.cluster.wait_primary(60)
     with s.bed.client(s.cluster, s.cli, "cli", name="w2") as c:
         jobs = {j["jobid"]: j for j in all_jobs(c)}
-        more = c.call("jobsubmit", {"command": "true", "user": "chaos", "name": "after"}, deadline=30)["jobid"]
+        more = c.call("jobsubmit", {"command": "true", "name": "after"}, deadline=30)["jobid"]
     assert set(ids) <= set(jobs) and more > max(ids)
 
 

@@ -18,11 +18,11 @@ def config(etcd: EtcdCluster, prefix: str = "/xce") -> str:
 def test_failover_keeps_every_acknowledged_write(etcd_one: EtcdCluster, xce_cluster, xce_client) -> None:
     cluster: LocalCluster = xce_cluster(3, extra_config=config(etcd_one))
     c = xce_client(cluster, "cli", join=False)
-    ids = [c.call("jobsubmit", {"command": "true", "user": "t", "queue": "normal"}, deadline=30)["jobid"]
+    ids = [c.call("jobsubmit", {"command": "true", "queue": "normal"}, deadline=30)["jobid"]
            for _ in range(20)]
     old, new = cluster.kill_primary(30)
     assert new != old
-    more = c.call("jobsubmit", {"command": "true", "user": "t"}, deadline=30)["jobid"]
+    more = c.call("jobsubmit", {"command": "true"}, deadline=30)["jobid"]
     assert more > max(ids)
     jobs = {j["jobid"] for j in all_jobs(c)}
     assert set(ids) | {more} <= jobs

@@ -214,13 +214,12 @@ class MultiHostCluster(LocalCluster):
 
     def state_of(self, index: int) -> str | None:
         """``primary``, ``standby`` or None, asked from the candidate's own host."""
-        key = self.key.encode() if self.key else None
         addr, ns, _ = self.hosts[index]
         if ns is None:
-            answer = probe(addr, 7600, key)
+            answer = probe(addr, 7600, self.method())
         else:
             from xcecore.testing.netns import entered
 
             with entered(ns):
-                answer = probe(addr, 7600, key)
+                answer = probe(addr, 7600, self.method())
         return answer.get("state") if answer and answer.get("ok") else None
