@@ -15,14 +15,12 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
-from xce_etcd.client import EtcdClient, EtcdUnavailable, OutcomeUnknown
 from xce_etcd.testing import EtcdCluster, MultiHostCluster, etcd_config
 from xcecore.testing import netns
 from xcecore.testing.checker import OK, History, Verdict, check, promotions_in_logs
@@ -76,14 +74,9 @@ class EtcdBed:
             if not h.powered or h.frozen:
                 continue
             with netns.entered(h.netns):
-                for i, m in enumerate(self.etcd.members):
-                    with one_client(m.url) as c:
-                        try:
-                            st = c.status()
-                        except (OutcomeUnknown, EtcdUnavailable):
-                            continue
-                        if st.get("leader") == st.get("header", {}).get("member_id"):
-                            return i
+                found = self.etcd.leader()
+            if found is not None:
+                return found
         raise RuntimeError("no etcd member says it leads")
 
     def ensure_running(self) -> None:
@@ -101,16 +94,6 @@ class EtcdBed:
     def logs(self) -> list[Path]:
         """The candidates' log files."""
         return [self.cluster.root / f"{self.cluster.server_role}{i}.log" for i in range(3)]
-
-
-@contextmanager
-def one_client(url: str) -> Iterator[EtcdClient]:
-    """A client of one member only."""
-    c = EtcdClient([url], timeout=0.5)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _others(eb: EtcdBed, host: Host) -> list[Host]:

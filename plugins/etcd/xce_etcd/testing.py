@@ -150,6 +150,23 @@ class EtcdCluster:
                 client.close()
         raise TimeoutError(f"etcd not healthy after {timeout} s:\n{self.logs()}")
 
+    def leader(self) -> int | None:
+        """The index of the member that says it leads raft (asked of each member directly,
+        from this network namespace), or None when none answers so."""
+        for i, m in enumerate(self.members):
+            if not m.alive():
+                continue
+            c = EtcdClient([m.url], timeout=0.5)
+            try:
+                st = c.status()
+            except (OutcomeUnknown, EtcdUnavailable):
+                continue
+            finally:
+                c.close()
+            if st.get("leader") and st.get("leader") == st.get("header", {}).get("member_id"):
+                return i
+        return None
+
     def kill(self, m: Member, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to member ``m`` (by pid) and reap it after a SIGKILL."""
         if m.alive():
