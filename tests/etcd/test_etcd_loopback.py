@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from xce_etcd.testing import EtcdCluster, etcd_config
 
-from xcecore.testing.cluster import LocalCluster
+from xcecore.testing.cluster import LocalCluster, wait_for
 from xcecore.testing.workload import all_jobs
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,3 +40,30 @@ def test_status_shows_the_backend_and_the_lease_holder(etcd_one: EtcdCluster, xc
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if x.startswith("backend etcd"))
     assert f"lease holder {cluster.address(0)}, TTL 1 s" in line and "prefix /st" in line
+
+
+def test_a_standby_that_followed_promotes_hot(etcd_one: EtcdCluster, xce_cluster, xce_client) -> None:
+    """The standbys load the state once and follow the primary's commits through an etcd
+    watch; the one that wins after the primary's SIGKILL catches up only what its watch had
+    not delivered yet (up to its campaign's revision): no reload, every acknowledged job in."""
+    cluster: LocalCluster = xce_cluster(3, extra_config=config(etcd_one, "/hot"))
+    c = xce_client(cluster, "cli", join=False)
+    first = c.call("jobsubmit", {"command": "true"}, deadline=30)["jobid"]
+    primary = cluster.wait_primary(30)
+    standbys = [p for i, p in cluster.candidates.items() if i != primary]
+    for p in standbys:
+        wait_for(lambda p=p: "standby: loaded" in p.text(), 60, what=f"{p.name}'s snapshot")
+    ids = [first] + [c.call("jobsubmit", {"command": "true"}, deadline=30)["jobid"]
+                     for _ in range(60)]
+    c.call("jobctrl", {"jobid": ids[1], "action": "kill"}, deadline=30)  # a job's record changes too
+    old, new = cluster.kill_primary(30)
+    st = c.call("status", deadline=30)
+    p = st["promotion"]
+    assert st["server"] == cluster.address(new) and p["how"] == "hot", p
+    assert p["snapshots"] == 1 and p["followed"] > 0 and 0 <= p["changes"] < len(ids), p
+    text = cluster.candidates[new].text()
+    assert text.count("standby: loaded") == 1 and "promoted to primary (hot standby" in text
+    assert "jobs load)" not in text  # the cold path's line
+    jobs = {j["jobid"]: j for j in all_jobs(c)}
+    assert set(ids) <= set(jobs) and jobs[ids[1]]["state"] != "PEND"
+    assert c.call("jobsubmit", {"command": "true"}, deadline=30)["jobid"] > max(ids)

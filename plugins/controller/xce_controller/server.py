@@ -377,9 +377,17 @@ class Controller:
         store = self._store
         follower, self.follower = self.follower, None
         self.volatile = VolatileLog(self.settings.change_retention)
-        if follower is not None and follower.loaded.is_set():
-            await self._promote_hot(store, follower)
-        else:
+        hot = follower is not None and follower.loaded.is_set()
+        if hot:
+            assert follower is not None
+            try:
+                await self._promote_hot(store, follower)
+            except Exception as exc:  # e.g. the store could not be read to catch up
+                logger.opt(exception=True).warning(
+                    "controller {}: promotion: the hot standby's catch-up failed ({}); loading "
+                    "the state from the store instead", self.address, exc)
+                hot = False
+        if not hot:
             if follower is not None:
                 follower.stop()  # not loaded yet: this candidate loads as a cold one
             await self._promote_cold(store)
@@ -416,6 +424,8 @@ class Controller:
             follower.stop()
             with follower.lock:  # the follower's thread may be inside a catch-up
                 caught = follower.catch_up()
+            if not follower.loaded.is_set():  # it had to reload, and that failed
+                raise RuntimeError("the standby's copy could not be reloaded")
             store.open()
             return caught
 

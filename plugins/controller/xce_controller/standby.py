@@ -94,9 +94,11 @@ class Follower:
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set() and not self._load():
-                self._stop.wait(0.05)  # no store yet: the first primary is creating it
             while not self._stop.is_set():
+                if not self.loaded.is_set():
+                    if not self._load():  # no store yet (the first primary is creating it),
+                        self._stop.wait(0.05)  # or it cannot be read now (a reload failed)
+                    continue
                 if self.store.wait_changed(FOLLOW_WAIT):
                     with self.lock:
                         if not self._stop.is_set():  # else the promotion catches up itself
@@ -141,7 +143,8 @@ class Follower:
             logger.warning("controller {}: standby: the store pruned removals above rev {}; "
                            "loading the state again", self.who, self.rev)
             self.loaded.clear()
-            self._load()
+            self._load()  # when it fails, ``loaded`` stays clear: the thread tries again, a
+            # promotion loads cold
             return Caught(-1, 0, (time.perf_counter() - t0) * 1000, self.rev)
         self._apply(delta)
         return Caught(len(delta.changes), len(delta.idem), (time.perf_counter() - t0) * 1000,

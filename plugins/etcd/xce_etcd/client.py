@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import base64
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 DEFINITE = (
     "mvcc: database space exceeded",
@@ -120,6 +122,41 @@ def mod_revision_is(key: bytes, revision: int) -> dict[str, Any]:
 def absent(key: bytes) -> dict[str, Any]:
     """Compare: ``key`` does not exist (its create_revision is 0)."""
     return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One change a watch reports: a put (``value``) or a delete (``deleted``), at the
+    revision of the transaction that made it."""
+
+    key: bytes
+    value: bytes
+    revision: int
+    deleted: bool
+
+
+class Compacted(Exception):
+    """A watch asked for revisions etcd has compacted away."""
+
+    def __init__(self, compact_revision: int) -> None:
+        super().__init__(f"etcd compacted its history up to revision {compact_revision}")
+        self.compact_revision = compact_revision
+
+
+def events_of(result: dict[str, Any]) -> list[Event]:
+    """The events of one watch response (raises :class:`Compacted` for a compaction's
+    cancellation, :class:`OutcomeUnknown` for any other)."""
+    if result.get("canceled"):
+        compact = int(result.get("compact_revision", 0) or 0)
+        if compact:
+            raise Compacted(compact)
+        raise OutcomeUnknown(f"etcd cancelled the watch: {result.get('cancel_reason', '?')}")
+    out = []
+    for ev in result.get("events", ()):
+        kv = ev.get("kv", {})
+        out.append(Event(unb64(kv.get("key")), unb64(kv.get("value")),
+                         int(kv.get("mod_revision", 0)), ev.get("type") == "DELETE"))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +289,45 @@ class EtcdClient:
         return TxnResult(bool(data.get("succeeded", False)),
                          int(data.get("header", {}).get("revision", 0)),
                          list(data.get("responses", [])))
+
+    def watch(self, key: bytes, range_end: bytes, start: int, idle: float) -> Iterator[list[Event]]:
+        """Watch ``[key, range_end)`` from revision ``start``: yields each response's events
+        (an empty list for the creation), in revision order, until the stream breaks or is
+        silent for ``idle`` s (OutcomeUnknown), or etcd compacted ``start`` away
+        (:class:`Compacted`). On the endpoint that last answered, or the next ones that take
+        the connection; the caller re-watches from the revision after the last event."""
+        body = {"create_request": {"key": b64(key), "range_end": b64(range_end),
+                                   "start_revision": str(start)}}
+        timeout = httpx.Timeout(self.timeout, read=idle)
+        with self._lock:
+            start_at = self._current
+        n = len(self.endpoints)
+        failures = []
+        for i in range(n):
+            url = self.endpoints[(start_at + i) % n] + "/v3/watch"
+            try:
+                with self._http.stream("POST", url, json=body, timeout=timeout) as resp:
+                    if resp.status_code != 200:
+                        raise OutcomeUnknown(f"{url}: HTTP {resp.status_code}")
+                    for line in resp.iter_lines():
+                        if not line.strip():
+                            continue
+                        try:
+                            msg = orjson.loads(line)
+                        except orjson.JSONDecodeError:
+                            raise OutcomeUnknown(f"{url}: not JSON: {line[:200]!r}") from None
+                        if "error" in msg:
+                            raise OutcomeUnknown(f"{url}: {msg['error']}")
+                        yield events_of(msg.get("result", {}))
+                raise OutcomeUnknown(f"{url}: the watch stream ended")
+            except httpx.ConnectError as exc:
+                failures.append(f"{url}: {exc}")
+                continue
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                with self._lock:
+                    self._current = (start_at + i + 1) % n
+                raise OutcomeUnknown(f"{url}: watch: {type(exc).__name__}: {exc}") from None
+        raise EtcdUnavailable("no etcd endpoint reachable: " + "; ".join(failures))
 
     # -- leases ------------------------------------------------------------------------------------
 

@@ -7,11 +7,13 @@ keys sort by id) and its submission is ``P/s/jobs/<id>/spec``; ``P/i/<rid>`` an 
 key's result (``<unix time> <result JSON>``), ``P/store_id`` the store's random id, ``P/w``
 the chain key (below), ``P/leader`` the election's key.
 
-**Not a hot standby yet.** This store implements the new primary's load (:meth:`head`,
-:meth:`load_jobs`, :meth:`load_idem`; :meth:`load_window` gives an empty window whose floor
-is the loaded rev, so members re-joining with an older ``since`` get a snapshot) but not the
-standby's follow: :meth:`snapshot` answers None ("no store to follow"), so the controller's
-follower never loads and every promotion is a cold load from etcd (docs/operator.md).
+A primary's cold load is :meth:`head`, :meth:`load_jobs`, :meth:`load_idem` (no retention
+window: :meth:`load_window` gives an empty one whose floor is the loaded rev, so members
+re-joining with an older ``since`` get a snapshot). A hot standby loads one consistent
+:meth:`snapshot` (every read at one etcd revision), then follows with a watch on ``P/``
+from the revision after it (:mod:`xce_etcd.follow`: :meth:`wait_changed`,
+:meth:`changes_since`); its promotion reads the rest up to its own campaign's revision, never
+the whole state again, unless its watch fell behind etcd's compaction.
 
 The writer thread takes every write queued since its last commit, as the SQLite store does,
 and commits them in transactions of at most ``max_txn_ops`` operations and
@@ -59,6 +61,7 @@ from xce_controller.storeread import Delta, Head, Images
 
 from xce_etcd.client import (
     KV,
+    Compacted,
     EtcdClient,
     EtcdError,
     EtcdUnavailable,
@@ -71,6 +74,7 @@ from xce_etcd.client import (
     put_op,
 )
 from xce_etcd.election import EtcdElection
+from xce_etcd.follow import Watcher, delta_of, read_until
 from xce_etcd.settings import EtcdSettings
 
 _STOP = object()
@@ -121,6 +125,10 @@ class EtcdStore:
         self._expire_from = self.idem_prefix  # housekeeping's cursor over the keys
         self.rev_key = self.key("meta", "rev")
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.cluster_prefix = prefix + b"/"  # what a standby watches
+        self._watcher: Watcher | None = None
+        self._follow_from = 0  # the etcd revision after a standby's snapshot
+        self._snapshot_complained = 0.0
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -171,36 +179,39 @@ class EtcdStore:
     def head(self) -> Head:
         """Meta, hosts and queues (no job), and the highest job id, at one etcd revision;
         after :meth:`open`, on a thread."""
+        head, _ = self._retried(lambda: self._read_head(0))
+        self._head_rev = head.rev
+        return head
+
+    def _read_head(self, revision: int) -> tuple[Head, int]:
+        """:meth:`head` at ``revision`` (0: the current one), and the revision it read at."""
         loads = orjson.loads
-
-        def read() -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[str, Any]], int]:
-            meta_kvs, revision = self.client.scan(self.state_prefix + b"meta/")
-            tables: list[dict[str, dict[str, Any]]] = []
-            for t in (b"hosts/", b"queues/"):
-                kvs, _ = self.client.scan(self.state_prefix + t, revision=revision)
-                skip = len(self.state_prefix + t)
-                tables.append({kv.key[skip:].decode(): loads(record_of(kv.value)) for kv in kvs})
-            jobs = self.state_prefix + b"jobs/"
-            last, _ = self.client.range(jobs, prefix_end(jobs), limit=1, revision=revision,
-                                        last_first=True)
-            skip = len(self.state_prefix + b"meta/")
-            meta = {kv.key[skip:].decode(): loads(kv.value) for kv in meta_kvs}
-            top = int(last[0].key[len(jobs):len(jobs) + JOB_DIGITS]) if last else 0
-            return meta, tables[0], tables[1], top
-
-        meta, hosts, queues, max_jobid = self._retried(read)
+        meta_kvs, revision = self.client.scan(self.state_prefix + b"meta/", revision=revision)
+        tables: list[dict[str, dict[str, Any]]] = []
+        for t in (b"hosts/", b"queues/"):
+            kvs, _ = self.client.scan(self.state_prefix + t, revision=revision)
+            skip = len(self.state_prefix + t)
+            tables.append({kv.key[skip:].decode(): loads(record_of(kv.value)) for kv in kvs})
+        jobs = self.state_prefix + b"jobs/"
+        last, _ = self.client.range(jobs, prefix_end(jobs), limit=1, revision=revision,
+                                    last_first=True)
+        skip = len(self.state_prefix + b"meta/")
+        meta = {kv.key[skip:].decode(): loads(kv.value) for kv in meta_kvs}
+        max_jobid = int(last[0].key[len(jobs):len(jobs) + JOB_DIGITS]) if last else 0
         rev = int(meta.get("rev", 0))
-        self._head_rev = rev
         return Head(store_id=self.store_id, rev=rev,
                     next_jobid=max(int(meta.get("next_jobid", 1)), max_jobid + 1),
-                    max_jobid=max_jobid, hosts=hosts, queues=queues, meta=meta, floor=rev)
+                    max_jobid=max_jobid, hosts=tables[0], queues=tables[1], meta=meta,
+                    floor=rev), revision
 
     def load_jobs(self, upto: int, clean_width: float) -> JobTable:
         """Every job with id <= ``upto``, indexed, read at one etcd revision (a thread). The
         collector is off meanwhile, as for the file store."""
+        return self._retried(lambda: self._read_jobs(upto, clean_width, 0))
+
+    def _read_jobs(self, upto: int, clean_width: float, revision: int) -> JobTable:
         jobs = self.state_prefix + b"jobs/"
-        end = self.key("jobs", upto + 1)
-        kvs, _ = self._retried(lambda: self.client.scan(jobs, end=end))
+        kvs, _ = self.client.scan(jobs, end=self.key("jobs", upto + 1), revision=revision)
         enabled = gc.isenabled()
         gc.disable()
         try:
@@ -253,17 +264,79 @@ class EtcdStore:
 
     def snapshot(self, ring_capacity: int, clean_width: float, idem_since: float,
                  add_idem: Callable[[str, float], None]) -> tuple[Head, JobTable] | None:
-        """Always None: etcd standbys do not follow yet (see the module docstring), so the
-        controller's follower never loads and a promotion loads the state cold."""
-        return None
+        """A standby's load: head, jobs and idempotency keys at one etcd revision (no
+        retention window: its floor is the head's rev); the follow then watches from the
+        revision after it (:mod:`xce_etcd.follow`). None while no primary created the store,
+        or while etcd cannot be read (the follower asks again)."""
+        self._stop_watch()
+        try:
+            got = self.client.get(self.id_key)
+            if got is None:
+                return None
+            head, revision = self._read_head(0)
+            head.store_id = got.value.decode()
+            table = self._read_jobs(head.max_jobid, clean_width, revision)
+            idem, _ = self.client.scan(self.idem_prefix, revision=revision)
+        except (EtcdError, EtcdUnavailable, OutcomeUnknown) as exc:
+            now = time.monotonic()
+            if now - self._snapshot_complained > 5:
+                self._snapshot_complained = now
+                logger.warning("controller {}: standby: cannot read the state from etcd ({}); "
+                               "trying again", self.election.advertise, exc)
+            return None
+        skip = len(self.idem_prefix)
+        for kv in idem:
+            ts = float(kv.value.partition(b" ")[0])
+            if ts >= idem_since:
+                add_idem(kv.key[skip:].decode(), ts)
+        self._follow_from = revision + 1
+        return head, table
+
+    def _watcher_now(self) -> Watcher:
+        if self._watcher is None:
+            self._watcher = Watcher(self.client, self.cluster_prefix, self._follow_from,
+                                    self.election.advertise)
+        return self._watcher
+
+    def _stop_watch(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
 
     def wait_changed(self, timeout: float) -> bool:
-        """Not implemented: never called, as :meth:`snapshot` never loads."""
-        raise NotImplementedError("the etcd store does not follow a primary yet (no hot standby)")
+        """Block up to ``timeout`` s until the watch has events (or fell behind etcd's
+        compaction); opens the watch at the first call after a :meth:`snapshot`."""
+        return self._watcher_now().wait(timeout)
 
     def changes_since(self, rev: int) -> Delta | None:
-        """Not implemented: never called, as :meth:`snapshot` never loads."""
-        raise NotImplementedError("the etcd store does not follow a primary yet (no hot standby)")
+        """What the watch saw after the last call (or the snapshot), as a Delta; None when
+        it fell behind etcd's compaction (the follower loads again, logged). Once this
+        candidate has won the election (its promotion's catch-up), the watch is stopped and
+        the rest is read on a fresh watch up to the campaign's revision: every write the old
+        primary committed is below it."""
+        w = self._watcher_now()
+        token = self.election.token if self.election.still_primary() is None else 0
+        if token:
+            w.stop()
+            self._watcher = None
+        events, start, compacted = w.take_all()
+        if not compacted and token and start <= token:
+            deadline = time.monotonic() + 2 * self.settings.request_timeout
+            try:
+                events += read_until(self.client, self.cluster_prefix, start, token, deadline)
+            except Compacted as exc:
+                compacted = exc.compact_revision
+        if compacted:
+            self._watcher = None
+            logger.warning("controller {}: standby: its etcd watch fell behind compaction "
+                           "(revision {} needed, compacted up to {}); loading the state again",
+                           self.election.advertise, start, compacted)
+            return None
+        return delta_of(events, self.state_prefix, self.idem_prefix, rev, self._spec_of)
+
+    def _spec_of(self, jobid: int) -> bytes | None:
+        got = self.client.get(self.key("jobs", jobid) + SPEC)
+        return None if got is None else got.value
 
     def _prune(self, keys: list[bytes]) -> None:
         step = max(1, self.settings.max_txn_ops - 1)
@@ -531,5 +604,6 @@ class EtcdStore:
         return fault
 
     def close(self) -> None:
-        """Nothing to release (the client belongs to the plugin)."""
+        """Stop a standby's watch (the client belongs to the plugin)."""
+        self._stop_watch()
 
