@@ -56,7 +56,7 @@ def test_a_standby_that_followed_promotes_hot(etcd_one: EtcdCluster, xce_cluster
     ids = [first] + [c.call("jobsubmit", {"command": "true"}, deadline=30)["jobid"]
                      for _ in range(60)]
     c.call("jobctrl", {"jobid": ids[1], "action": "kill"}, deadline=30)  # a job's record changes too
-    old, new = cluster.kill_primary(30)
+    _old, new = cluster.kill_primary(30)
     st = c.call("status", deadline=30)
     p = st["promotion"]
     assert st["server"] == cluster.address(new) and p["how"] == "hot", p
