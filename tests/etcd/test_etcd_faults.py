@@ -94,6 +94,10 @@ def test_the_primary_lost_a_standby_takes_over(setup: EtcdBed, fault: str) -> No
             and op.completed > t0 + 1.0 + 0.5]
     assert not late, f"the old primary acknowledged after its lease: {late[:3]}"
     assert new != old
+    # the new primary was a hot standby: it loaded once and followed the writes (etcd watch)
+    text = s.cluster.candidates[new].text()
+    assert text.count("standby: loaded") == 1 and "promoted to primary (hot standby" in text, \
+        text[-3000:]
 
 
 @pytest.mark.parametrize("which", ["etcd_leader", "etcd_follower", "standby_host"])
