@@ -153,9 +153,9 @@ def test_batches_split_within_the_txn_limits_and_a_too_large_write_is_refused(et
                   for i in range(10)]
         batches = commit(store, writes)
         assert [w for b in batches for w in b] == writes and len(batches) > 1
-        for b in batches:  # each transaction: whole writes within the limit (a job is two
-            # keys, and its key; the chain key and meta/rev are two more)
-            assert sum(2 * len(w.rows) + 1 for w in b) <= 14
+        for b in batches:  # each transaction: whole writes within the limit (a job is one
+            # key, and its idempotency key; the chain key and meta/rev are two more)
+            assert sum(len(w.rows) + 1 for w in b) <= 14
         big = Write([row(5000 + k) for k in range(20)], rid="big", rev=11)
         after = Write([row(9999)], rid="after", rev=12)
         (failed,) = commit(store, [big, after])
@@ -280,7 +280,7 @@ def test_the_store_protocol_on_etcd_head_jobs_images_and_expiry(etcd_one: EtcdCl
         table = store.load_jobs(head.max_jobid, 60.0)
         assert sorted(table.jobs) == [7, 12] and table.jobs[7].spec() == orjson.loads(spec7)
         assert sorted(store.load_jobs(7, 60.0).jobs) == [7]  # only ids <= upto
-        # a removal deletes the record and its submission
+        # a removal deletes the job's key (its record and its submission)
         commit(store, [Write([("jobs", 7, None, None)], rid="rm7", rev=15)])
         assert a.client.range(store.key("jobs", 7), store.key("jobs", 8))[0] == []
         assert sorted(store.load_jobs(store.head().max_jobid, 60.0).jobs) == [12]

@@ -35,6 +35,9 @@ DEFINITE = (
 """etcd errors raised before a request is proposed: the request was certainly not applied."""
 
 
+JSON = {"content-type": "application/json"}
+
+
 class EtcdUnavailable(Exception):
     """No endpoint could be reached (nothing was sent to any of them)."""
 
@@ -205,7 +208,8 @@ class EtcdClient:
             index = (start + i) % n
             url = self.endpoints[index] + path
             try:
-                resp = self._http.post(url, json=body, timeout=timeout or self.timeout)
+                resp = self._http.post(url, content=orjson.dumps(body), headers=JSON,
+                                       timeout=timeout or self.timeout)
             except httpx.ConnectError as exc:  # nothing was sent: another endpoint may answer
                 failures.append(f"{self.endpoints[index]}: {exc}")
                 continue
@@ -217,8 +221,8 @@ class EtcdClient:
                 self._current = index
             self.requests += 1
             try:
-                data = resp.json()
-            except ValueError:
+                data = orjson.loads(resp.content)  # (a big transaction's answer: orjson's
+            except ValueError:  # parse takes a tenth of the standard library's)
                 raise OutcomeUnknown(f"{url}: HTTP {resp.status_code}, not JSON: {resp.text[:200]!r}") from None
             if not isinstance(data, dict):
                 raise OutcomeUnknown(f"{url}: unexpected answer {data!r:.200}")
@@ -306,7 +310,8 @@ class EtcdClient:
         for i in range(n):
             url = self.endpoints[(start_at + i) % n] + "/v3/watch"
             try:
-                with self._http.stream("POST", url, json=body, timeout=timeout) as resp:
+                with self._http.stream("POST", url, content=orjson.dumps(body), headers=JSON,
+                                       timeout=timeout) as resp:
                     if resp.status_code != 200:
                         raise OutcomeUnknown(f"{url}: HTTP {resp.status_code}")
                     for line in resp.iter_lines():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import orjson
 from loguru import logger
@@ -28,10 +28,9 @@ from xce_controller.jobs import Job, job_from_row
 from xce_controller.storeread import Delta
 
 from xce_etcd.client import Compacted, EtcdClient, EtcdUnavailable, Event, OutcomeUnknown, prefix_end
+from xce_etcd.layout import job_of, stamped
 
 IDLE = 10.0  # seconds a watch may be silent before it is opened again (a frozen member)
-JOB_DIGITS = 20  # a job's key is its id zero-padded (the store's layout)
-SPEC = b"/spec"
 
 
 class Watcher:
@@ -121,20 +120,12 @@ def read_until(client: EtcdClient, prefix: bytes, start: int, target: int, deadl
             time.sleep(0.02)
 
 
-def stamped(value: bytes) -> tuple[int, bytes]:
-    """A record's rev and JSON from its stored value (``<rev> <JSON>``)."""
-    rev, _, data = value.partition(b" ")
-    return int(rev), data
-
-
-def delta_of(events: Iterable[Event], state_prefix: bytes, idem_prefix: bytes, since: int,
-             spec_of: Callable[[int], bytes | None]) -> Delta:
+def delta_of(events: Iterable[Event], state_prefix: bytes, idem_prefix: bytes, since: int) -> Delta:
     """What ``events`` (revision order) changed, as the controller's standby applies it.
 
     The last event of a key wins. A record's rev is its stamp; a removal's is the
-    ``meta/rev`` its transaction wrote (the chunk's highest rev: a removal is at most
-    re-sent to a member, never lost). A job whose data changed without its submission in the
-    same events gets it from ``spec_of(jobid)`` (the store reads it).
+    ``meta/rev`` its transaction wrote (the transaction's highest rev: a removal is at most
+    re-sent to a member, never lost).
     """
     last: dict[bytes, Event] = {}
     txn_rev: dict[int, int] = {}  # etcd revision -> the controller rev its transaction wrote
@@ -145,8 +136,7 @@ def delta_of(events: Iterable[Event], state_prefix: bytes, idem_prefix: bytes, s
         if ev.key == rev_key and not ev.deleted:
             txn_rev[ev.revision] = int(ev.value)
     jobs_prefix = state_prefix + b"jobs/"
-    data: dict[int, bytes] = {}
-    specs: dict[int, bytes] = {}
+    jobs: list[Job] = []
     removed: list[tuple[str, int | str, int]] = []
     records: dict[str, dict[str, dict[str, object]]] = {"hosts": {}, "queues": {}}
     changes: list[Change] = []
@@ -154,15 +144,13 @@ def delta_of(events: Iterable[Event], state_prefix: bytes, idem_prefix: bytes, s
     meta: dict[str, bytes] = {}
     for key, ev in last.items():
         if key.startswith(jobs_prefix):
-            name = key[len(jobs_prefix):]
-            jobid = int(name[:JOB_DIGITS])
-            if name.endswith(SPEC):
-                if not ev.deleted:
-                    specs[jobid] = ev.value
-            elif ev.deleted:
+            jobid = int(key[len(jobs_prefix):])
+            if ev.deleted:
                 removed.append(("jobs", jobid, txn_rev.get(ev.revision, since)))
             else:
-                data[jobid] = ev.value
+                rev, data, spec = job_of(ev.value)
+                jobs.append(job_from_row(spec, data))
+                changes.append(Change(rev, "jobs", jobid, False))
         elif key.startswith(state_prefix):
             table, _, name_b = key[len(state_prefix):].partition(b"/")
             kind, name_s = table.decode(), name_b.decode()
@@ -178,18 +166,6 @@ def delta_of(events: Iterable[Event], state_prefix: bytes, idem_prefix: bytes, s
                     changes.append(Change(rev, kind, name_s, False))
         elif key.startswith(idem_prefix) and not ev.deleted:
             idem.append((key[len(idem_prefix):].decode(), float(ev.value.partition(b" ")[0])))
-    jobs: list[Job] = []
-    for jobid, value in data.items():
-        spec = specs.get(jobid)
-        if spec is None:
-            spec = spec_of(jobid)
-        if spec is None:
-            logger.warning("etcd standby: job {} changed but has no submission in etcd; skipped",
-                           jobid)
-            continue
-        rev, blob = stamped(value)
-        jobs.append(job_from_row(spec, blob))
-        changes.append(Change(rev, "jobs", jobid, False))
     changes.extend(Change(rev, kind, key, True) for kind, key, rev in removed)
     changes.sort(key=lambda c: c.rev)
     rev = max([since, int(meta.get("rev", b"0")), *(c.rev for c in changes)])
