@@ -237,13 +237,14 @@ class EtcdClient:
 
     # -- KV --------------------------------------------------------------------------------------
 
-    def get(self, key: bytes) -> KV | None:
+    def get(self, key: bytes, timeout: float | None = None) -> KV | None:
         """One key, or None."""
-        kvs, _ = self.range(key)
+        kvs, _ = self.range(key, timeout=timeout)
         return kvs[0] if kvs else None
 
     def range(self, key: bytes, range_end: bytes | None = None, *, limit: int = 0,
-              revision: int = 0, last_first: bool = False) -> tuple[list[KV], int]:
+              revision: int = 0, last_first: bool = False, timeout: float | None = None
+              ) -> tuple[list[KV], int]:
         """Keys in ``[key, range_end)`` (just ``key`` without an end) and the store revision
         (``last_first``: in descending key order)."""
         body: dict[str, Any] = {"key": b64(key)}
@@ -256,7 +257,7 @@ class EtcdClient:
         if last_first:
             body["sort_order"] = "DESCEND"
             body["sort_target"] = "KEY"
-        data = self.post("/v3/kv/range", body)
+        data = self.post("/v3/kv/range", body, timeout)
         kvs = [_kv(k) for k in data.get("kvs", [])]
         return kvs, int(data.get("header", {}).get("revision", 0))
 
