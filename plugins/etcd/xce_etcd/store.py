@@ -50,6 +50,7 @@ from __future__ import annotations
 import gc
 import queue
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -437,7 +438,40 @@ class EtcdStore:
         return StorageFault(cause, self.path, code)
 
     def run_writer(self, on_done: Callable[[list[Write]], None]) -> None:
-        """Commit queued writes in guarded transactions until :meth:`stop` (module docstring)."""
+        """Commit queued writes in guarded transactions until :meth:`stop` (module docstring).
+
+        Two stages: a committer thread sends the transactions, and this thread (the
+        controller's) reports each committed batch, in commit order. So the next transaction
+        is on its way while the controller takes the last one's batch, instead of after."""
+        reports: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        committer = threading.Thread(target=self._commit_loop, args=(reports.put,),
+                                     name="xce-etcd-commit", daemon=True)
+        committer.start()
+        try:
+            while True:
+                item = reports.get()
+                if item is _STOP:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                on_done(item)
+        except BaseException:
+            self._queue.put(_STOP)  # the committer ends at its next look at the queue
+            raise
+        finally:
+            committer.join(self.settings.request_timeout + 1)
+
+    def _commit_loop(self, report: Callable[[Any], None]) -> None:
+        """The committer: batches from the queue, committed, handed to ``report``; _STOP
+        after the last (or an exception, then _STOP)."""
+        try:
+            self._commit_batches(report)
+        except BaseException as exc:  # handed to run_writer's thread, which raises it
+            report(exc)
+        finally:
+            report(_STOP)
+
+    def _commit_batches(self, on_done: Callable[[list[Write]], None]) -> None:
         failed_epoch = -1
         fault: StorageFault | None = None
         while True:
