@@ -632,10 +632,13 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
                   "gone, its campaign wins and it catches up from its watch (milliseconds). etcd's "
                   "lease TTL is whole seconds, and its shortest is 1.5 election timeouts: 1 s is the "
                   "shortest lease these raft settings allow, and the lessor's 500 ms check is not "
-                  "configurable in etcd 3.4. A stopped primary's clients learn nothing from its "
-                  "connections: they give up on it after their `[client] liveness_timeout` (1.5 s in "
-                  "the SIGSTOP rows, 1 s in the last), which is what the SIGSTOP rows add to the "
-                  "promotion (bench_failover's `promotion_ms` in the results file).", ""]
+                  "configurable in etcd 3.4. A stopped primary is promoted away as fast as a killed "
+                  "one (`promotion_ms` p50 in the results files: "
+                  + ", ".join(f"{n} {fmt(d['summary']['promotion_ms']['p50'], 0)} ms" for n, d in fos)
+                  + "); what the SIGSTOP rows add is the client's: its connections to a stopped "
+                  "process say nothing, so it gives up on it after its `[client] liveness_timeout` "
+                  "and then backs off while no candidate is primary yet (a 1 s liveness timeout "
+                  "does not shorten it: it only starts the back-off earlier).", ""]
     else:
         lines += ["Failover: not run yet (`python benchmarks/bench_failover.py --backend etcd`).", ""]
     if tp is not None:
