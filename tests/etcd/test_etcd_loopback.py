@@ -60,7 +60,9 @@ def test_a_standby_that_followed_promotes_hot(etcd_one: EtcdCluster, xce_cluster
     st = c.call("status", deadline=30)
     p = st["promotion"]
     assert st["server"] == cluster.address(new) and p["how"] == "hot", p
-    assert p["snapshots"] == 1 and p["followed"] > 0 and 0 <= p["changes"] < len(ids), p
+    # one load, no reload (changes -1); it applied changes while standing by, not only at its
+    # promotion (how many were left for the catch-up depends on the machine's load)
+    assert p["snapshots"] == 1 and p["changes"] >= 0 and p["followed"] > p["changes"], p
     text = cluster.candidates[new].text()
     assert text.count("standby: loaded") == 1 and "promoted to primary (hot standby" in text
     assert "jobs load)" not in text  # the cold path's line
