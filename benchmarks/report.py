@@ -604,7 +604,7 @@ def scale_section(d: dict[str, Any] | None) -> list[str]:
 def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dict[str, Any] | None,
                  chaos: dict[str, Any] | None, stop_live1: dict[str, Any] | None = None) -> list[str]:
     """The etcd backend (``--backend etcd`` of bench_failover and bench_chaos, bench_etcd)."""
-    lines = ["## 14. The etcd backend (`--backend etcd`, `bench_etcd.py`)", "",
+    lines = ["## 15. The etcd backend (`--backend etcd`, `bench_etcd.py`)", "",
              "Three controller candidates on the etcd backend (`plugins/etcd`: lease election with a "
              "fencing token, state in etcd, lease TTL 1 s) over a real three-member etcd 3.4 started "
              "with `--heartbeat-interval=100 --election-timeout=600` (docs/operator.md). The peers' "
@@ -911,7 +911,6 @@ def main() -> int:
     lines += auth_section(mine["auth"], mine["failover-munge"], mine["failover-key-sameload"])
     lines += tls_section(mine["tls"], mine["failover-tls"], mine["failover-sameload-tls"])
     lines += arrays_section(mine["arrays"])
-    lines += etcd_section(mine["failover-etcd"], mine["failover-stop-etcd"], mine["etcd"], mine["chaos-etcd"])
     lines += etcd_section(mine["failover-etcd"], mine["failover-stop-etcd"], mine["etcd"], mine["chaos-etcd"],
                           mine["failover-stop-liveness1-etcd"])
     OUT.write_text("\n".join(lines))
