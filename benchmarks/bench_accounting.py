@@ -206,7 +206,9 @@ def bench_query(args: argparse.Namespace) -> dict[str, Any]:
             cl.start()
             acct = cl.start_role("accounting", *(f"accounting.{k}={v}" for k, v in conf.items()))
             _, cfg = load(cl.config_path)
-            with SyncClient.open(client_config(cfg, f"cli@{socket.gethostname()}"), role="cli") as c:
+            # A front end: the history ops below name the users they act for.
+            front = client_config(cfg, f"apiserver@{socket.gethostname()}")
+            with SyncClient.open(front, role="apiserver") as c:
                 def serving() -> bool:
                     try:
                         c.call("history.events", {"user": "ops", "limit": 1}, deadline=10)
@@ -229,7 +231,14 @@ def bench_query(args: argparse.Namespace) -> dict[str, Any]:
                                                  deadline=30), args.runs),
                 }
             env = {**os.environ, "USER": user, "LOGNAME": user}
-            xce = [sys.executable, "-m", "xcecore", "--config", str(cl.config_path)]
+            if args.regular_venv:  # the commands as users run them: a regular (not -e) install
+                sys.path.insert(0, str(Path(__file__).parent))
+                from bench_cli import regular_install
+
+                xce = [str(regular_install(Path(args.regular_venv))), "--config", str(cl.config_path)]
+            else:
+                xce = [sys.executable, "-m", "xcecore", "--config", str(cl.config_path)]
+            res["cli_install"] = "regular" if args.regular_venv else "editable (this venv)"
 
             def run(cmd: list[str], who: dict[str, str]) -> None:
                 done = subprocess.run(cmd, env=who, capture_output=True, text=True, timeout=60)
@@ -263,6 +272,8 @@ def main() -> None:
     q.add_argument("--rows", type=int, default=1_000_000)
     q.add_argument("--runs", type=int, default=50)
     q.add_argument("--backend", default="sqlite", choices=["sqlite", "postgresql"])
+    q.add_argument("--regular-venv", default=None, help="time the xce commands from a regular "
+                   "install in this venv (made on first use, as bench_cli.py does)")
     q.add_argument("--keep", default=None, help="SQLite: build the store in this directory once and "
                    "reuse it on later runs (a 10M-row build takes about an hour)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "accounting.json"))
@@ -271,6 +282,14 @@ def main() -> None:
     out = Path(args.out)
     merged = json.loads(out.read_text()) if out.exists() else {}
     merged.setdefault(args.what, {}).update(res)
+    # Each part's command and date (the report shows them beside the figures).
+    import datetime as dt
+
+    runs = merged.setdefault("runs", {})
+    runs[args.what] = {"command": "python " + " ".join(sys.argv),
+                       "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    merged["meta"] = {"date": max(r["date"] for r in runs.values()), "cores": os.cpu_count(),
+                      "command": "; ".join(f"{k}: {v['command']}" for k, v in sorted(runs.items()))}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
 

@@ -29,7 +29,7 @@ from xcecore.testing.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = [".", "plugins/controller", "plugins/worker", "plugins/scheduler", "plugins/apiserver",
-            "plugins/cli"]
+            "plugins/cli", "plugins/accounting"]
 
 
 def regular_install(venv: Path) -> Path:

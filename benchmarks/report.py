@@ -26,6 +26,20 @@ from benchkit import RESULTS, ROOT
 OUT = ROOT / "benchmarks" / "RESULTS.md"
 # Headline figures of the other engineers' benchmarks: (label, flattened-key glob, unit).
 OTHERS: dict[str, list[tuple[str, str, str]]] = {
+    "accounting": [
+        ("recording, SQLite, finished jobs/s (median; aim >= 5,000)", "record.sqlite.median_jobs_per_s", "/s"),
+        ("recording, PostgreSQL, finished jobs/s (median; aim >= 5,000)", "record.postgresql.median_jobs_per_s", "/s"),
+        ("10M rows: `xce acct -u U --since 30d`, wall (median; aim <= 300)", "query.sqlite.cli_acct.median_ms", "ms"),
+        ("10M rows: `xce hist ID`, wall (median; aim <= 100)", "query.sqlite.cli_hist.median_ms", "ms"),
+        ("10M rows: `xce jobs`, wall, same install (median)", "query.sqlite.cli_jobs_baseline.median_ms", "ms"),
+        ("10M rows: history.summary op, one user, 30 d (median)", "query.sqlite.acct_summary.median_ms", "ms"),
+        ("10M rows: history.job op (median)", "query.sqlite.hist.median_ms", "ms"),
+    ],
+    "metrics": [
+        ("GET /metrics of a controller with 10,000 hosts, wall (median)", "scrape_wall_ms.p50", "ms"),
+        ("same, p99 (the loop also serves 10,000 heartbeats/s)", "scrape_wall_ms.p99", "ms"),
+        ("controller CPU per scrape", "scrape_cpu_ms", "ms"),
+    ],
     "connection": [
         ("post-call check, no rejoin pending (net)", "post_call.net_ns.post_call_inline", "ns"),
         ("client calls/s, sequential (median)", "throughput.sequential_rps.median", "/s"),
