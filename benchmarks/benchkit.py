@@ -187,8 +187,16 @@ class BenchCluster:
             time.sleep(0.05)
 
     def close(self) -> None:
-        """Kill every process (by pid)."""
+        """Kill every process (by pid), then remove the job cgroups its workers listed in
+        their state dirs (a SIGKILLed worker cannot remove its own; the test suite's
+        conftest does the same for tests)."""
         self.cluster.close()
+        from xce_worker.containment import remove_groups
+
+        for record in self.root.glob("*/cgroups"):
+            for line in record.read_text().splitlines():
+                if line.strip():
+                    remove_groups(Path(line.strip()))
 
 
 def logon(url: str) -> str:
