@@ -286,7 +286,7 @@ def write_pid_file(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     with contextlib.suppress(FileNotFoundError, ValueError):
         other = int(p.read_text().split()[0])
-        if other != os.getpid() and _pid_alive(other):
+        if other != os.getpid() and pid_alive(other):
             raise RuntimeError(f"pid file {str(p)!r} names process {other}, which is running")
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
@@ -303,7 +303,8 @@ def write_pid_file(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts: the kernel refused the probe)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

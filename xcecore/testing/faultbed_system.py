@@ -18,6 +18,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from xcecore.log import pid_alive
 from xcecore.testing import netns
 
 PREFIX = "xfb"
@@ -53,17 +54,6 @@ def run(cmd: Sequence[str], *, input: str | None = None, check: bool = True) -> 
     if check and proc.returncode != 0:
         raise BedError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def pids_in(ns_inode: int) -> list[int]:

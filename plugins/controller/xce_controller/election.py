@@ -33,6 +33,7 @@ from loguru import logger
 from xce_controller import fencing
 from xce_controller.fencing import BeatFile, BeatRecord, FenceMark, FenceRefused, HangWatch
 from xce_controller.settings import DEFAULT_HUNG_TIMEOUT
+from xcecore.log import pid_alive
 
 
 class Election(Protocol):
@@ -86,16 +87,6 @@ class Election(Protocol):
 
 def _safe_name(address: str) -> str:
     return "".join(c if c.isalnum() or c in ".-" else "_" for c in address)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class FileLockElection:
@@ -430,7 +421,7 @@ class FileLockElection:
                 entry = orjson.loads(path.read_bytes())
             except (OSError, orjson.JSONDecodeError):
                 continue
-            if isinstance(entry, dict) and _pid_alive(int(entry.get("pid", 0)) or -1):
+            if isinstance(entry, dict) and pid_alive(int(entry.get("pid", 0)) or -1):
                 out.append(entry)
         return out
 

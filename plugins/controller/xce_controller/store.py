@@ -109,6 +109,39 @@ class Write:
 
 
 _STOP = object()
+
+
+def take_batch(q: queue.SimpleQueue[Any], first: Write, most: int | None = None,
+               stop: object = _STOP) -> tuple[list[Write], bool]:
+    """``first`` and every write queued behind it now (at most ``most`` in all; None: no
+    bound), and whether ``stop`` came among them (the batch is then the writer's last)."""
+    batch = [first]
+    while most is None or len(batch) < most:
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            break
+        if item is stop:
+            return batch, True
+        batch.append(item)
+    return batch, False
+
+
+def fail_doomed(batch: list[Write], failed_epoch: int, fault: StorageFault | None,
+                on_done: Callable[[list[Write]], None]) -> list[Write]:
+    """Fail, without an attempt, the writes of ``batch`` queued before the last failure
+    (epoch ``failed_epoch`` or older: epochs only grow along the queue, so they are a prefix)
+    and report them; the rest, to commit."""
+    split = 0
+    while split < len(batch) and batch[split].epoch <= failed_epoch:
+        split += 1
+    if split:
+        assert fault is not None
+        doomed = batch[:split]
+        for w in doomed:
+            w.error = fault
+        on_done(doomed)
+    return batch[split:]
 HOUSEKEEPING_BATCH = 5000  # the most keys, or removal records, one housekeeping write drops
 
 
@@ -349,28 +382,8 @@ class SQLiteStore:
             first = get()
             if first is _STOP:
                 return
-            batch: list[Write] = [first]
-            stopping = False
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stopping = True
-                    break
-                batch.append(item)
-            # Epochs only grow along the queue: the doomed writes are a prefix of the batch.
-            split = 0
-            while split < len(batch) and batch[split].epoch <= failed_epoch:
-                split += 1
-            if split:
-                assert fault is not None
-                doomed = batch[:split]
-                for w in doomed:
-                    w.error = fault
-                on_done(doomed)
-            live = batch[split:]
+            batch, stopping = take_batch(self._queue, first, self.max_batch)
+            live = fail_doomed(batch, failed_epoch, fault, on_done)
             if live:
                 try:
                     self.commit_now(live)

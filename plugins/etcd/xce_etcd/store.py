@@ -59,7 +59,7 @@ import orjson
 from loguru import logger
 from xce_controller.changes import Change
 from xce_controller.jobs import Job, JobTable, normalise
-from xce_controller.store import TABLES, StorageFault, Write
+from xce_controller.store import TABLES, StorageFault, Write, fail_doomed, take_batch
 from xce_controller.storeread import Delta, Head, Images
 
 from xce_etcd.client import (
@@ -478,26 +478,8 @@ class EtcdStore:
             first = self._queue.get()
             if first is _STOP:
                 return
-            batch: list[Write] = [first]
-            stopping = False
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stopping = True
-                    break
-                batch.append(item)
-            split = 0
-            while split < len(batch) and batch[split].epoch <= failed_epoch:
-                split += 1
-            if split:
-                assert fault is not None
-                for w in batch[:split]:
-                    w.error = fault
-                on_done(batch[:split])
-            live = batch[split:]
+            batch, stopping = take_batch(self._queue, first, stop=_STOP)
+            live = fail_doomed(batch, failed_epoch, fault, on_done)
             if live:
                 got = self._commit_all(live, on_done)
                 if got is None:
