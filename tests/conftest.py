@@ -1,4 +1,5 @@
-"""Suite-wide: job cgroups that a test's workers could not remove themselves are removed.
+"""Suite-wide: job cgroups that a test's workers could not remove themselves are removed;
+one-shot commands' settings cache is in the session's temp tree.
 
 A worker removes its job groups as jobs end and its own directories when it stops; one that
 a test SIGKILLs with jobs running cannot. Each worker lists its group directories in
@@ -10,10 +11,25 @@ the session's own workers listed is touched.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _settings_cache_in_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One-shot commands cache the settings they read in ``$XDG_CACHE_HOME/xce``
+    (:mod:`xcecore.client.sectioncache`): the suite's go to its temp tree, not the home of
+    whoever runs it (its processes inherit the variable)."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
 
 
 def _listed(root: Path, depth: int = 4) -> list[Path]:

@@ -17,6 +17,7 @@ from xcecore.testing.cluster import LocalCluster
 pytestmark = [pytest.mark.timeout(120)]
 
 HEAVY = ("anyio", "loguru", "pluggy", "click", "orjson", "dataclasses", "importlib.metadata",
+         "hashlib", "hmac", "threading",
          "rich", "argparse", "asyncio", "uvloop", "xcecore.plugins", "xcecore.config",
          "inspect", "random", "logging")
 # (pathlib is not listed: an editable install's path hook imports it at interpreter start-up.)

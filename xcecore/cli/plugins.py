@@ -22,21 +22,22 @@ if TYPE_CHECKING:
 def _plugins_section(path: str | None) -> dict[str, Any]:
     """The raw ``[plugins]`` table of the config file (for listing plugin commands)."""
     import os
-    import tomllib
+
+    from xcecore.client.settings import SettingsError, read_raw
 
     path = path or os.environ.get("XCE_CONFIG") or None
     if path is None:
         return {}
     try:
-        with open(path, "rb") as fh:
-            section = tomllib.load(fh).get("plugins", {})
-    except (OSError, tomllib.TOMLDecodeError):
+        section = read_raw(path).get("plugins", {})
+    except SettingsError:
         return {}  # the command that runs reports it; a listing does not
     return section if isinstance(section, dict) else {}
 
 
-def _cache_path(plugins_section: dict[str, Any]) -> str | None:
-    """Where the listing for this set of plugins is cached, or None when it must not be."""
+def _cache_name(plugins_section: dict[str, Any]) -> str | None:
+    """The user-cache entry (:mod:`xcecore.usercache`) for this set of plugins' listing, or
+    None when it must not be cached."""
     import hashlib
     import json
     import os
@@ -57,34 +58,27 @@ def _cache_path(plugins_section: dict[str, Any]) -> str | None:
     key = json.dumps([__version__, fingerprint(eps), [(e.name, e.value) for e in eps],
                       plugins_section, os.environ.get(ENV_PLUGINS, ""),
                       os.environ.get(ENV_NO_AUTOLOAD, "")], sort_keys=True, default=str)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "xce", f"commands-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json")
+    return f"commands-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
 def plugin_listing(opts: Options) -> list[tuple[str, str]]:
     """Every plugin command's name and one-line help, sorted; cached as the module says."""
     import json
-    import os
+
+    from xcecore import usercache
 
     section = _plugins_section(opts.config)
-    path = _cache_path(section)
-    if path is not None:
+    name = _cache_name(section)
+    cached = usercache.read(name) if name is not None else None
+    if cached is not None:
         try:
-            with open(path, encoding="utf-8") as fh:
-                return [(str(n), str(h)) for n, h in json.load(fh)]
-        except (OSError, ValueError, TypeError):
-            pass  # absent or damaged: build it again
+            return [(str(n), str(h)) for n, h in json.loads(cached)]
+        except (ValueError, TypeError):
+            pass  # damaged: build it again
     group, _ = plugin_group(opts, listing=True)
     found = [(n, c.get_short_help_str(limit=200)) for n, c in sorted(group.commands.items())]
-    if path is not None:
-        try:  # atomically, so a concurrent `xce --help` never reads half a file
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(found, fh)
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only home: list without caching
+    if name is not None:
+        usercache.write(name, json.dumps(found).encode())
     return found
 
 

@@ -47,13 +47,14 @@ LEVELS = {"TRACE": 5, "DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 
 
 def stderr_logger(level: str = "WARNING") -> Callable[[str, str], None]:
-    """A ``log(level, line)`` that writes lines at ``level`` or above to stderr."""
-    from xcecore.log import stamp
-
+    """A ``log(level, line)`` that writes lines at ``level`` or above to stderr (the time
+    stamp's modules are imported by the first line written: most commands write none)."""
     floor = LEVELS.get(level.upper(), 30)
 
     def log(at: str, text: str) -> None:
         if LEVELS.get(at, 30) >= floor:
+            from xcecore.log import stamp
+
             sys.stderr.write(f"{stamp()} {at:<7} xce | {text}\n")
 
     return log

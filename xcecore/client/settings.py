@@ -248,6 +248,36 @@ def read_sections(path: str | None = None) -> tuple[str | None, dict[str, Any], 
     return found, cluster, client
 
 
+SECTIONS = ("cluster", "client", "tls", "plugins")
+"""The sections one-shot commands read (``[plugins]``: to list plugin commands)."""
+
+
+def read_raw(path: str) -> dict[str, Any]:
+    """:data:`SECTIONS` of the TOML file at ``path``, as parsed (from
+    :mod:`xcecore.client.sectioncache` while the file is unchanged). Raises
+    :class:`SettingsError` naming the file and what is wrong with it."""
+    from xcecore.client.sectioncache import load, store
+
+    where = os.path.abspath(path)
+    try:
+        cached = load(where)
+        if cached is not None:
+            return cached
+        import tomllib
+
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise SettingsError(f"config file {path!r} does not exist") from None
+    except OSError as exc:
+        raise SettingsError(f"config file {path!r} cannot be read: {exc.strerror}") from None
+    except ValueError as exc:  # tomllib.TOMLDecodeError
+        raise SettingsError(f"config file {path!r} is not valid TOML: {exc}") from None
+    sections = {name: raw[name] for name in SECTIONS if name in raw}
+    store(where, sections)
+    return sections
+
+
 def read_client_sections(path: str | None = None) -> \
         tuple[str | None, dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Read ``path`` (or ``$XCE_CONFIG``) and check its client keys: ``(path, cluster, client,
@@ -261,17 +291,7 @@ def read_client_sections(path: str | None = None) -> \
         path = os.environ.get(ENV_CONFIG) or None
     raw: dict[str, Any] = {}
     if path is not None:
-        import tomllib
-
-        try:
-            with open(path, "rb") as fh:
-                raw = tomllib.load(fh)
-        except FileNotFoundError:
-            raise SettingsError(f"config file {path!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SettingsError(f"config file {path!r} is not valid TOML: {exc}") from None
-        except OSError as exc:
-            raise SettingsError(f"config file {path!r} cannot be read: {exc.strerror}") from None
+        raw = read_raw(path)
     cluster = _section(raw, "cluster", CLUSTER_KEYS, closed=False)
     client = _section(raw, "client", CLIENT_KEYS, closed=True)
     from xcecore.tls import TLS_KEYS, check_section
