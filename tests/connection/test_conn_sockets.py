@@ -51,7 +51,7 @@ async def test_hung_tcp_candidate_times_out_and_the_next_is_used(logs):
     async with FakeController("h", mode="hang") as h, FakeController("p") as p:
         async with Client(make_config(h.address, p.address, connect_timeout=0.2), role="w") as c:
             assert await c.connect() == parse_address(p.address)
-    assert logs.find(f"candidate {h.address} did not answer within 0.2 s", "WARNING")
+    assert logs.find(f"candidate {h.address} accepted the connection but sent no hello within 0.2 s", "WARNING")
 
 
 async def test_tcp_primary_killed_mid_write_is_applied_once_elsewhere():

@@ -208,3 +208,23 @@ def test_the_same_tls_section_read_again_is_the_same_tls(tmp_path: Path) -> None
     assert server_tls(section, what="x") == server_tls(section, what="x")
     assert server_tls(section, what="x") != server_tls({**section, "require_client_cert": True},
                                                        what="x")
+
+
+def test_a_plain_client_of_a_tls_candidate_is_told_what_may_be_wrong(
+        tmp_path: Path) -> None:
+    """Neither side speaks first to the other (each waits for its peer's hello): the plain
+    client's error names the candidate's silence and [tls] as a cause, at once, not only
+    "did not answer"."""
+    cl = LocalCluster(tmp_path / "tls-cluster", 1, tls=True)
+    try:
+        cl.start()
+        config = other_config(cl, tmp_path / "plain-to-tls.toml", "")
+        out = xce(config, "status")
+        assert out.returncode == 1
+        # (within the attempt's time: the last one is cut short by the command's deadline)
+        assert f"{cl.address(0)} accepted the connection but sent no hello within " in out.stderr
+        assert "s (hung, overloaded, or it has [tls] set and this client has not)" in out.stderr, \
+            out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    finally:
+        cl.close()

@@ -111,6 +111,22 @@ def describe_os_error(exc: BaseException) -> str | None:
     return None
 
 
+def silence(limit: float, *, connected: bool, tls: bool) -> str:
+    """Why a candidate gave us nothing within ``limit`` seconds, for the log and the error.
+
+    A candidate that accepted the connection but sent no hello is hung or overloaded -- or
+    it has ``[tls]`` set while this client has not: a TLS candidate waits for the client's
+    TLS hello, a plain client for the candidate's hello, so neither says anything (the other
+    way round is named at once: the TLS client reads a plain hello).
+    """
+    if not connected:
+        return f"did not accept the connection within {limit:.3g} s"
+    if tls:
+        return f"accepted the connection but did not finish the handshake within {limit:.3g} s"
+    return (f"accepted the connection but sent no hello within {limit:.3g} s (hung, "
+            "overloaded, or it has [tls] set and this client has not)")
+
+
 def failure_of(shake: Handshake) -> str:
     """Why a handshake that is not ``primary`` did not give us a link, for the log."""
     if shake.kind == "no_primary" and shake.takeover is not None:

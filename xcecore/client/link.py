@@ -32,6 +32,7 @@ from xcecore.client.dialer import (
     failure_of,
     first_answer,
     hello_hint,
+    silence,
 )
 from xcecore.client.machine import Call, liveness_expired
 
@@ -83,9 +84,11 @@ async def open_link(
     shake: Handshake | None = None
     failure = ""
     refused: str | None = None
+    connected = False
     with anyio.move_on_after(timeout) as scope:
         try:
             raw = await backend.connect(cand)
+            connected = True
             if tls is not None:
                 try:
                     raw = await tls_.handshake(raw, tls, peer=f"controller {cand}",
@@ -117,7 +120,7 @@ async def open_link(
         except (wire.WireError, AuthError) as exc:
             failure = f"broke the handshake ({exc})"
     if scope.cancelled_caught:
-        failure = f"did not answer within {timeout:g} s"
+        failure = silence(timeout, connected=connected, tls=tls is not None)
     redirect: str | None = None
     takeover: float | None = None
     if shake is not None and not failure:

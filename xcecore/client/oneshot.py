@@ -36,6 +36,7 @@ from xcecore.client.dialer import (
     describe_os_error,
     failure_of,
     first_answer,
+    silence,
     walk,
 )
 from xcecore.client.errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown
@@ -371,7 +372,8 @@ class OneShotClient:
                 conn.identity = who if isinstance(who, dict) else {}
             return conn, shake, "", False, None
         except TimeoutError:
-            failure, timed_out = f"did not answer within {limit:g} s", True
+            failure = silence(limit, connected=sock is not None, tls=cfg.tls is not None)
+            timed_out = True
         except TLSFailed as exc:  # a certificate refused, either way: not an outage
             if sock is not None:
                 sock.close()
