@@ -47,6 +47,17 @@ def test_a_life_seen_live_gives_its_timeline_and_one_attempt_row() -> None:
     assert not again.events and not again.attempts
 
 
+def test_a_host_that_stops_reporting_is_unknown_not_a_suspension() -> None:
+    v = observe(observe(None, job(), NOW, synced=False).view, job(**RUN), NOW, synced=False).view
+    lost = observe(v, job(**{**RUN, "state": "UNKWN"}), NOW + 1, synced=False)
+    assert kinds(lost) == ["unknown"] and lost.events[0].detail == {"state": "UNKWN", "hosts": ["n1"]}
+    back = observe(lost.view, job(**RUN), NOW + 2, synced=False)
+    assert kinds(back) == ["reported"]
+    stopped = observe(back.view, job(**{**RUN, "state": "SSUSP"}), NOW + 3, synced=False)
+    assert kinds(stopped) == ["stopped"] and stopped.events[0].detail["by"] == "system"
+    assert not lost.attempts and not back.attempts
+
+
 def test_a_requeued_run_is_its_own_attempt_row() -> None:
     v = observe(observe(None, job(), NOW, synced=False).view, job(**RUN), NOW, synced=False).view
     assert v is not None

@@ -171,6 +171,10 @@ def _describe(e: dict[str, Any]) -> str:
         return f"Suspended by the {d.get('by')} ({d.get('state')})"
     if kind == "resumed":
         return f"Resumed ({d.get('state')})"
+    if kind == "unknown":
+        return f"State unknown: <{','.join(d.get('hosts') or [])}> stopped reporting (UNKWN)"
+    if kind == "reported":
+        return "Its host reports again (RUN)"
     if kind == "requeued":
         return f"Requeued: attempt {d.get('previous')} ended, attempt {d.get('attempt')} pending"
     if kind == "finished":

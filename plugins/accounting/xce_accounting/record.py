@@ -227,7 +227,11 @@ def _advance(b: _Builder, job: Record, now: float, attempt: int, state: str,
         b.event("started", start, pid=job.get("pid"))
         b.start_time = start
     if state in ACTIVE and state != b.state:
-        if state == "RUN":
+        if state == "UNKWN":  # not a suspension: its host stopped reporting (it may still run)
+            b.event("unknown", now, state=state, hosts=list(hosts or b.hosts))
+        elif state == "RUN" and b.state == "UNKWN":
+            b.event("reported", now, state=state)
+        elif state == "RUN":
             b.event("resumed", now, state=state)
         else:
             b.event("stopped", now, by="user" if state == "USUSP" else "system", state=state)
