@@ -99,3 +99,31 @@ def test_a_job_lost_past_the_timeout_ends_or_is_requeued_and_a_returning_worker_
             assert job_state(c, jobid)["state"] == want  # its late end changes nothing
     finally:
         release.touch()
+
+
+def test_a_worker_whose_state_dir_was_lost_does_not_run_its_started_job_again(
+        xce_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
+    """Restarted with an empty state directory, a worker sees its host's RUN job that it has no
+    record of: it fails the job with the reason instead of starting it a second time."""
+    cl = lost_cluster(xce_cluster, 60, "exit")
+    release, pidfile = tmp_path / "release", tmp_path / "pid"
+    w = start_worker(cl, "u3", tmp_path / "u3", "u3-first")
+    try:
+        with admin(cl) as c:
+            wait_for(lambda: host_up(c, "u3"), 20, what="host u3")
+            jobid = run_job(c, "u3", until_released(release, pidfile))
+            wait_log(w, f"reported job {jobid} start")
+            first_pid = pidfile.read_text()
+            w.kill(signal.SIGKILL)
+            wait_for(lambda: job_state(c, jobid)["state"] == "UNKWN", 20, what="job UNKWN")
+            w2 = start_worker(cl, "u3", tmp_path / "u3-wiped", "u3-second")
+            rec = wait_for(lambda: (j := job_state(c, jobid))["state"] == "EXIT" and j, 20,
+                           what=f"job {jobid} failed by the worker without its record")
+            assert rec["reason"].startswith("failed: lost on u3: it started there (pid "), rec
+            assert "has no record of it" in rec["reason"] and rec["attempt"] == 0
+            assert pidfile.read_text() == first_pid, "the job was started a second time"
+            assert f"started job {jobid} " not in w2.text()
+            hosts = c.call("hostinfo", {})["hosts"]
+            assert next(h for h in hosts if h["name"] == "u3")["used_slots"] == 0
+    finally:
+        release.touch()

@@ -152,6 +152,15 @@ class ProcessManager:
             logger.debug("worker {}: job {} attempt {} already started here; not again",
                          self.hname, jobid, attempt)
             return False
+        if job.get("start_time") is not None:
+            # Started (the controller has its start report) but never claimed in this journal:
+            # this host's worker ran it before its state directory was lost or replaced. Its
+            # processes may still run; starting it again would run the job twice.
+            self._report_fail(jobid, attempt, (
+                f"lost on {self.hname}: it started there (pid {job.get('pid')}) but the worker "
+                f"has no record of it (its state directory was lost or replaced); not started "
+                "again"), exit_reason=None)
+            return False
         try:
             spec = JobSpec.from_record(job, self.hname)
             rj = self._spawn(spec)
@@ -477,12 +486,16 @@ class ProcessManager:
                                  "exit_reason": reason})
 
     def _report_fail(self, jobid: int, attempt: int, reason: str, status: int | None = None,
-                     time_: float | None = None) -> None:
+                     time_: float | None = None, *, exit_reason: str | None = "no_start") -> None:
+        """Spool a ``fail`` report: ``exit_reason`` ``no_start`` (it could not start: the
+        controller says so), None for a job that did start once (its reason as given)."""
         logger.warning("worker {}: job {} (attempt {}) failed: {}", self.hname, jobid, attempt,
                        reason)
         args: dict[str, Any] = {"jobid": jobid, "event": "fail", "reason": reason,
-                                "attempt": attempt, "exit_reason": "no_start",
+                                "attempt": attempt,
                                 "time": round(time_ if time_ is not None else time.time(), 6)}
+        if exit_reason is not None:
+            args["exit_reason"] = exit_reason
         if status is not None:
             args["exit_status"] = status
         self.journal.notify(args)
