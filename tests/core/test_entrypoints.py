@@ -11,6 +11,7 @@ import pytest
 
 import xcecore.cli.plugins as cli_plugins
 import xcecore.plugins as plugins_mod
+from xcecore import usercache
 from xcecore.cli.options import Options
 from xcecore.entrypoints import EntryPoint, fingerprint, parse_group, scan
 
@@ -104,9 +105,9 @@ def test_the_listing_is_cached_until_a_plugin_is_reinstalled(fake_install: dict[
 def test_a_damaged_cache_is_rebuilt(fake_install: dict[str, Any]) -> None:
     opts = Options()
     cli_plugins.plugin_listing(opts)
-    path = cli_plugins._cache_path({})
-    assert path is not None and os.path.exists(path)
-    Path(path).write_text("{not json")
+    name, where = cli_plugins._cache_name({}), usercache.cache_dir()
+    assert name is not None and where is not None and os.path.exists(os.path.join(where, name))
+    Path(where, name).write_text("{not json")
     assert cli_plugins.plugin_listing(opts) == [("fakecmd", "help 2")]
 
 
@@ -117,5 +118,5 @@ def test_editable_installs_and_plugin_modules_are_never_cached(
     cli_plugins.plugin_listing(opts)
     cli_plugins.plugin_listing(opts)
     assert fake_install["built"] == 2
-    assert cli_plugins._cache_path({}) is None
-    assert cli_plugins._cache_path({"modules": ["mine"]}) is None
+    assert cli_plugins._cache_name({}) is None
+    assert cli_plugins._cache_name({"modules": ["mine"]}) is None
