@@ -47,6 +47,7 @@ from xce_apiserver.idempotency import HEADER as IDEMPOTENCY_HEADER
 from xce_apiserver.idempotency import Idempotent, Memory, parse_key
 from xce_apiserver.store import Store
 from xce_apiserver.throttle import Throttle
+from xce_apiserver.ui import mount_ui, ui_router
 from xcecore.schema import limits as lim
 from xcecore.schema import types as t
 from xcecore.wire import RemoteError
@@ -271,11 +272,13 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
     throttle: Throttle | None = None,
     access_log: bool = False,
+    stream_timing: dict[str, float] | None = None,
 ) -> FastAPI:
     """Build the application over the given store, backend wrapper, health and users.
 
     ``throttle`` counts failed logons (default: 5 per user and per address in 60 s);
-    ``access_log`` logs one line per request."""
+    ``access_log`` logs one line per request; ``stream_timing``: the event stream's
+    intervals (:func:`xce_apiserver.stream.pump`)."""
     throttle = throttle if throttle is not None else Throttle(5, 60.0)
     declared: dict[int, frozenset[str]] = {}
 
@@ -399,6 +402,9 @@ def create_app(
 
     app.include_router(history_router(PREFIX, session, forward,  # GET /history/... (accounting)
                                       _responses(*READ, 403, 404, 503, 504)))
+    app.include_router(ui_router(PREFIX, store, auth, session, forward,  # the dashboard's stream
+                                 _responses(*READ, 503, 504), **(stream_timing or {})))
+    mount_ui(app, PREFIX)
 
     # ------------------------------------------------------------------ auth routes
     def token_body(s: Session) -> dict[str, Any]:

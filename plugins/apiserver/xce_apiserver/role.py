@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 from loguru import logger
 
 from xce_apiserver.app import create_app
@@ -44,7 +45,14 @@ async def run(role: ApiServerRole) -> None:
     logger.info("apiserver: REST API listening on {}://{}/xce/v1 ({} users); next: serving "
                 "from pushes, writes to the controller", "https" if ssl else "http", address,
                 len(users))
+    async def end_streams() -> None:  # open event streams would hold uvicorn's shutdown
+        await ctx.stop.wait_async()
+        role.store.hub.stop()
+
     try:
-        await serve(app, sock, ctx.stop, ssl=ssl)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(end_streams)
+            await serve(app, sock, ctx.stop, ssl=ssl)
+            tg.cancel_scope.cancel()
     finally:
         logger.info("apiserver: REST API on {} stopped", address)

@@ -52,13 +52,14 @@ class ApiServerRole(Role):
         reconnect, a re-join) closes it (see :mod:`xce_apiserver.health`)."""
         health = self.health
         if state in ("rejoined", "connected") and candidate is not None:
-            self.store.server = str(candidate)
+            self.store.joined(str(candidate))
         if state in ("rejoined", "connected"):
             if health.announced:  # the outage was logged: say that it is over
                 logger.info("apiserver: {} {}; backend reachable again, writes go through", state, candidate)
             health.link_up()
         elif state in ("reconnecting", "degraded"):
             health.link_lost(f"{state}: {detail}")
+            self.store.hub.link_lost(f"{state}: {detail}")
         return None
 
     async def main(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from loguru import logger
 from sortedcontainers import SortedList
 
+from xce_apiserver.stream import ChangeHub
 from xcecore.replica import CLUSTER_KEY, Record, Replica, ReplicaObserver
 from xcecore.role import ALL_PUSHES
 
@@ -146,6 +147,12 @@ class Store(ReplicaObserver):
         self.hosts_version = 0
         self.resources_version = 0
         self.pushes = 0
+        self.hub = ChangeHub()  # the live event streams (GET /xce/v1/stream), told every change
+
+    def joined(self, server: str) -> None:
+        """The replica is (again) fed by controller ``server`` (a join or a re-join)."""
+        self.server = server
+        self.hub.joined(server)
 
     # ------------------------------------------------------------------ feeding
     @property
@@ -184,11 +191,14 @@ class Store(ReplicaObserver):
             self.version += 1
 
     def sync_ended(self, mode: str) -> None:
+        if mode == "snapshot":
+            self.hub.replaced(f"snapshot sync from {self.server}")
         counts = {k: self.replica.count(k) for k in ("jobs", "hosts", "queues")}
         logger.info("apiserver: {} sync from {} complete: {} jobs, {} hosts, {} queues; serving it",
                     mode, self.server, counts["jobs"], counts["hosts"], counts["queues"])
 
     def changed(self, kind: str, key: Hashable, old: Record | None, new: Record | None) -> None:
+        self.hub.changed(kind, key)
         if kind == "jobs":
             assert isinstance(key, int)
             if new is None:
