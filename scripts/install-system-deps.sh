@@ -6,7 +6,9 @@
 # "munge"): munged, munge and unmunge (munge), libmunge.so.2 (libmunge2), useradd and userdel
 # (passwd) for the test users, chpasswd (passwd) and libpam.so.0 with pam_unix (libpam0g,
 # libpam-modules) for the API server's PAM logon test (tests/apiserver/test_api_pam.py);
-# and etcd (etcd-server, etcdctl: etcd-client) for the etcd backend's tests (plugins/etcd).
+# etcd (etcd-server, etcdctl: etcd-client) for the etcd backend's tests (plugins/etcd);
+# and a headless browser for the dashboard's test (tests/e2e/test_e2e_dashboard.py): chromium
+# and chromedriver (chromium, chromium-driver; run as root, so the test passes --no-sandbox).
 # Idempotent: installs only what is missing. Run as root (CI runs as root).
 set -euo pipefail
 if [ "$(id -u)" -ne 0 ]; then
@@ -31,6 +33,8 @@ compgen -G "/lib/*/security/pam_unix.so" >/dev/null || compgen -G "/usr/lib/*/se
   >/dev/null || need+=(libpam-modules)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v etcdctl >/dev/null || need+=(etcd-client)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -eq 0 ]; then
   echo "install-system-deps.sh: everything is installed"
   exit 0

@@ -157,6 +157,15 @@ class FakeClient:
     def op_history_events(self, args: dict[str, Any]) -> Any:
         return {"events": [], "next": None}
 
+    def op_status(self, args: dict[str, Any]) -> Any:
+        return {"server": self.store.server, "state": "primary", "primary": self.store.server,
+                "since": 1700000000.0, "candidates": [
+                    {"address": self.store.server, "state": "primary", "pid": 1, "since": 1700000000.0}],
+                "jobs": self.store.replica.count("jobs"), "hosts": len(self.store.hosts),
+                "members": len(self.store.members), "roles": {}, "member_list": [], "next": None,
+                "store": "test-store", "rev": 1, "loading": False, "promotion": {},
+                "backend": {"backend": "file"}}
+
     def op_jobdispatch(self, args: dict[str, Any]) -> Any:
         if self.store.get_job(args["jobid"]) is None:
             raise RemoteError("NOT_FOUND", f"no such job {args['jobid']}")
