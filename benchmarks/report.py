@@ -99,7 +99,7 @@ MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "res
         "failover-key-sameload", "tls", "failover-tls", "failover-sameload-tls",
         "failover-stop-baseline", "failover-stop-liveness3-baseline", "arrays",
         "failover-etcd", "failover-stop-etcd", "etcd", "chaos-etcd",
-        "failover-stop-liveness1-etcd")
+        "failover-stop-liveness1-etcd", "stream")
 SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
@@ -895,6 +895,29 @@ def arrays_section(d: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def stream_section(d: dict[str, Any] | None) -> list[str]:
+    """The dashboard's event stream: POST /jobs latency and API server CPU with N SSE clients."""
+    lines = ["## 16. The dashboard's event stream (`bench_stream.py`, issue #25)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/stream.json`).", ""]
+    lines += [f"{provenance(d)}. One candidate, the API server as a real process, no workers; each "
+              "part opens that many `GET /xce/v1/stream` clients (one reader process) and submits "
+              "jobs one `POST /jobs` at a time at the given rate. CPU: the API server's utime+stime "
+              "over the part. Delivery: from a POST's answer to the job's first `jobs` event at "
+              "client 0 (negative: the push came before the answer).", "",
+              "| SSE clients | jobs | achieved rate | POST p50 / p90 / p99 ms | API server CPU ms/job "
+              "| CPU % | events received | delivery p50 / p99 ms |", "|---|---|---|---|---|---|---|---|"]
+    for p in d.get("parts", []):
+        post = p["post_ms"]
+        deliv = p.get("delivery_ms")
+        lines.append(f"| {p['clients']} | {p['jobs']} | {fmt(p.get('achieved_rate'))}/s "
+                     f"| {fmt(post['p50'])} / {fmt(post['p90'])} / {fmt(post['p99'])} "
+                     f"| {fmt(p.get('apiserver_cpu_ms_per_job'), 2)} | {fmt(p['apiserver_cpu_percent'])} "
+                     f"| {p.get('events_received', '-')} "
+                     f"| {(fmt(deliv['p50']) + ' / ' + fmt(deliv['p99'])) if deliv else '-'} |")
+    return [*lines, ""]
+
+
 def main() -> int:
     """Write RESULTS.md."""
     import datetime as dt
@@ -927,6 +950,7 @@ def main() -> int:
     lines += arrays_section(mine["arrays"])
     lines += etcd_section(mine["failover-etcd"], mine["failover-stop-etcd"], mine["etcd"], mine["chaos-etcd"],
                           mine["failover-stop-liveness1-etcd"])
+    lines += stream_section(mine["stream"])
     OUT.write_text("\n".join(lines))
     print(f"[report] wrote {OUT.relative_to(ROOT)}", flush=True)
     return 0

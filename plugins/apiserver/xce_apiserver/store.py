@@ -198,7 +198,9 @@ class Store(ReplicaObserver):
                     mode, self.server, counts["jobs"], counts["hosts"], counts["queues"])
 
     def changed(self, kind: str, key: Hashable, old: Record | None, new: Record | None) -> None:
-        self.hub.changed(kind, key)
+        rep = self.replica
+        if not (rep.syncing and rep.mode == "snapshot"):  # a snapshot ends in one resync instead
+            self.hub.changed(kind, key)
         if kind == "jobs":
             assert isinstance(key, int)
             if new is None:

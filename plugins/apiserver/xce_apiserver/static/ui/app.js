@@ -375,7 +375,8 @@ async function connect() {
   const on = (name, fn) => es.addEventListener(name, (m) => {
     try { fn(JSON.parse(m.data)); } catch (e) { console.error("stream", name, e); }
   });
-  on("hello", (d) => { ui.backoff = 1000; setLive(true); ui.server = null; onCluster(d); loadAll(); });
+  // hello: take the stream's view of the primary, then the first view of every panel.
+  on("hello", (d) => { ui.backoff = 1000; setLive(true); ui.server = d.server; onCluster(d); loadAll(); });
   on("cluster", onCluster);
   on("hosts", onHosts);
   on("queues", onQueues);
