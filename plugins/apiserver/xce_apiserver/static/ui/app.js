@@ -219,6 +219,7 @@ async function loadQueues() {
 }
 
 function onQueues(d) {
+  if (ui.eventsAvailable) refetchSoon("events", () => loadEvents(false), 500);  // a queue event
   if (d.many !== undefined) { refetchSoon("queues", loadQueues); return; }
   let fresh = (d.removed || []).length > 0;
   for (const q of d.items) {
