@@ -87,7 +87,8 @@ def _profile_pids(profile: Path) -> list[int]:
     return out
 
 
-def _binary(name: str, *alternatives: str) -> str:
+def binary(name: str, *alternatives: str) -> str:
+    """The path of ``name`` (or an alternative) on PATH; RuntimeError naming it otherwise."""
     for candidate in (name, *alternatives):
         path = shutil.which(candidate)
         if path is not None:
@@ -104,8 +105,8 @@ def chromium(tmp_path: Path, width: int = 1280, height: int = 900) -> Iterator[A
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         raise RuntimeError("selenium is not installed: pip install -r requirements-dev.txt") from None
-    browser = _binary("chromium", "chromium-browser")
-    driver_path = _binary("chromedriver")
+    browser = binary("chromium", "chromium-browser")
+    driver_path = binary("chromedriver")
     profile = tmp_path / "chromium-profile"
     options = webdriver.ChromeOptions()
     options.binary_location = browser

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from dashkit import PASSWORD, USER, chromium, logon, start_api
+from dashkit import PASSWORD, USER, binary, chromium, logon, start_api
 
 from xcecore.testing import LocalCluster, wait_for
 
@@ -38,7 +38,7 @@ def _cluster(xce_cluster: Any, tmp_path: Path) -> tuple[LocalCluster, str]:
 
 def test_dashboard_in_chromium_follows_jobs_and_a_failover(xce_cluster: Any, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     cl, base = _cluster(xce_cluster, tmp_path)
     shots = os.environ.get("XCE_DASHBOARD_SCREENSHOTS")
@@ -80,6 +80,13 @@ def test_dashboard_in_chromium_follows_jobs_and_a_failover(xce_cluster: Any, tmp
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row))
         assert "from-rest" in text(row)
         wait.until(lambda d: "RUN" in text(row))
+        # The state filter is applied by the server: a DONE filter hides the running job.
+        Select(drv.find_element(By.ID, "f-state")).select_by_visible_text("DONE")
+        drv.find_element(By.CSS_SELECTOR, "#job-filter button").click()
+        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, row) and "no jobs" in text("#jobs-page"))
+        Select(drv.find_element(By.ID, "f-state")).select_by_visible_text("RUN")
+        drv.find_element(By.CSS_SELECTOR, "#job-filter button").click()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row))
         drv.find_element(By.CSS_SELECTOR, row).click()
         wait.until(lambda d: "started" in text("#jd-timeline") and "d1" in text("#jd-timeline"))
         shot("jobs")
@@ -105,10 +112,19 @@ def test_dashboard_in_chromium_follows_jobs_and_a_failover(xce_cluster: Any, tmp
                    len(d.find_elements(By.CSS_SELECTOR, "#candidates tr")) == 2)
         shot("cluster")
         # Changes after the failover still arrive live.
-        httpx.post(f"{base}/xce/v1/jobs/{jobid}/control", json={"action": "kill"}, headers=hdr)
+        r = httpx.post(f"{base}/xce/v1/jobs/{jobid}/control", json={"action": "kill"}, headers=hdr,
+                       timeout=30)
+        assert r.status_code == 200, r.text
         drv.find_element(By.CSS_SELECTOR, "nav a[data-panel=jobs]").click()
-        wait.until(lambda d: "EXIT" in text(row))
+        Select(drv.find_element(By.ID, "f-state")).select_by_visible_text("any")
+        drv.find_element(By.CSS_SELECTOR, "#job-filter button").click()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row) and "EXIT" in text(row))
         wait.until(lambda d: "ended" in text("#jd-timeline") and "killed by owner" in text("#jd-timeline"))
+
+
+def test_a_missing_browser_fails_naming_it() -> None:
+    with pytest.raises(RuntimeError, match="no-such-chromium not found on PATH.*chromium-driver"):
+        binary("no-such-chromium")
 
 
 class Events:

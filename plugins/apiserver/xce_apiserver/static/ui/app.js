@@ -275,6 +275,7 @@ function onJobs(d) {
   let fresh = false;
   for (const id of d.removed || []) if (ui.jobs.has(id)) fresh = true;
   for (const j of d.items) {
+    if (ui.detail === j.jobid) renderJob(j);  // whatever the list's filter
     const old = ui.jobs.get(j.jobid);
     if (old) {
       if (!matches(j)) { fresh = true; continue; }
@@ -282,7 +283,6 @@ function onJobs(d) {
     } else if (matches(j) && (ui.jobs.size < PAGE || !ui.jobNext)) {
       fresh = true;  // a new job that belongs on this page
     }
-    if (ui.detail === j.jobid) renderJob(j);
   }
   if (fresh) refetchSoon("jobs-now", loadJobs, 200);
 }
