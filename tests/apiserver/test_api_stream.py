@@ -264,3 +264,20 @@ async def test_cluster_status_names_the_candidates(api: Api) -> None:
     assert r.status_code == 200 and d["primary"] == "127.0.0.1:7600" and d["link"] == "up"
     assert d["candidates"][0]["state"] == "primary" and d["failovers"] == []
     assert (await api.client.get("/xce/v1/cluster/status")).status_code == 401
+
+
+def test_stream_metrics_count_streams_messages_and_drops() -> None:
+    from types import SimpleNamespace
+
+    from xce_apiserver.metrics import RequestStats, families
+
+    api = Api()
+    hub = api.store.hub
+    hub.open("alice")
+    hub.sent, hub.dropped = 7, 2
+    role = SimpleNamespace(requests=RequestStats(), ctx=SimpleNamespace(client=None),
+                           health=api.health, store=api.store)
+    got = {s.name: s.value for fam in families(role) for s in fam.samples}
+    assert got["xce_apiserver_streams"] == 1.0
+    assert got["xce_apiserver_stream_messages_total"] == 7.0
+    assert got["xce_apiserver_stream_dropped_total"] == 2.0

@@ -99,4 +99,13 @@ def families(role: Any) -> list[Any]:
         breaker.add_metric([state], 1.0 if state == now else 0.0)
     jobs = GaugeMetricFamily("xce_apiserver_replica_jobs", "jobs in the API server's replica")
     jobs.add_metric([], float(len(role.store.index)))
-    return [requests, latency, breaker, jobs]
+    hub = role.store.hub  # the dashboard's event streams (xce_apiserver.stream)
+    streams = GaugeMetricFamily("xce_apiserver_streams", "open GET /stream event streams")
+    streams.add_metric([], float(len(hub.clients)))
+    sent = CounterMetricFamily("xce_apiserver_stream_messages", "coalesced messages sent on "
+                               "event streams")
+    sent.add_metric([], float(hub.sent))
+    dropped = CounterMetricFamily("xce_apiserver_stream_dropped", "event streams dropped "
+                                  "because the client did not read")
+    dropped.add_metric([], float(hub.dropped))
+    return [requests, latency, breaker, jobs, streams, sent, dropped]
