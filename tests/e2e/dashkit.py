@@ -18,21 +18,26 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from xce_apiserver.auth import hash_password
+from xce_apiserver.auth import hash_password, write_token_key
 
 from xcecore.testing import LocalCluster, Proc, wait_for
 
 USER, PASSWORD = "alice", "pw"
 
 
-def start_api(cluster: LocalCluster, tmp_path: Path, *overrides: str) -> tuple[Proc, str]:
-    """Start an API server with user alice/pw; (its process, its base URL) once ready."""
+def start_api(cluster: LocalCluster, tmp_path: Path, listen: str = "127.0.0.1:0") -> tuple[Proc, str]:
+    """Start an API server with user alice/pw and a token key file (a restarted one on the
+    same ``listen`` accepts the tokens of the last); (its process, its base URL) once ready."""
     port_file = tmp_path / "api.port"
+    port_file.unlink(missing_ok=True)
+    key = tmp_path / "token.key"
+    if not key.exists():
+        write_token_key(str(key))
     users = (f'[{{name = "{USER}", password_hash = "{hash_password(PASSWORD, iterations=1000)}", '
              'role = "user"}]')
-    proc = cluster.start_role("apiserver", 'apiserver.listen="127.0.0.1:0"',
+    proc = cluster.start_role("apiserver", f'apiserver.listen="{listen}"',
                               f'apiserver.port_file="{port_file}"', f"apiserver.users={users}",
-                              *overrides)
+                              f'apiserver.token_key_file="{key}"')
     wait_for(lambda: (port_file.exists() and port_file.read_text().strip()) or not proc.alive(),
              30, what="the API server's port file")
     assert proc.alive(), proc.text()

@@ -20,27 +20,28 @@ import orjson
 import pytest
 from dashkit import PASSWORD, USER, binary, chromium, logon, start_api
 
-from xcecore.testing import LocalCluster, wait_for
+from xcecore.testing import LocalCluster, Proc, wait_for
+from xcecore.testing.cluster import free_port
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.e2e]
 
 CONFIG = '[controller]\nhost_timeout = 60.0\n'
 
 
-def _cluster(xce_cluster: Any, tmp_path: Path) -> tuple[LocalCluster, str]:
+def _cluster(xce_cluster: Any, tmp_path: Path) -> tuple[LocalCluster, Proc, str]:
     cl: LocalCluster = xce_cluster(3, extra_config=CONFIG)
     cl.start_role("worker", 'worker.hname="d1"', f'worker.state_dir="{tmp_path / "d1"}"',
                   "worker.monitor_interval=0.5", name="d1")
     cl.start_role("scheduler")
-    _, base = start_api(cl, tmp_path)
-    return cl, base
+    api, base = start_api(cl, tmp_path, f"127.0.0.1:{free_port()}")
+    return cl, api, base
 
 
 def test_dashboard_in_chromium_follows_jobs_and_a_failover(xce_cluster: Any, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    cl, base = _cluster(xce_cluster, tmp_path)
+    cl, api, base = _cluster(xce_cluster, tmp_path)
     shots = os.environ.get("XCE_DASHBOARD_SCREENSHOTS")
     hdr = logon(base)
     with chromium(tmp_path) as drv:
@@ -121,6 +122,18 @@ def test_dashboard_in_chromium_follows_jobs_and_a_failover(xce_cluster: Any, tmp
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row) and "EXIT" in text(row))
         wait.until(lambda d: "ended" in text("#jd-timeline") and "killed by owner" in text("#jd-timeline"))
 
+        # The API server dies and comes back on its address: the page reconnects (a new
+        # ticket) and re-fetches, still without a reload.
+        api.kill()
+        wait.until(lambda d: text("#live") != "live")
+        start_api(cl, tmp_path, base.removeprefix("http://"))
+        wait.until(lambda d: text("#live") == "live")
+        r = httpx.post(f"{base}/xce/v1/jobs", json={"command": "true", "name": "after-restart"},
+                       headers=hdr)
+        assert r.status_code == 200, r.text
+        wait.until(lambda d: "after-restart" in text("#jobs"))
+        assert drv.execute_script("return window.__sameDocument") == "yes", "the page reloaded"
+
 
 def test_a_missing_browser_fails_naming_it() -> None:
     with pytest.raises(RuntimeError, match="no-such-chromium not found on PATH.*chromium-driver"):
@@ -168,7 +181,7 @@ class Events:
 
 
 def test_stream_pushes_changes_and_the_failover(xce_cluster: Any, tmp_path: Path) -> None:
-    cl, base = _cluster(xce_cluster, tmp_path)
+    cl, _, base = _cluster(xce_cluster, tmp_path)
     hdr = logon(base)
     assert httpx.get(f"{base}/xce/v1/stream").status_code == 401
     assert httpx.get(f"{base}/xce/v1/stream?ticket=forged").status_code == 401
