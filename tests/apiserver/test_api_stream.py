@@ -281,3 +281,31 @@ def test_stream_metrics_count_streams_messages_and_drops() -> None:
     assert got["xce_apiserver_streams"] == 1.0
     assert got["xce_apiserver_stream_messages_total"] == 7.0
     assert got["xce_apiserver_stream_dropped_total"] == 2.0
+
+
+async def test_a_busy_stream_rechecks_its_token_too() -> None:
+    api = Api()
+    store, hub = api.store, api.store.hub
+    sent: list[bytes] = []
+    live = [True]
+    ended: list[str] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message["body"])
+
+    async def run() -> None:
+        ended.append(await pump(hub, hub.open("alice"), renderer(store), send, lambda: live[0],
+                                interval=0.02, heartbeat=0.2))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            n = 0
+            while not ended:  # a change every 10 ms: the stream never idles
+                n += 1
+                store.apply("job", job(500 + n % 50))
+                if n == 30:
+                    live[0] = False
+                await anyio.sleep(0.01)
+    assert ended == ["token no longer valid"]
+    assert sum(e == "jobs" for e, _ in events(sent)) >= 3 and b": keep-alive" not in b"".join(sent)

@@ -78,6 +78,11 @@ KINDS = ("hosts", "queues", "jobs")
 RETRY_MS = 2000
 """The ``retry:`` an ``EventSource`` waits before it reconnects by itself."""
 
+Render = Callable[[str, set[Hashable]], tuple[list[Any], list[Any]]]
+"""(kind, keys) -> (current records of the keys still present, the keys removed)."""
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+
 
 def sse(event: str, data: Any) -> bytes:
     """One server-sent event: ``event:`` and one ``data:`` line of compact JSON."""
@@ -241,10 +246,6 @@ class Tickets:
         return len(self._held)
 
 
-Render = Callable[[str, set[Hashable]], tuple[list[Any], list[Any]]]
-"""(kind, keys) -> (current records of the keys still present, the keys removed)."""
-
-
 def messages(hub: ChangeHub, client: Client, render: Render) -> Iterator[bytes]:
     """The events for what ``client`` holds (and empty it)."""
     cluster, resync, keys, many = client.take()
@@ -262,16 +263,13 @@ def messages(hub: ChangeHub, client: Client, render: Render) -> Iterator[bytes]:
             yield sse(kind, {"items": items, "removed": removed})
 
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-
-
 async def pump(hub: ChangeHub, client: Client, render: Render, send: Callable[[Message], Any],
                alive: Callable[[], bool], *, interval: float = INTERVAL,
                heartbeat: float = HEARTBEAT, send_timeout: float = SEND_TIMEOUT) -> str:
     """Send ``client``'s changes until it is dropped; returns why the stream ended.
 
-    ``alive`` is asked at each heartbeat (the token is still live)."""
+    ``alive`` (the stream's token is still live) is asked every ``heartbeat`` seconds, on a
+    busy stream as on an idle one."""
 
     async def put(body: bytes) -> bool:
         with anyio.move_on_after(send_timeout):
@@ -282,16 +280,20 @@ async def pump(hub: ChangeHub, client: Client, render: Render, send: Callable[[M
     if not await put(f"retry: {RETRY_MS}\n\n".encode() + sse("hello", hub.cluster_view())):
         return "not reading"
     last = 0.0
+    checked = time.monotonic()
     while True:
         with anyio.move_on_after(heartbeat):
             await client.wake.wait()
         if hub.stopping:
             await put(sse("bye", {"why": "the API server is stopping"}))
             return "server stopping"
-        if not client.pending:
+        now = time.monotonic()
+        if now - checked >= heartbeat:  # busy or idle, the token is re-checked this often
+            checked = now
             if not alive():
                 await put(sse("bye", {"why": "the token expired or was revoked"}))
                 return "token no longer valid"
+        if not client.pending:
             if not await put(b": keep-alive\n\n"):
                 return "not reading"
             continue
