@@ -7,8 +7,9 @@ Run from the repository root::
 A real three-member etcd on loopback (the operator's guide's flags; each member fsyncs its
 own WAL on this one disk), then:
 
-1. etcd alone: sequential single-key puts from one client over the JSON gateway (the rate
-   an etcd-backed system gets without grouping), and the same 8 clients at once;
+1. etcd alone (:mod:`etcd_ceiling`): one client's sequential puts, 8 clients' concurrent
+   puts, and one client's sequential 64-put transactions, each through the JSON gateway and
+   through gRPC (what the gateway costs);
 2. xce on the etcd backend (three candidates, ``[controller] backend = "etcd"``):
    ``bench_throughput``'s four library shapes -- one client sequential, one client with 256
    submissions in flight, 8 clients sequential, 8 clients with 32 in flight each. Every
@@ -27,8 +28,6 @@ import argparse
 import shutil
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,38 +35,10 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_throughput import library
-from benchkit import BenchCluster, log, meta, quiet_logs, stats, write_result
+from benchkit import BenchCluster, log, meta, quiet_logs, write_result
+from etcd_ceiling import ceiling
 
 PART = "etcd"
-
-
-def etcd_alone(endpoints: list[str], quick: bool) -> dict[str, Any]:
-    """Sequential puts per second: one client, then 8 clients on threads."""
-    from xce_etcd.client import EtcdClient
-
-    reps, n = (3, 200) if quick else (5, 1000)
-    out: dict[str, Any] = {}
-    for clients in (1, 8):
-        rates = []
-        for r in range(reps):
-            cs = [EtcdClient(endpoints, timeout=5) for _ in range(clients)]
-
-            def run(c: EtcdClient, k: int, r: int = r, each: int = n // clients) -> None:
-                for i in range(each):
-                    c.put(f"/bench-alone/{r}/{k}/{i}".encode(), b"x" * 200)
-
-            threads = [threading.Thread(target=run, args=(c, k)) for k, c in enumerate(cs)]
-            t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            rates.append((n // clients) * clients / (time.perf_counter() - t0))
-            for c in cs:
-                c.close()
-        out[f"puts_{clients}_clients"] = {"puts_per_s": stats(rates, 0), "puts_per_run": n, "runs": reps}
-        log(PART, f"etcd alone, {clients} client(s): median {stats(rates, 0)['p50']:.0f} puts/s")
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             etcd.start()
             log(PART, f"etcd data on {where} ({root})")
-            alone = etcd_alone(etcd.endpoints, args.quick)
+            alone = ceiling(etcd.endpoints, args.quick)
             bc = BenchCluster(root / "xce", controller='backend = "etcd"\n',
                               extra=etcd_config(etcd.endpoints, "/bench"))
             bc.start()

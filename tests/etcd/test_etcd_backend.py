@@ -29,7 +29,8 @@ def candidate(etcd: EtcdCluster, name: str, first: int = 0, **kw: object) -> Ite
     """A candidate whose client uses member ``first`` first (then the others in order)."""
     urls = etcd.endpoints[first:] + etcd.endpoints[:first]
     settings = EtcdSettings(tuple(urls), prefix="/t", **kw)  # type: ignore[arg-type]
-    client = EtcdClient(list(settings.endpoints), timeout=settings.request_timeout)
+    client = EtcdClient(list(settings.endpoints), timeout=settings.request_timeout,
+                        transport=settings.transport)
     e = EtcdElection(client, settings, name)
     try:
         yield e

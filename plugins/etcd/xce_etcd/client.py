@@ -20,10 +20,13 @@ import base64
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
+
+if TYPE_CHECKING:
+    from xce_etcd.grpcwire import GrpcTxn
 
 DEFINITE = (
     "mvcc: database space exceeded",
@@ -36,6 +39,8 @@ DEFINITE = (
 
 
 JSON = {"content-type": "application/json"}
+TRANSPORTS = ("grpc", "gateway")
+"""How write transactions go: gRPC (:mod:`xce_etcd.grpcwire`), or the JSON gateway like the rest."""
 
 
 class EtcdUnavailable(Exception):
@@ -180,9 +185,12 @@ class EtcdClient:
     """Blocking JSON-gateway client over several endpoints; thread-safe."""
 
     def __init__(self, endpoints: list[str], *, timeout: float = 1.0, ca_file: str | None = None,
-                 cert_file: str | None = None, key_file: str | None = None) -> None:
+                 cert_file: str | None = None, key_file: str | None = None,
+                 transport: str = "gateway") -> None:
         if not endpoints:
             raise ValueError("etcd: at least one endpoint is needed")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"etcd: transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout = timeout
         verify: Any = ca_file if ca_file else True
@@ -193,10 +201,18 @@ class EtcdClient:
         self._current = 0
         self._lock = threading.Lock()
         self.requests = 0  # for tests and benchmarks
+        self.grpc: GrpcTxn | None = None  # write transactions over gRPC (xce_etcd.grpcwire)
+        if transport == "grpc":
+            from xce_etcd.grpcwire import GrpcTxn
+
+            self.grpc = GrpcTxn(self.endpoints, ca_file=ca_file, cert_file=cert_file,
+                                key_file=key_file)
 
     def close(self) -> None:
         """Close every connection."""
         self._http.close()
+        if self.grpc is not None:
+            self.grpc.close()
 
     def post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """POST ``body`` to ``path`` on the first endpoint that takes the connection."""
@@ -286,7 +302,11 @@ class EtcdClient:
 
     def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
             failure: list[dict[str, Any]] | None = None, timeout: float | None = None) -> TxnResult:
-        """One transaction."""
+        """One transaction (a write-only one over gRPC when the client has that transport:
+        its result then has no responses)."""
+        if self.grpc is not None and not any("request_range" in op for op in (*success, *(failure or ()))):
+            ok, revision = self.grpc.txn(compare, success, failure, timeout or self.timeout)
+            return TxnResult(ok, revision, [])
         body: dict[str, Any] = {"compare": compare, "success": success}
         if failure:
             body["failure"] = failure

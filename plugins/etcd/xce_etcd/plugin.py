@@ -42,7 +42,7 @@ def xce_controller_election(advertise: str, backend: str, config: Config | None)
     settings = settings_from(config.section("etcd"))
     client = EtcdClient(list(settings.endpoints), timeout=settings.request_timeout,
                         ca_file=settings.ca_file, cert_file=settings.cert_file,
-                        key_file=settings.key_file)
+                        key_file=settings.key_file, transport=settings.transport)
     return EtcdElection(client, settings, advertise)
 
 

@@ -32,6 +32,7 @@ class EtcdSettings:
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    transport: str = "grpc"
 
     @property
     def grant_ttl(self) -> int:
@@ -63,6 +64,8 @@ def check_etcd_section(section: dict[str, Any]) -> None:
     for key in ("max_txn_ops", "max_request_bytes"):
         if section[key] < 16:
             raise ValueError(f"etcd.{key} must be >= 16, got {section[key]!r}")
+    if section.get("transport", "grpc") not in ("grpc", "gateway"):
+        raise ValueError(f"etcd.transport must be \"grpc\" or \"gateway\", got {section['transport']!r}")
     if bool(section.get("cert_file")) != bool(section.get("key_file")):
         raise ValueError("etcd.cert_file and etcd.key_file go together (client certificate)")
 
@@ -87,6 +90,9 @@ SECTION = ConfigSection(
         "ca_file": Field((str,), None, "CA bundle that signs etcd's server certificates (TLS)"),
         "cert_file": Field((str,), None, "client certificate for etcd (TLS client auth)"),
         "key_file": Field((str,), None, "client certificate's key"),
+        "transport": Field((str,), "grpc", "how the store's write transactions go to etcd: "
+                           "\"grpc\" (etcd's gRPC API) or \"gateway\" (its JSON gateway, as "
+                           "everything else)"),
     },
     "the etcd backend of the controller ([controller] backend = \"etcd\")",
     check=check_etcd_section,
@@ -103,4 +109,5 @@ def settings_from(section: Mapping[str, Any]) -> EtcdSettings:
         safety_margin=float(section["safety_margin"]),
         request_timeout=float(section["request_timeout"]), max_txn_ops=int(section["max_txn_ops"]),
         max_request_bytes=int(section["max_request_bytes"]), ca_file=section.get("ca_file"),
-        cert_file=section.get("cert_file"), key_file=section.get("key_file"))
+        cert_file=section.get("cert_file"), key_file=section.get("key_file"),
+        transport=str(section.get("transport", "grpc")))
