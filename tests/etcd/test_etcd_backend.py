@@ -145,11 +145,14 @@ def test_a_stuck_event_loop_lets_the_lease_expire(etcd_one: EtcdCluster) -> None
         assert a.still_primary() is not None
 
 
-def test_batches_split_within_the_txn_limits_and_a_too_large_write_is_refused(etcd_one: EtcdCluster) -> None:
-    with candidate(etcd_one, "a", max_txn_ops=16) as a:
+@pytest.mark.parametrize("transport", ["grpc", "gateway"])
+def test_batches_split_within_the_txn_limits_and_a_too_large_write_is_refused(
+        etcd_one: EtcdCluster, transport: str) -> None:
+    with candidate(etcd_one, "a", max_txn_ops=16, transport=transport) as a:
         win(a)
         store = EtcdStore(a.client, a.settings, a)
         store.open()
+        assert (a.client.grpc is not None) == (transport == "grpc")
         writes = [Write([row(100 * i + k) for k in range(4)], rid=f"w{i}", rev=i + 1)
                   for i in range(10)]
         batches = commit(store, writes)
@@ -164,6 +167,8 @@ def test_batches_split_within_the_txn_limits_and_a_too_large_write_is_refused(et
         jobs, keys = load(store)
         assert len(jobs) == 40 and 5000 not in jobs and 9999 not in jobs and "big" not in keys
         assert store.head().rev == 10
+        if a.client.grpc is not None:  # the commits went over gRPC
+            assert a.client.grpc.requests >= len(batches) + 1
 
 
 def test_a_full_etcd_gives_a_storage_fault(etcd_factory) -> None:
@@ -356,3 +361,29 @@ def test_a_standby_behind_the_compaction_reloads(etcd_one: EtcdCluster) -> None:
         again = standby.snapshot(100, 60.0, 0.0, lambda rid, ts: None)
         assert again is not None and sorted(again[1].jobs) == [1, 2, 3]
         standby.close()
+
+
+def test_a_primary_giving_up_during_an_etcd_election_revokes_its_lease_after_it(etcd_factory) -> None:
+    """A primary that gives the role up while etcd elects a leader (its raft leader stopped:
+    no answer for 0.6 s or more; it may have lost its deadline, or be stopping): once a new
+    etcd leader is elected, etcd renews every lease by a TTL and more, so its release keeps
+    revoking until etcd answers: the leader key is gone when release returns, and a standby
+    can win at once instead of a TTL and an election timeout later."""
+    etcd, leader, follower = three_members(etcd_factory, 24120)
+    with candidate(etcd, "a", first=leader, request_timeout=0.3) as a:
+        win(a)
+        lease = a.lease
+        os.kill(etcd.members[leader].pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            a.release()  # at once: etcd has no leader for an election timeout at least
+            took = time.monotonic() - t0
+            watcher = EtcdClient([etcd.endpoints[follower]], timeout=2)
+            try:
+                assert watcher.get(b"/t/leader") is None, "the leader key outlived the release"
+                assert watcher.lease_keepalive(lease) == 0  # the lease is gone, not expiring
+            finally:
+                watcher.close()
+            assert took < 3 * a.settings.grant_ttl + 1
+        finally:
+            os.kill(etcd.members[leader].pid, signal.SIGCONT)

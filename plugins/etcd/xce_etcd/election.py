@@ -25,7 +25,9 @@ Waiting standbys read the leader key every :data:`POLL` seconds and campaign whe
 none (the campaign's failure branch reads the key, so a lost race also learns who leads);
 after a primary's SIGKILL the
 key goes when etcd expires its lease, about one TTL later; a graceful stop revokes the lease
-and the next poll wins.
+and the next poll wins, and so does a primary giving the role up (past its deadline, its
+guard failed): it retries the revocation while etcd does not answer (during an etcd
+election, after which etcd would renew the lease by a whole TTL and more).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from xce_etcd.settings import EtcdSettings
 
 POLL = 0.02  # seconds between two campaigns of a waiting standby
 CANDIDATES_REFRESH = 1.0  # seconds between two reads of the candidate list (for status)
+REVOKE_FOR = 3  # TTLs a candidate giving up keeps trying to revoke its lease (see _revoke)
 
 
 def _safe(address: str) -> str:
@@ -284,8 +287,33 @@ class EtcdElection:
         with self._mutex:
             lease, self.lease, self._held, self._deadline = self.lease, 0, False, 0.0
         if lease:
+            self._revoke(lease)
+
+    def _revoke(self, lease: int) -> None:
+        """Revoke ``lease``, again while etcd does not answer, for as long as the lease may
+        still live there: a new raft leader renews every lease by its TTL plus an election
+        timeout, so a primary that gave up during an etcd election would otherwise hold the
+        standbys off for that long after it. Safe at any time: this candidate acknowledges
+        nothing any more, and every write it may still have in flight is guarded."""
+        ttl = self.granted_ttl or self.settings.grant_ttl
+        give_up = time.monotonic() + REVOKE_FOR * ttl
+        tries = 0
+        while True:
+            tries += 1
+            left = give_up - time.monotonic()
             try:
-                self.client.lease_revoke(lease, self.settings.request_timeout)
-            except (EtcdUnavailable, OutcomeUnknown, EtcdError) as exc:
+                self.client.lease_revoke(lease, max(0.05, min(self.settings.request_timeout, left)))
+                if tries > 1:
+                    logger.info("controller {}: etcd: revoked lease {:x} at try {}", self.advertise,
+                                lease, tries)
+                return
+            except EtcdError as exc:  # answered: retrying cannot help
                 logger.warning("controller {}: etcd: could not revoke lease {:x} ({}); it "
-                               "expires in {} s", self.advertise, lease, exc, self.granted_ttl)
+                               "expires in {} s", self.advertise, lease, exc, ttl)
+                return
+            except (EtcdUnavailable, OutcomeUnknown) as exc:
+                if time.monotonic() + 0.05 >= give_up:
+                    logger.warning("controller {}: etcd: could not revoke lease {:x} in {} tries "
+                                   "({}); it expires on its own", self.advertise, lease, tries, exc)
+                    return
+            time.sleep(0.05)
