@@ -14,7 +14,9 @@ own WAL on this one disk), then:
    ``bench_throughput``'s four library shapes -- one client sequential, one client with 256
    submissions in flight, 8 clients sequential, 8 clients with 32 in flight each. Every
    submission is acknowledged after the guarded etcd transaction holding it committed; the
-   writer groups what is queued into one transaction (group commit).
+   writer groups what is queued into one transaction (group commit). On disk twice: the
+   store's transactions over gRPC (``[etcd] transport = "grpc"``, the default), then through
+   the JSON gateway (``"gateway"``), each on a prefix of its own.
 
 Both with the members' data on this machine's disk (each of the three members fsyncs its
 WAL on it: what a site has, but on one disk instead of three) and on tmpfs (``/dev/shm``:
@@ -58,10 +60,17 @@ def main(argv: list[str] | None = None) -> int:
             etcd.start()
             log(PART, f"etcd data on {where} ({root})")
             alone = ceiling(etcd.endpoints, args.quick)
-            bc = BenchCluster(root / "xce", controller='backend = "etcd"\n',
-                              extra=etcd_config(etcd.endpoints, "/bench"))
-            bc.start()
-            runs[where] = {"etcd_alone": alone, "xce_on_etcd": anyio.run(library, bc, args.quick)}
+            runs[where] = {"etcd_alone": alone}
+            for transport in ("grpc", "gateway") if where == "disk" else ("grpc",):
+                log(PART, f"xce on etcd, [etcd] transport = {transport!r}")
+                bc = BenchCluster(root / f"xce-{transport}", controller='backend = "etcd"\n',
+                                  extra=etcd_config(etcd.endpoints, f"/bench-{transport}",
+                                                    transport=transport))
+                bc.start()
+                name = "xce_on_etcd" if transport == "grpc" else "xce_on_etcd_gateway"
+                runs[where][name] = anyio.run(library, bc, args.quick)
+                bc.close()
+                bc = None
         finally:
             if bc is not None:
                 bc.close()
@@ -69,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     result = {**meta(), "etcd_members": 3, "etcd_flags": list(TUNING),
               "etcd_alone": runs["disk"]["etcd_alone"], "xce_on_etcd": runs["disk"]["xce_on_etcd"],
-              "tmpfs": runs["tmpfs"],
+              "xce_on_etcd_gateway": runs["disk"]["xce_on_etcd_gateway"], "tmpfs": runs["tmpfs"],
               "aims": {"sequential_1_client": ">= 300/s", "pipelined": ">= 5,000/s"}}
     write_result(PART, result)
     return 0
