@@ -23,6 +23,7 @@ def config(etcd: dict[str, object]):
     ({"endpoints": ["http://a:2379"], "safety_margin": 0.6}, "safety_margin"),
     ({"endpoints": ["http://a:2379"], "max_txn_ops": 2}, "max_txn_ops"),
     ({"endpoints": ["http://a:2379"], "cert_file": "/c.pem"}, "go together"),
+    ({"endpoints": ["http://a:2379"], "transport": "h2"}, "transport must be"),
 ])
 def test_bad_sections_are_refused_naming_the_key(bad: dict[str, object], text: str) -> None:
     with pytest.raises(ConfigError, match=text):
@@ -33,6 +34,9 @@ def test_settings_and_the_backend_selection() -> None:
     cfg = config({"endpoints": ["http://a:2379", "https://b:2379"], "lease_ttl": 2})
     s = settings_from(cfg.section("etcd"))
     assert s.endpoints == ("http://a:2379", "https://b:2379") and s.grant_ttl == 2 and s.prefix == "/xce"
+    assert s.transport == "grpc"
+    assert settings_from(config({"endpoints": ["http://a:2379"], "transport": "gateway"})
+                         .section("etcd")).transport == "gateway"
     # other backends: the plugin answers nothing (the built-in file backend does)
     assert xce_controller_election(advertise="h:1", backend="file", config=cfg) is None
     assert xce_controller_store(backend="file", election=None) is None
