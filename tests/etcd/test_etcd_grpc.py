@@ -79,3 +79,35 @@ def test_a_member_gone_is_an_unknown_outcome_and_the_next_call_tries_the_next_on
         assert rpc.grpc is not None and rpc.grpc.endpoints[rpc.grpc._index] != etcd.endpoints[0]
     finally:
         rpc.close()
+
+
+def test_tls_with_a_client_certificate_on_both_transports(tmp_path, etcd_factory) -> None:
+    from xcecore.tlscerts import make_ca, make_host
+
+    ca = make_ca(tmp_path / "ca")
+    server = make_host(tmp_path / "ca", "etcd", ["127.0.0.1", "localhost"])
+    etcd = etcd_factory(["127.0.0.1"], client_port=24140, peer_port=24141)
+    etcd.tls = (str(ca), str(server.cert), str(server.key))
+    etcd.members[0].scheme = "https"
+    etcd.start()
+    assert etcd.endpoints[0].startswith("https://")
+    rpc = etcd.client(timeout=5, transport="grpc")
+    try:
+        res = rpc.txn([absent(b"/tls/k")], [put_op(b"/tls/k", b"v")])  # over gRPC, TLS
+        assert res.succeeded and rpc.grpc is not None and rpc.grpc.requests == 1
+        got = rpc.get(b"/tls/k")  # through the gateway, TLS
+        assert got is not None and got.value == b"v" and got.mod_revision == res.revision
+    finally:
+        rpc.close()
+    # without the client certificate, etcd refuses the connection: no answer, not applied
+    bare = EtcdClient(etcd.endpoints, timeout=2, ca_file=str(ca), transport="grpc")
+    try:
+        with pytest.raises(OutcomeUnknown):
+            bare.txn([], [put_op(b"/tls/no", b"v")], timeout=2)
+    finally:
+        bare.close()
+    check = etcd.client()
+    try:
+        assert check.get(b"/tls/no") is None
+    finally:
+        check.close()

@@ -17,6 +17,7 @@ etcd rejects before proposing to raft (:data:`DEFINITE`) are certain not to have
 from __future__ import annotations
 
 import base64
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -193,10 +194,13 @@ class EtcdClient:
             raise ValueError(f"etcd: transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout = timeout
-        verify: Any = ca_file if ca_file else True
-        cert: Any = (cert_file, key_file) if cert_file else None
+        verify: Any = True
+        if ca_file or cert_file:  # one context: httpx 0.28 ignores cert= beside verify=<path>
+            verify = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+            if cert_file:
+                verify.load_cert_chain(cert_file, key_file)
         # One connection per thread at a time; keep-alive reuses them.
-        self._http = httpx.Client(timeout=timeout, verify=verify, cert=cert,
+        self._http = httpx.Client(timeout=timeout, verify=verify,
                                   limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
         self._current = 0
         self._lock = threading.Lock()

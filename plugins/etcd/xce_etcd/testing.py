@@ -54,11 +54,12 @@ class Member:
     netns: str | None = None
     popen: subprocess.Popen[bytes] | None = None
     log: Path | None = None
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
         """Its client URL."""
-        return f"http://{self.addr}:{self.client_port}"
+        return f"{self.scheme}://{self.addr}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -87,6 +88,9 @@ class EtcdCluster:
     peer_port: int = 2380
     extra: tuple[str, ...] = ()
     members: list[Member] = field(default_factory=list)
+    tls: tuple[str, str, str] | None = None
+    """(CA, certificate, key) files: clients connect with TLS (https://) and must present a
+    certificate the CA signed; the members use the certificate for their client URLs."""
 
     def __post_init__(self) -> None:
         self.binary = etcd_binary()
@@ -96,7 +100,7 @@ class EtcdCluster:
         for i, addr in enumerate(self.addrs):
             self.members.append(Member(f"m{i}", addr, self.client_port + i * step,
                                        self.peer_port + i * step, self.root / f"m{i}",
-                                       self.netns[i]))
+                                       self.netns[i], scheme="https" if self.tls else "http"))
 
     @property
     def endpoints(self) -> list[str]:
@@ -118,6 +122,10 @@ class EtcdCluster:
                "--initial-cluster", initial, "--initial-cluster-token", f"xce-{self.root.name}",
                "--initial-cluster-state", "new", "--logger=zap", "--log-level=warn",
                *TUNING, *LIMITS, *self.extra]
+        if self.tls is not None:
+            ca, cert, key = self.tls
+            cmd += ["--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca,
+                    "--client-cert-auth"]
         if m.netns is not None:
             from xcecore.testing.netns import path_of
 
@@ -127,9 +135,11 @@ class EtcdCluster:
             m.popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
 
-    def client(self, timeout: float = 1.0) -> EtcdClient:
+    def client(self, timeout: float = 1.0, transport: str = "gateway") -> EtcdClient:
         """A client of every member (from this namespace: loopback members only)."""
-        return EtcdClient(self.endpoints, timeout=timeout)
+        ca, cert, key = self.tls if self.tls is not None else (None, None, None)
+        return EtcdClient(self.endpoints, timeout=timeout, ca_file=ca, cert_file=cert,
+                          key_file=key, transport=transport)
 
     def wait_healthy(self, timeout: float = 30.0, via: EtcdClient | None = None) -> None:
         """Wait until a member answers a status with a leader known."""
