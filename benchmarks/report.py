@@ -638,7 +638,8 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
              "figures are BENCHMARKS.md's. Compare with sections 1, 3 and 10 (the file backend). "
              "The standbys are hot (an etcd watch; a promotion catches up to its campaign's "
              "revision, no reload). Measured on the shared 2-core machine while other engineers' "
-             "tests ran (load average 10-13): pessimistic figures, throughput most of all.", ""]
+             "tests ran (load average 8-17 during these runs): pessimistic figures, throughput most of "
+             "all.", ""]
     fos = [(n, d) for n, d in (("SIGKILL", fo), ("SIGSTOP", stop),
                                ("SIGSTOP, the writer's liveness_timeout 1 s", stop_live1))
            if d is not None]
@@ -664,8 +665,18 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
                   + ", ".join(f"{n} {fmt(d['summary']['promotion_ms']['p50'], 0)} ms" for n, d in fos)
                   + "); what the SIGSTOP rows add is the client's: its connections to a stopped "
                   "process say nothing, so it gives up on it after its `[client] liveness_timeout` "
-                  "and then backs off while no candidate is primary yet (a 1 s liveness timeout "
-                  "does not shorten it: it only starts the back-off earlier).", ""]
+                  "(1.5 s) and then backs off while no candidate is primary yet (a 1 s liveness "
+                  "timeout does not shorten it: it only starts the back-off earlier). In the chaos "
+                  "runs below a host's fault also takes its etcd member: when that member led raft, "
+                  "the others elect a leader first (0.6-1.2 s with these flags) and a new raft leader "
+                  "renews every lease by its TTL plus an election timeout, so the dead primary's lease "
+                  "lives about 2.5 s past the fault (the freeze, power-off and cut rows' p50 of 2.4-3.3 "
+                  "s). A standby ending a silent primary's lease sooner is not safe with leases alone "
+                  "(docs/operator.md, \"Why a standby does not end a silent primary's lease sooner\"). "
+                  "A primary that gives the role up during an etcd election now keeps revoking its "
+                  "lease until the new raft leader answers (before: one try, then the renewed lease "
+                  "held the standbys off; the kill-etcd-leader p99 was 12.6 s in the previous "
+                  "runs).", ""]
     else:
         lines += ["Failover: not run yet (`python benchmarks/bench_failover.py --backend etcd`).", ""]
     if tp is not None:
@@ -702,8 +713,9 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
                   "transaction from an idle process: 2.9 ms; the two hot standbys' watches and polls "
                   "and the client share the 2 cores with etcd), the controller's loop taking the "
                   "committed batch 0.4 ms, the queue and the encoding 0.2 ms, the client and the "
-                  "request ~2.3 ms; over gRPC the sequential rate went from 114 to 193/s in the same "
-                  "setting. The pipelined shapes are bound by CPU: the controller's event loop (the "
+                  "request ~2.3 ms. The rows \"through the JSON gateway\" are the same cluster shapes "
+                  "run right after the gRPC ones with `[etcd] transport = \"gateway\"`. The pipelined "
+                  "shapes are bound by CPU: the controller's event loop (the "
                   "submissions' checks, state and pushes), etcd applying each operation on three "
                   "members, and the standbys decoding every event of their watches, all on 2 cores. "
                   "The aims are not met here (docs/operator.md, \"Throughput, and what is not done "
