@@ -212,6 +212,9 @@ class GrpcTxn:
         call, index = self._stub()
         try:
             answer = call(request, timeout=timeout)
+        except ValueError as exc:  # the channel was closed by another thread's _next
+            self._next(index)
+            raise OutcomeUnknown(f"{self.endpoints[index]} (gRPC): {exc}") from None
         except self._grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
