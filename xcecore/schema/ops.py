@@ -518,6 +518,34 @@ class ReconfigArgs(TypedDict):
 
 
 @with_config(_STRICT)
+class EventsArgs(TypedDict):
+    """A page of cluster events, oldest first. Result ``{"events": [event, ...], "next":
+    <int>, "more": <bool>, "oldest": <int>, "newest": <int>}``; each event is ``{"seq": <int>,
+    "time": <float epoch>, "kind": "<kind>", ...its fields, "text": "<one human line>"}``.
+    Kinds: ``promotion`` (``primary``, ``old_primary``, ``how`` hot/cold, ``takeover_ms``:
+    from winning the election to serving, ``catch_up_ms``, ``changes``), ``member_join`` /
+    ``member_leave`` (``identity``, ``role``, ``candidate``), ``host_state`` (``host``,
+    ``state``: added, closed, opened, unavail, back; ``by``, ``comment``), ``queue_state``
+    (``queue``, ``state``: opened, closed, active, inactive, created, removed; ``by``),
+    ``reconfig`` (``by``, ``queues_added``, ``queues_changed``, ``queues_removed``),
+    ``shutdown`` (``server``, ``by``). Pass ``next`` as the following page's ``since_seq``:
+    every event comes exactly once, also while new ones are recorded; ``more`` says a full
+    page is waiting. ``oldest`` is the oldest seq kept (older ones expired: ``[controller]
+    events_retention``, ``events_max``). A cursor beyond ``newest`` or an unknown kind is
+    ``INVALID``; ``UNAVAILABLE`` while a new primary still reads its stored events (retry).
+    Costs the page, not the history."""
+
+    since_seq: NotRequired[Annotated[t.NonNegative, _d("events after this seq (default 0: "
+                                                       "from the oldest kept)")]]
+    kind: NotRequired[Annotated[t.Name, _d("only events of this kind")]]
+    since_time: NotRequired[Annotated[t.Epoch, _d("only events at or after this time")]]
+    limit: NotRequired[Annotated[t.PageLimit, _d("events per page (default 100)")]]
+    last: NotRequired[Annotated[bool, _d("the newest `limit` matching events instead of the "
+                                         "first")]]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
 class OutcomeArgs(TypedDict):
     """What became of the keyed write ``rid``, answered from the idempotency table. Result,
     one of:
@@ -561,6 +589,7 @@ OP_ARGS: dict[str, Any] = {
     "shutdown": ShutdownArgs,
     "reconfig": ReconfigArgs,
     "outcome": OutcomeArgs,
+    "events": EventsArgs,
 }
 """Op name (:data:`xcecore.protocol.OP_NAMES`) -> its argument model (a TypedDict, or an
 ``Annotated`` one with a validator)."""

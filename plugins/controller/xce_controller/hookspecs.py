@@ -62,6 +62,13 @@ class Store(Protocol):
         """Call ``add(rid, ts)`` for each idempotency key stored at or after ``since``."""
         ...
 
+    def load_events(self, limit: int) -> list[bytes]:
+        """The newest ``limit`` cluster events (rows of table ``events``: their JSON), oldest
+        first; on a thread, after :meth:`open`. Rows of ``events`` are written like any other
+        table's (key: the zero-padded seq, so key order is seq order) but are no records: no
+        rev follows them, no removal record is kept, a standby's follow ignores them."""
+        ...
+
     def snapshot(self, ring_capacity: int, clean_width: float, idem_since: float,
                  add_idem: Callable[[str, float], None]) -> tuple[Head, JobTable] | None:
         """A standby's load: head (with the window in ``changes``/``floor``), jobs and

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from xce_controller import queries, subscribe
+from xce_controller import events, queries, subscribe
 from xce_controller.authz import FRONT_ENDS, MEMBER_DAEMONS, Policy, describe, via
 from xce_controller.state import Changes, ClusterState
 from xce_controller.subscribe import NONE, Subscription
@@ -189,11 +189,13 @@ def op_jobctrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float
 
 
 def op_queuectrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
-    return srv.state.queue_control(args["queue"], args["action"])
+    return srv.state.queue_control(args["queue"], args["action"], now,
+                                   describe(args["user"], caller.who))
 
 
 def op_hostctrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
-    return srv.state.host_control(args["host"], args["action"], args.get("comment", ""))
+    return srv.state.host_control(args["host"], args["action"], args.get("comment", ""), now,
+                                  describe(args["user"], caller.who))
 
 
 def op_jobdispatch(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
@@ -307,6 +309,18 @@ def op_outcome(srv: ServerView, caller: Caller, args: dict[str, Any], now: float
     return Changes(result=srv.outcome(args["rid"]))
 
 
+def op_events(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
+    """A page of cluster events (:meth:`xce_controller.events.EventLog.page`)."""
+    log = srv.state.events
+    if not log.loaded:
+        raise RemoteError(ErrorCode.UNAVAILABLE, "events: this primary is still reading its "
+                          "stored events (it was just promoted); retry in a moment")
+    return Changes(result=log.page(int(args.get("since_seq", 0)), args.get("kind"),
+                                   args.get("since_time"),
+                                   int(args.get("limit", events.PAGE_DEFAULT)),
+                                   bool(args.get("last", False))))
+
+
 def op_shutdown(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     who = describe(args["user"], caller.who)
     ch = Changes(result={"server": srv.address})
@@ -357,6 +371,7 @@ OPS: dict[str, OpSpec] = {
                        dedupe=False, needs_jobs=False),
     # May record a tombstone (a durable write) under the rid it names, not under its own.
     "outcome": OpSpec(op_outcome, ANY, "write", dedupe=False, needs_jobs=False),
+    "events": OpSpec(op_events, ANY, "read", needs_jobs=False),
 }
 
 

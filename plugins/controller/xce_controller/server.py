@@ -42,6 +42,7 @@ from xce_controller.authz import Policy
 from xce_controller.changes import ChangeRing, VolatileLog
 from xce_controller.delegate import Delegates
 from xce_controller.election import Election, FileLockElection
+from xce_controller.events import EventLog, row_key
 from xce_controller.framing import FrameReader
 from xce_controller.isolation import check_encodable, label, request_id
 from xce_controller.jobs import Job
@@ -65,7 +66,7 @@ from xce_controller.settings import ControllerSettings, parse_listen
 from xce_controller.standby import Follower, clean_width, load_rest
 from xce_controller.state import Changes, ClusterState, Event
 from xce_controller.storage import Inflight, StorageGuard
-from xce_controller.store import KINDS, SQLiteStore, Write
+from xce_controller.store import KINDS, Row, SQLiteStore, Write
 from xce_controller.subscribe import Subscription
 from xcecore import auth, wire
 from xcecore.log import bind_fields
@@ -183,6 +184,8 @@ class Controller:
         self.promoted = anyio.Event()
         self.stopped = anyio.Event()
         self.promote_ms: float | None = None
+        self.old_primary: str | None = None  # the primary this candidate saw while standby
+        self._last_event: bytes | None = None  # the newest stored event, read at promotion
         self.requests: dict[str, int] = {}  # op -> requests answered (xce_controller.metrics)
         self._reloaded: ControllerSettings | Exception | None = None  # for the next reconfig
         self.conn_roles: dict[str, int] = {}  # claimed role -> connections (metrics)
@@ -342,6 +345,7 @@ class Controller:
         if election.try_acquire():
             return
         primary = election.current_primary()
+        self.old_primary = primary if primary != self.address else None
         logger.info(
             "controller {}: standby; primary is {}; following its commits, waiting on the "
             "state-dir lock", self.address, primary or "not known",
@@ -392,6 +396,7 @@ class Controller:
                 follower.stop()  # not loaded yet: this candidate loads as a cold one
             await self._promote_cold(store)
         self.store = store
+        log = self._event_log()
         self._tg.start_soon(self._run_writer, store)
         self._tg.start_soon(self._expire_hosts)
         self._tg.start_soon(self._housekeep)
@@ -402,8 +407,13 @@ class Controller:
         self.promote_ms = (time.perf_counter() - t0) * 1000
         self.promotion["ms"] = self.promote_ms
         self.election.register("primary")
-        self.promoted.set()
         p = self.promotion
+        log.record("promotion", time.time(), primary=self.address, old_primary=self.old_primary,
+                   how=p["how"], takeover_ms=round(self.promote_ms, 3),
+                   catch_up_ms=p.get("catch_up_ms"), changes=p.get("changes"),
+                   jobs=p.get("jobs"))
+        self._save_events()
+        self.promoted.set()
         if p["how"] == "hot":
             logger.info(
                 "controller {}: acquired the state-dir lock; promoted to primary (hot standby: "
@@ -427,6 +437,7 @@ class Controller:
             if not follower.loaded.is_set():  # it had to reload, and that failed
                 raise RuntimeError("the standby's copy could not be reloaded")
             store.open()
+            self._last_event = self._newest_event(store)
             return caught
 
         caught = await anyio.to_thread.run_sync(finish)
@@ -446,6 +457,7 @@ class Controller:
 
         def open_head() -> Any:
             store.open()
+            self._last_event = self._newest_event(store)
             return store.head()
 
         head = await anyio.to_thread.run_sync(open_head)
@@ -461,6 +473,75 @@ class Controller:
         self.promotion = {"how": "cold", "jobs": head.max_jobid, "changes": 0, "keys": 0}
         assert self._tg is not None
         self._tg.start_soon(self._load_rest, store, head)
+
+    @staticmethod
+    def _newest_event(store: Any) -> bytes | None:
+        """The newest stored event (on the promotion's thread): its seq is continued."""
+        load = getattr(store, "load_events", None)
+        got = load(1) if load is not None else []
+        return got[-1] if got else None
+
+    def _event_log(self) -> EventLog:
+        """The new primary's event log: continuing after the newest stored event at once,
+        the older ones read on a thread (:meth:`_load_events`)."""
+        s = self.settings
+        log = EventLog(s.events_retention, s.events_max, candidate=self.address, loaded=False)
+        last = self._last_event
+        log.continue_after(orjson.loads(last) if last else None)
+        self.state.events = log
+        assert self._tg is not None
+        self._tg.start_soon(self._load_events, log)
+        return log
+
+    async def _load_events(self, log: EventLog) -> None:
+        """Read the stored events (the newest ``events_max``) into ``log``."""
+        load = getattr(self.store, "load_events", None)
+        if load is None:
+            logger.warning("controller {}: its store keeps no cluster events; events start "
+                           "with this primary", self.address)
+            log.loaded = True
+            return
+        t0 = time.perf_counter()
+        try:
+            blobs = await anyio.to_thread.run_sync(load, self.settings.events_max)
+            older = [orjson.loads(b) for b in blobs]
+        except Exception:
+            logger.opt(exception=True).error(
+                "controller {}: cannot read the stored cluster events; the events op answers "
+                "with those recorded since this promotion only", self.address)
+            log.loaded = True
+            return
+        log.take_older(older)
+        logger.info("controller {}: loaded {} cluster events in {:.0f} ms (newest seq {})",
+                    self.address, len(older), (time.perf_counter() - t0) * 1000, log.seq)
+
+    def _save_events(self) -> None:
+        """Hand the events recorded since the last call to the store, as one write of
+        their own (no rev: they are no records; it goes in the same commit group as the
+        change that made them). While the store fails they stay in memory only."""
+        fresh = self.state.events.take_unsaved()
+        if not fresh or self.store is None or self.role not in ("primary", "promoting"):
+            return
+        if not self.storage.writable():
+            logger.debug("controller {}: {} cluster event(s) not stored (the store fails)",
+                         self.address, len(fresh))
+            return
+        rows: list[Row] = [("events", row_key(ev["seq"]), orjson.dumps(ev), None) for ev in fresh]
+        w = Write(rows, extra=Inflight(Gate(), "events"))
+        self.store.submit(w)
+        self.unstable.append(w)
+
+    def _expire_events(self) -> None:
+        """Events past ``events_retention`` or over ``events_max`` leave (the oldest first;
+        a bounded batch a pass) -- only while the store takes their deletion too."""
+        if self.store is None or not self.storage.writable():
+            return
+        gone = self.state.events.expire(time.time())
+        if gone:
+            w = Write([("events", row_key(seq), None, None) for seq in gone],
+                      extra=Inflight(Gate(), "expire events"))
+            self.store.submit(w)
+            self.unstable.append(w)
 
     async def _load_rest(self, store: Any, head: Any) -> None:
         """The cold path's second half: jobs, window and keys, then requests that need them."""
@@ -595,6 +676,7 @@ class Controller:
                         self.settings.conf.lost_job_action, self.settings.conf.lost_job_timeout)
                 self.apply_internal(ch, "expire hosts")
                 self._expire_lost_jobs()
+                self._expire_events()
             self.rids.sweep(time.time() - self.settings.idem_ttl, SWEEP_PARTS)
 
     def _expire_lost_jobs(self) -> None:
@@ -709,7 +791,8 @@ class Controller:
         conf = dataclasses.replace(new.conf, resources=old.conf.resources, name=old.conf.name)
         self.settings = dataclasses.replace(new, **keep, conf=conf, reload=old.reload)
         self.policy = make_policy(self.settings, self.users)
-        ch = self.state.reconfigure(conf) if self.role == "primary" else Changes(result={})
+        ch = (self.state.reconfigure(conf, now(), by) if self.role == "primary"
+              else Changes(result={}))
         if self.role != "primary":
             self.state.conf = conf
         ch.result = {**(ch.result or {}), "restart_needed": later}
@@ -730,10 +813,12 @@ class Controller:
             return
         if ch.rows or ch.events:
             self.apply_internal(ch, "reconfig")
+        self._save_events()
 
     def request_shutdown(self, by: str) -> None:
         """``shutdown`` op: tell every member, then stop after the reply is flushed."""
         logger.warning("controller {}: shutdown requested by {}; stopping", self.address, by)
+        self.state.events.record("shutdown", now(), server=self.address, by=by)
         self.apply_internal(Changes(events=[Event("shutdown", {"server": self.address})]),
                             "shutdown")
         self.stopped.set()
@@ -785,6 +870,7 @@ class Controller:
         gate = self.open_gate()
         if events:
             self.fanout.publish(events, gate)
+        self._save_events()
         return gate, result
 
     def apply_internal(self, ch: Changes, what: str) -> None:
@@ -875,7 +961,8 @@ class Controller:
                 self.fanout.remove(conn.cid)
                 self.delegates.left(conn.cid)
                 if caller.joined and self.role == "primary" and not self.still_joined(caller):
-                    self.apply_internal(self.state.remove_member(caller.identity), "member left")
+                    self.apply_internal(self.state.remove_member(caller.identity, now()),
+                                        "member left")
                 logger.debug("controller {}: {} ({}) disconnected", self.address, caller.identity, peer)
 
     def still_joined(self, caller: Caller) -> bool:

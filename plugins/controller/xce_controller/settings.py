@@ -9,10 +9,12 @@ tests all build one), so no other module repeats a default. The server core take
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from xce_controller.events import EVENTS_MAX, EVENTS_RETENTION
 from xcecore.auth import AuthMethod
 from xcecore.config import CORE_SECTIONS, Config, validate
 from xcecore.protocol import parse_hostport
@@ -90,6 +92,8 @@ class ControllerSettings:
     storage_retry: float = 1.0  # seconds between probes of a store that cannot commit
     hung_timeout: float = DEFAULT_HUNG_TIMEOUT  # 0: standbys never fence a hung primary
     change_retention: int = CHANGE_RETENTION  # changes the retention window holds
+    events_retention: float = EVENTS_RETENTION  # seconds cluster events are kept
+    events_max: int = EVENTS_MAX  # the most cluster events kept
     service_users: frozenset[str] = frozenset()  # [cluster] service_users (root always is one)
     grants: Mapping[str, frozenset[str]] = field(default_factory=dict)  # role -> ops
     backend: str = "file"  # which plugin's election and store ("file": the built-in ones)
@@ -107,6 +111,25 @@ class ControllerSettings:
             if getattr(self.conf, name) != getattr(new.conf, name):
                 found.append(f"cluster.{name}")
         return found
+
+
+_SPAN = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_span(value: Any, what: str) -> float:
+    """A span of time: seconds (a number) or ``90s``, ``30m``, ``12h``, ``7d``, ``2w``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        found = _SPAN.match(value.strip()) if isinstance(value, str) else None
+        if found is None:
+            raise ValueError(f"{what} must be seconds or a span like 90s, 30m, 12h, 7d, 2w; got "
+                             f"{value!r}")
+        seconds = float(found.group(1)) * _UNIT[found.group(2)]
+    if not seconds > 0:  # also refuses NaN
+        raise ValueError(f"{what} must be > 0, got {value!r}")
+    return seconds
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -175,6 +198,9 @@ def check_controller_section(section: dict[str, Any]) -> None:
         if section[key] < 1:
             raise ValueError(f"controller.{key} must be >= 1, got {section[key]!r}")
     check_grants(section["grants"])
+    parse_span(section["events_retention"], "controller.events_retention")
+    if isinstance(section["events_max"], bool) or section["events_max"] < 1:
+        raise ValueError(f"controller.events_max must be >= 1, got {section['events_max']!r}")
     admins = section["admins"]
     if not all(isinstance(a, str) and a for a in admins):
         raise ValueError(f"controller.admins must be a list of user names, got {admins!r}")
@@ -247,6 +273,13 @@ SECTION = ConfigSection(
             (int,), CHANGE_RETENTION,
             "changes the retention window keeps in memory (~17 bytes each): a member that "
             "re-joins within it gets only what it missed, else a snapshot"),
+        "events_retention": Field(
+            (str, float, int), "7d",
+            "how long cluster events (xce events) are kept: seconds or a span (90m, 12h, 7d)"),
+        "events_max": Field(
+            (int,), EVENTS_MAX,
+            "the most cluster events kept (the oldest leave first; each is held in the "
+            "primary's memory, a few hundred bytes)"),
         "clean_period": Field(
             _NUM, 3600.0,
             "seconds a finished (DONE/EXIT) job is kept after it ends before it is purged "
@@ -316,6 +349,8 @@ def settings_from_config(config: Config, auth: AuthMethod) -> ControllerSettings
         storage_retry=float(c["storage_retry"]),
         hung_timeout=float(c["hung_timeout"]),
         change_retention=int(c["change_retention"]),
+        events_retention=parse_span(c["events_retention"], "controller.events_retention"),
+        events_max=int(c["events_max"]),
         service_users=frozenset(cluster["service_users"]),
         grants=check_grants(c["grants"]),
         backend=str(c["backend"]),

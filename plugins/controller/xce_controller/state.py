@@ -31,6 +31,7 @@ from typing import Any, cast
 
 from xce_controller import arrays, depends
 from xce_controller.buckets import TimeBuckets
+from xce_controller.events import EventLog
 from xce_controller.jobs import EMPTY, Job, JobTable, make_alloc, new_spec
 from xce_controller.settings import ClusterConf as ClusterConf  # the state's config; re-exported
 from xcecore.jobspec import ExitReason, describe_exit
@@ -122,6 +123,7 @@ class ClusterState:
         self.next_jobid = 1
         self.array_batch: set[int] | None = None  # arrays whose record one write settles once
         self.deps = depends.Deps()  # jobs waiting on a dependency, and what they wait on
+        self.events = EventLog()  # cluster events (the primary's: xce_controller.events)
         for qcfg in conf.queues:
             q = queue_record(qcfg)
             self.queues[q["name"]] = q
@@ -281,6 +283,8 @@ class ClusterState:
         old = self.members.get(identity)
         if old is None:
             bisect.insort(self.member_ids, identity)
+            self.events.record("member_join", now, identity=identity, role=role,
+                               candidate=self.events.candidate)
         else:
             self._count_role(old["role"], -1)
         self._count_role(role, 1)
@@ -301,7 +305,7 @@ class ClusterState:
         if member is not None:
             member["last_seen"] = now
 
-    def remove_member(self, identity: str) -> Changes:
+    def remove_member(self, identity: str, now: float = 0.0) -> Changes:
         member = self.members.pop(identity, None)
         if member is None:
             return Changes()
@@ -309,6 +313,8 @@ class ClusterState:
         if i < len(self.member_ids) and self.member_ids[i] == identity:
             del self.member_ids[i]
         self._count_role(member["role"], -1)
+        self.events.record("member_leave", now, identity=identity, role=member["role"],
+                           candidate=self.events.candidate)
         data = {"identity": identity, "role": member["role"], "joined": False}
         return Changes(events=[Event("member", data)])
 
@@ -333,7 +339,12 @@ class ClusterState:
                 "joined_at": now, "rev": 0,
             }
             self._put_host(name, host)
+            self.events.record("host_state", now, host=name, state="added",
+                               comment="its worker joined")
         else:
+            if not host["available"]:
+                self.events.record("host_state", now, host=name, state="back",
+                                   comment="its worker re-joined")
             host.update(available=True, max_slots=max_slots, attrs=attrs, joined_at=now)
         self.touch(name, now)
         ch = Changes()
@@ -360,6 +371,8 @@ class ClusterState:
         ch = Changes()
         if h is not None and not h["available"]:
             h["available"] = True
+            self.events.record("host_state", now, host=host, state="back",
+                               comment="its worker's heartbeat came")
             self._host_changed(ch, _host_state(h))
         return ch
 
@@ -378,6 +391,8 @@ class ClusterState:
                 continue
             if host["available"]:
                 host["available"] = False
+                self.events.record("host_state", now, host=name, state="unavail",
+                                   comment=f"no heartbeat for {self.conf.host_timeout:g} s")
                 self._host_changed(ch, _host_state(host))
                 self._lose_jobs(ch, name, now)
         return ch
@@ -688,7 +703,7 @@ class ClusterState:
         ch.events.append(Event("job_removed", {"jobids": gone}))
         return ch
 
-    def reconfigure(self, conf: ClusterConf) -> Changes:
+    def reconfigure(self, conf: ClusterConf, now: float = 0.0, by: str = "") -> Changes:
         """Take a new configuration (``xce admin reconfig``, SIGHUP) at once.
 
         A queue new to the configuration is created, a configured one takes its new priority
@@ -697,6 +712,7 @@ class ClusterState:
         host timeout and groups are not records: they apply to what comes next. The result
         lists the queues added and changed.
         """
+        before = {q["name"] for q in self.conf.queues}
         self.conf = conf
         added: list[str] = []
         changed: list[str] = []
@@ -715,21 +731,34 @@ class ClusterState:
                 continue
             ch.rows.append(("queues", name, q))
             ch.events.append(Event("queue", q))
+        for name in added:
+            self.events.record("queue_state", now, queue=name, state="created", by=by)
+        removed = sorted(before - {q["name"] for q in conf.queues})
+        for name in removed:  # its record stays (its jobs keep their home), as at a restart
+            self.events.record("queue_state", now, queue=name, state="removed", by=by)
+        self.events.record("reconfig", now, by=by, queues_added=added, queues_changed=changed,
+                           queues_removed=removed)
         ch.result = {"queues_added": added, "queues_changed": changed}
         return ch
 
-    def queue_control(self, name: str, action: str) -> Changes:
+    def queue_control(self, name: str, action: str, now: float = 0.0, by: str = "") -> Changes:
         q = self.queue(name)
         key, value = {"open": ("open", True), "close": ("open", False),
                       "activate": ("active", True), "inactivate": ("active", False)}[action]
         q[key] = value
         _queue_status(q)
+        state = {"open": "opened", "close": "closed", "activate": "active",
+                 "inactivate": "inactive"}[action]
+        self.events.record("queue_state", now, queue=name, state=state, by=by)
         return Changes(result=q, rows=[("queues", name, q)], events=[Event("queue", q)])
 
-    def host_control(self, name: str, action: str, comment: str) -> Changes:
+    def host_control(self, name: str, action: str, comment: str, now: float = 0.0,
+                     by: str = "") -> Changes:
         host = self.host(name)
         host["closed"] = action == "close"
         host["comment"] = comment
+        self.events.record("host_state", now, host=name,
+                           state="closed" if host["closed"] else "opened", by=by, comment=comment)
         ch = Changes(result=host)
         self._host_changed(ch, _host_state(host))
         return ch
@@ -771,6 +800,8 @@ class ClusterState:
                 hosts_touched.add(key)
             elif table == "queues":
                 self._restore_queue(key, image)
+            elif table == "events" and image is None:  # an event that was never stored
+                self.events.forget([int(key)])
         self._recount(hosts_touched)
 
     def _recount(self, names: Iterable[str]) -> None:

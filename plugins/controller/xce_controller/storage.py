@@ -235,7 +235,8 @@ class StorageGuard:
         caller.worker_host = None
         ctl.fanout.remove(caller.cid)
         if not ctl.still_joined(caller):
-            ctl.apply_internal(ctl.state.remove_member(caller.identity), "join rolled back")
+            ctl.apply_internal(ctl.state.remove_member(caller.identity, time.time()),
+                              "join rolled back")
 
     def _start(self) -> None:
         if self.paused is None:

@@ -49,7 +49,7 @@ from xce_controller.storeread import Delta, Head, Images
 if TYPE_CHECKING:
     import sqlite3
 
-TABLES = ("jobs", "hosts", "queues", "meta")
+TABLES = ("jobs", "hosts", "queues", "meta", "events")  # events: xce_controller.events
 KINDS = ("jobs", "hosts", "queues")  # tables of records with revs
 DB_NAME = "state.db"
 
@@ -205,6 +205,11 @@ class SQLiteStore:
         """Call ``add(rid, ts)`` for every idempotency key stored at or after ``since``."""
         with self._loading() as db:
             return storeread.read_idem(db, since, add)
+
+    def load_events(self, limit: int) -> list[bytes]:
+        """The newest ``limit`` cluster events (their JSON), oldest first; any thread."""
+        with self._loading() as db:
+            return storeread.read_events(db, limit)
 
     def snapshot(self, ring_capacity: int, clean_width: float, idem_since: float,
                  add_idem: Callable[[str, float], None]) -> tuple[Head, JobTable] | None:

@@ -58,6 +58,9 @@ _DDL = (
     "rev INTEGER NOT NULL DEFAULT 0)",
     "CREATE INDEX IF NOT EXISTS idem_ts ON idem (ts)",
     "CREATE INDEX IF NOT EXISTS idem_rev ON idem (rev)",
+    # Cluster events (xce_controller.events), keyed by their zero-padded seq; added to schema
+    # 2 in place (a table of its own: an older controller never reads it).
+    "CREATE TABLE IF NOT EXISTS events (key TEXT PRIMARY KEY, rev INTEGER NOT NULL, data BLOB NOT NULL)",
 )
 UPSERT = {
     "jobs": "INSERT INTO jobs (key, rev, spec, data) VALUES (?, ?, ?, ?) ON CONFLICT (key) "
@@ -65,6 +68,7 @@ UPSERT = {
     "hosts": "INSERT OR REPLACE INTO hosts (key, rev, data) VALUES (?, ?, ?)",
     "queues": "INSERT OR REPLACE INTO queues (key, rev, data) VALUES (?, ?, ?)",
     "meta": "INSERT OR REPLACE INTO meta (key, data) VALUES (?, ?)",
+    "events": "INSERT OR REPLACE INTO events (key, rev, data) VALUES (?, ?, ?)",
 }
 
 
@@ -200,6 +204,12 @@ def read_idem(db: sqlite3.Connection, since: float, add: Callable[[str, float], 
     return n
 
 
+def read_events(db: sqlite3.Connection, limit: int) -> list[bytes]:
+    """The newest ``limit`` cluster events' JSON, oldest first (through the key's index)."""
+    rows = db.execute("SELECT data FROM events ORDER BY key DESC LIMIT ?", (limit,)).fetchall()
+    return [bytes(r[0]) for r in reversed(rows)]
+
+
 def read_changes_window(db: sqlite3.Connection, capacity: int, floor: int) -> tuple[list[Change], int]:
     """The last ``capacity`` changes in the store (through the rev indexes), oldest first,
     and the floor below which changes may be missing."""
@@ -299,7 +309,7 @@ def read_images(db: sqlite3.Connection, keys: Iterable[tuple[str, Any]]) -> Imag
         if table == "jobs":
             row = db.execute("SELECT data, spec FROM jobs WHERE key = ?", (key,)).fetchone()
             out[(table, key)] = None if row is None else (bytes(row[0]), bytes(row[1]))
-        elif table in ("hosts", "queues", "meta"):
+        elif table in ("hosts", "queues", "meta", "events"):
             row = db.execute(f"SELECT data FROM {table} WHERE key = ?", (key,)).fetchone()
             out[(table, key)] = None if row is None else (bytes(row[0]), None)
         else:

@@ -248,6 +248,14 @@ class EtcdStore:
         self._prune(old)
         return n
 
+    def load_events(self, limit: int) -> list[bytes]:
+        """The newest ``limit`` cluster events (``P/s/events/<seq>``), oldest first: one
+        range read, newest first, of at most ``limit`` keys."""
+        start = self.state_prefix + b"events/"
+        kvs, _ = self._retried(lambda: self.client.range(start, prefix_end(start), limit=limit,
+                                                         last_first=True))
+        return [record_of(kv.value) for kv in reversed(kvs)]
+
     def snapshot(self, ring_capacity: int, clean_width: float, idem_since: float,
                  add_idem: Callable[[str, float], None]) -> tuple[Head, JobTable] | None:
         """A standby's load: head, jobs and idempotency keys at one etcd revision (no
