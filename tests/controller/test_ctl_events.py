@@ -170,7 +170,7 @@ async def test_retention_expires_from_the_head_and_from_the_store(tmp_path):
         await c.aclose()
     with sqlite3.connect(state / "state.db") as db:  # the expired ones left the store too
         stored = [int(k) for (k,) in db.execute("SELECT key FROM events")]
-    assert stored and first["seq"] not in stored
+    assert first["seq"] not in stored  # (the later ones may have expired as well)
     async with running(state, events_max=3) as ctl:  # the cap
         c = await RawClient.connect(ctl.address)
         for i in range(6):
