@@ -39,10 +39,11 @@ from xce_apiserver.envelope import (
     remote_to_api,
 )
 from xce_apiserver.envelope import dumps as _dumps
+from xce_apiserver.events import events_router
 from xce_apiserver.frontdoor import AccessLog, client_of, denied
 from xce_apiserver.health import BackendHealth
 from xce_apiserver.history import history_router
-from xce_apiserver.hosts import evaluator_host, lsf_host
+from xce_apiserver.hosts import client_job, evaluator_host, lsf_host
 from xce_apiserver.idempotency import HEADER as IDEMPOTENCY_HEADER
 from xce_apiserver.idempotency import Idempotent, Memory, parse_key
 from xce_apiserver.store import Store
@@ -200,6 +201,7 @@ def raw_page(data_json: bytes, count: int, after: int | None) -> Response:
 
 
 def _jobs_json(jobs: list[dict[str, Any]], keep: list[str] | None) -> bytes:
+    jobs = [client_job(j) for j in jobs]
     if keep is not None:
         jobs = [{k: j.get(k) for k in keep} for j in jobs]
     return _dumps(jobs)
@@ -402,6 +404,8 @@ def create_app(
 
     app.include_router(history_router(PREFIX, session, forward,  # GET /history/... (accounting)
                                       _responses(*READ, 403, 404, 503, 504)))
+    app.include_router(events_router(PREFIX, session, forward,  # GET /events (the controller)
+                                     _responses(*READ, 503, 504)))
     app.include_router(ui_router(PREFIX, store, auth, session, forward,  # the dashboard's stream
                                  _responses(*READ, 503, 504), **(stream_timing or {})))
     mount_ui(app, PREFIX)
@@ -433,7 +437,10 @@ def create_app(
                 denied(request, 401, body.username, "logon failed: unknown user or wrong password")
                 raise ApiError(401, "logon failed: unknown user or wrong password")
             throttle.succeeded(keys[0])
-            return ok(token_body(auth.issue(user)))
+            # What existing XCE clients read besides the token: the API's base path and the
+            # address of this API server as the client reached it.
+            server = request.scope.get("server") or ("", 0)
+            return ok({**token_body(auth.issue(user)), "path": PREFIX, "ip": str(server[0] or "")})
         return await once(idem, f"logon:{body.username}", handle)
 
     @app.post(f"{PREFIX}/auth/refresh", response_model=m.Envelope[m.Token], tags=["auth"],
@@ -494,7 +501,7 @@ def create_app(
         missing = [i for i in ids if store.get_job(i) is None]
         if missing:
             raise ApiError(404, f"no such job: {', '.join(map(str, missing[:20]))}", {"missing": missing})
-        return ok([store.get_job(i) for i in ids])
+        return ok([client_job(store.get_job(i) or {}) for i in ids])
 
     async def submit(s: User, body: m.SubmitBody, idem: Once) -> Response:
         async def handle() -> Response:

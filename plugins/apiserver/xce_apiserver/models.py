@@ -74,6 +74,9 @@ class Token(BaseModel):
     expires_in: float
     username: str
     role: str
+    path: str | None = Field(None, description="the API's base path (/xce/v1); logon only")
+    ip: str | None = Field(None, description="the address of the API server the client "
+                                             "reached; logon only")
 
 
 class SubmitBody(_Body):
@@ -204,6 +207,12 @@ class Job(BaseModel):
                                          "indexes, elements per state) or an element's "
                                          "{of, index}; null for a plain job")
     waiting: str | None = Field(None, description="why a job with a dependency may not run yet")
+    # What existing XCE REST clients read (xce_apiserver.hosts.JOB_CLIENT), beside the above.
+    status: str = Field(description="the state again (PEND, RUN, DONE, ...)")
+    jobname: str = ""
+    projectname: str = "default"
+    submittime: int = Field(description="submit_time in whole seconds")
+    jobdescription: str = ""
 
 
 JobOrFields = Job | dict[str, Any]
@@ -211,17 +220,35 @@ JobOrFields = Job | dict[str, Any]
 
 
 class Host(BaseModel):
-    """A host in LSF's field names, with its free ``slots``."""
+    """A host: every field of LSF's ``struct hostInfo`` (lsf.h; never null), then ``bhosts``
+    and ``lsload`` (status, slots, load indices)."""
 
     hostName: str
-    hostType: str | None = None
-    hostModel: str | None = None
-    cpuFactor: float | None = None
-    maxCpus: int | None = None
-    maxMem: float | None = None
-    maxSwap: float | None = None
-    maxTmp: float | None = None
-    resources: list[str] = []
+    hostType: str
+    hostModel: str
+    cpuFactor: float
+    maxCpus: int
+    maxMem: int = Field(description="MB")
+    maxSwap: int = Field(description="MB")
+    maxTmp: int = Field(description="MB")
+    nDisks: int
+    nRes: int
+    resources: list[str]
+    nDRes: int
+    DResources: list[str]
+    windows: str = Field(description="dispatch windows; empty: always open")
+    numIndx: int
+    busyThreshold: list[float] = Field(description="per load index; 1e30: none")
+    isServer: int
+    licensed: int
+    rexPriority: int
+    licFeaturesNeeded: int
+    licClass: int
+    cores: int = Field(description="cores per physical processor")
+    hostAddr: str
+    pprocs: int = Field(description="physical processors")
+    cores_per_proc: int
+    threads_per_core: int
     status: str = Field(description="ok, closed_Adm, closed_Full or unavail")
     available: bool
     closed: bool
