@@ -9,10 +9,21 @@ config file, one socket and the table.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
-from xcecore.cli.session import CommandError, JsonList, Session, StreamTable, echo, emit_json, table, when
+from xcecore.cli.session import (
+    CommandError,
+    JsonList,
+    Session,
+    StreamTable,
+    echo,
+    emit_json,
+    parse_time,
+    table,
+    when,
+)
 from xcecore.cli.spec import Parsed, arg, command
 from xcecore.protocol import JOB_STATES, UNFINISHED
 
@@ -359,6 +370,76 @@ def status(s: Session, ns: Parsed) -> None:
           [[m["identity"], m["role"], when(m.get("joined_at")), when(m.get("last_seen")),
             m.get("pushes"), " ".join(f"{k}={v}" for k, v in sorted((m.get("attrs") or {}).items()))]
            for m in members], title="members")
+
+
+EVENTS_PAGE = 1000  # the controller's hard cap of one events page
+FOLLOW_EVERY = 1.0  # seconds between two looks of --follow
+
+
+def _event_line(ev: dict[str, Any]) -> str:
+    return f"{when(ev.get('time'))}  {ev.get('seq'):>8}  {ev.get('kind', ''):<12}  {ev.get('text', '')}"
+
+
+@command(
+    "events", "Show the cluster's events (promotions, members, hosts, queues, admin actions), "
+              "oldest first.",
+    arg("-n", dest="count", type=int, default=20, help="the newest N events (default 20; "
+        f"1 to {EVENTS_PAGE})"),
+    arg("--kind", help="only this kind: promotion, member_join, member_leave, host_state, "
+        "queue_state, reconfig, shutdown"),
+    arg("--since", metavar="TIME", help="events at or after TIME (12h, 30m, 7d ago; an ISO date "
+        "or time; epoch seconds): every one of them, not only the newest N"),
+    arg("--follow", "-f", action="store_true", help="then wait for new events and print them "
+        "as they come (Ctrl-C ends)"),
+    JSON,
+)
+def events(s: Session, ns: Parsed) -> None:
+    if not 1 <= ns.count <= EVENTS_PAGE:
+        raise CommandError(f"-n {ns.count}: give 1 to {EVENTS_PAGE}")
+    args: dict[str, Any] = {"limit": ns.count, "last": True}
+    if ns.kind:
+        args["kind"] = ns.kind
+    if ns.since:
+        args.update(since_time=parse_time(ns.since), limit=EVENTS_PAGE, last=False)
+    shown: list[dict[str, Any]] = []
+    page = s.call("events", args)
+    while True:  # --since: every page after the first, while a full page is waiting
+        shown.extend(page["events"])
+        if not (ns.since and page["more"]):
+            break
+        page = s.call("events", {**args, "since_seq": page["next"]})
+    if ns.as_json and not ns.follow:
+        emit_json(shown)
+        return
+    for ev in shown:
+        echo(emit_line(ev, ns.as_json))
+    if not ns.follow:
+        if not shown and not ns.as_json:
+            echo("no events")
+        return
+    import time
+
+    cursor = page["next"]
+    follow = {k: v for k, v in args.items() if k in ("kind",)}
+    try:
+        while True:
+            time.sleep(FOLLOW_EVERY)
+            page = s.call("events", {**follow, "since_seq": cursor, "limit": EVENTS_PAGE})
+            for ev in page["events"]:
+                echo(emit_line(ev, ns.as_json))
+            sys.stdout.flush()
+            cursor = page["next"]
+    except KeyboardInterrupt:
+        return
+
+
+def emit_line(ev: dict[str, Any], as_json: bool) -> str:
+    """One event as one line: aligned text, or (``--json`` with ``--follow``) one JSON object."""
+    if as_json:
+        import json
+
+        return json.dumps(ev, sort_keys=True, ensure_ascii=False)
+    return _event_line(ev)
 
 
 @command(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -218,6 +219,33 @@ class JsonList:
         """End the array; the number of items written."""
         sys.stdout.write("\n]\n" if self.items else "[]\n")
         return self.items
+
+
+_SPAN = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """``30d``, ``12h``, ``90m`` (that long ago), an ISO date or time (local unless it says),
+    or seconds since 1970."""
+    from datetime import UTC, datetime  # only the commands that read times pay for it
+
+    now = time.time() if now is None else now
+    found = _SPAN.match(text.strip())
+    if found:
+        return now - float(found.group(1)) * _UNIT[found.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        stamp = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise CommandError(f"time {text!r}: give a span ago (30d, 12h, 90m, 45s, 2w), an ISO "
+                           "date or time (2026-11-30, 2026-11-30T08:00), or epoch seconds") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.astimezone()  # local time, as bacct -C reads it
+    return stamp.astimezone(UTC).timestamp()
 
 
 def when(epoch: float | None) -> str:

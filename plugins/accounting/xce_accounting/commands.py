@@ -9,42 +9,18 @@ client, not the plugins, so it answers like ``xce jobs``.
 
 from __future__ import annotations
 
-import re
-import time
-from datetime import UTC, datetime
 from typing import Any
 
-from xcecore.cli.session import CommandError, Session, echo, emit_json, table, when
+from xcecore.cli.session import CommandError, Session, echo, emit_json, parse_time, table, when
 from xcecore.cli.spec import Parsed, arg, command
+
+__all__ = ["parse_time"]  # (moved to xcecore.cli.session: xce events reads times too)
 
 COLUMNS = ("jobid", "attempt", "user", "queue", "project", "state", "hosts", "slots",
            "submit_time", "start_time", "end_time", "wait_time", "wall_time", "cpu_time",
            "max_mem", "exit_status", "reason", "name")
 DEFAULT_COLUMNS = "jobid,attempt,user,queue,state,hosts,end_time,wall_time,cpu_time,reason"
-_SPAN = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 PAGE = 1000
-
-
-def parse_time(text: str, now: float | None = None) -> float:
-    """``30d``, ``12h``, ``90m`` (that long ago), an ISO date or time (local unless it says),
-    or seconds since 1970."""
-    now = time.time() if now is None else now
-    found = _SPAN.match(text.strip())
-    if found:
-        return now - float(found.group(1)) * _UNIT[found.group(2)]
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        stamp = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise CommandError(f"time {text!r}: give a span ago (30d, 12h, 90m, 45s, 2w), an ISO "
-                           "date or time (2026-11-30, 2026-11-30T08:00), or epoch seconds") from None
-    if stamp.tzinfo is None:
-        stamp = stamp.astimezone()  # local time, as bacct -C reads it
-    return stamp.astimezone(UTC).timestamp()
 
 
 def _fmt(col: str, value: Any) -> Any:
