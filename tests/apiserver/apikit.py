@@ -166,6 +166,14 @@ class FakeClient:
                 "store": "test-store", "rev": 1, "loading": False, "promotion": {},
                 "backend": {"backend": "file"}}
 
+    def op_events(self, args: dict[str, Any]) -> Any:  # the controller's own event log, pure
+        from xce_controller.events import PAGE_DEFAULT, EventLog
+
+        log = EventLog()
+        log.record("queue_state", 1.0, queue="normal", state="closed", by="root")
+        return log.page(args.get("since_seq", 0), args.get("kind"), args.get("since_time"),
+                        args.get("limit", PAGE_DEFAULT), bool(args.get("last", False)))
+
     def op_jobdispatch(self, args: dict[str, Any]) -> Any:
         if self.store.get_job(args["jobid"]) is None:
             raise RemoteError("NOT_FOUND", f"no such job {args['jobid']}")

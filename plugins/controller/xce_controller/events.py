@@ -190,11 +190,11 @@ class EventLog:
         first. ``next``: the cursor for the following page (the last seq returned, or the
         newest seq when nothing more matches now); ``more``: whether more match already."""
         if since_seq > self.seq:
-            raise RemoteError(ErrorCode.INVALID, f"events: cursor since_seq={since_seq} is beyond "
-                              f"the newest event ({self.seq}); use the 'next' of a page",
+            raise RemoteError(ErrorCode.INVALID, f"events: argument 'since_seq': cursor {since_seq} "
+                              f"is beyond the newest event ({self.seq}); use the 'next' of a page",
                               {"arg": "since_seq"})
         if kind is not None and kind not in self._kinds:
-            raise RemoteError(ErrorCode.INVALID, f"events: unknown kind {kind!r}; kinds: "
+            raise RemoteError(ErrorCode.INVALID, f"events: argument 'kind': unknown kind {kind!r}; kinds: "
                               f"{', '.join(KINDS)}", {"arg": "kind"})
         run = self._all if kind is None else self._kinds[kind]
         lo = run.index_after(since_seq)
