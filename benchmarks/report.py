@@ -99,7 +99,7 @@ MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "res
         "failover-key-sameload", "tls", "failover-tls", "failover-sameload-tls",
         "failover-stop-baseline", "failover-stop-liveness3-baseline", "arrays",
         "failover-etcd", "failover-stop-etcd", "etcd", "chaos-etcd",
-        "failover-stop-liveness1-etcd", "stream")
+        "failover-stop-liveness1-etcd", "stream", "events")
 SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
@@ -741,6 +741,23 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
     return lines
 
 
+def events_section(d: dict[str, Any] | None) -> list[str]:
+    """Cluster events at a large history (``bench_events.py``, issue #25)."""
+    lines = ["## 17. Cluster events at a large history (`bench_events.py`, issue #25)", ""]
+    if d is None:
+        return [*lines, "Not run yet (`python benchmarks/bench_events.py`).", ""]
+    lines += [f"{d.get('events', 0):,} events stored, loaded by a real controller at promotion (on a "
+              f"thread: {fmt(d.get('load_ms'), 0)} ms), then queried over loopback. {provenance(d)}. "
+              "The op's cost is the page's (bisection into the log), not the history's.", "",
+              "| figure | p50 | p90 | max |", "|---|---|---|---|"]
+    for group, unit in (("wall_ms", "ms, a fresh process"), ("op_ms", "ms, round trip"),
+                        ("page_us", "µs, controller's EventLog.page")):
+        for name, st in (d.get(group) or {}).items():
+            lines.append(f"| `{name}` ({unit}) | {fmt(st.get('p50'), 1)} | {fmt(st.get('p90'), 1)} | "
+                         f"{fmt(st.get('max'), 1)} |")
+    return [*lines, ""]
+
+
 def others_section() -> list[str]:
     """Headline figures of the other benchmarks, with links to their reports."""
     lines = ["## 8. Other benchmarks' figures (gathered from `results/*.json`)", "",
@@ -989,6 +1006,7 @@ def main() -> int:
     lines += etcd_section(mine["failover-etcd"], mine["failover-stop-etcd"], mine["etcd"], mine["chaos-etcd"],
                           mine["failover-stop-liveness1-etcd"])
     lines += stream_section(mine["stream"])
+    lines += events_section(mine["events"])
     OUT.write_text("\n".join(lines))
     print(f"[report] wrote {OUT.relative_to(ROOT)}", flush=True)
     return 0

@@ -100,6 +100,15 @@ def _time(ev: Event) -> float:
     return float(ev["time"])
 
 
+@dataclass(frozen=True, slots=True)
+class Older:
+    """Stored events indexed off the loop (:meth:`EventLog.build_older`)."""
+
+    all: _Run
+    kinds: dict[str, _Run]
+    upto: int
+
+
 @dataclass
 class EventLog:
     """The primary's events in memory, oldest first (module docstring)."""
@@ -145,18 +154,35 @@ class EventLog:
             self.seq = max(self.seq, int(last["seq"]))
             self.last_time = max(self.last_time, float(last["time"]))
 
-    def take_older(self, older: Iterable[Event]) -> None:
-        """Put stored events (oldest first) before the ones recorded since promotion; those
-        at or above the oldest held seq are skipped. Then the log is whole (``loaded``)."""
+    def base(self) -> int:
+        """The seq this log continued after (events at or below it are stored ones)."""
         head = self._all.head()
-        top = int(head["seq"]) if head is not None else self.seq + 1
-        keep = [ev for ev in older if isinstance(ev.get("kind"), str) and ev["kind"] in self._kinds
-                and int(ev["seq"]) < top]
+        return int(head["seq"]) - 1 if head is not None else self.seq
+
+    @staticmethod
+    def build_older(older: Iterable[Event], upto: int) -> Older:
+        """Stored events (oldest first) at or below seq ``upto``, indexed: the long part of
+        :meth:`take_older`, for a thread (the log is not touched)."""
+        runs: dict[str, _Run] = {k: _Run() for k in KINDS}
+        everything = _Run()
+        for ev in older:
+            kind = ev.get("kind")
+            if isinstance(kind, str) and kind in runs and int(ev["seq"]) <= upto:
+                everything.items.append(ev)
+                runs[kind].items.append(ev)
+        return Older(everything, runs, upto)
+
+    def take_older(self, older: Older | Iterable[Event]) -> None:
+        """Put stored events before the ones recorded since promotion (O(those), on the
+        loop, when ``older`` was built by :meth:`build_older` on a thread). Then the log is
+        whole (``loaded``)."""
+        if not isinstance(older, Older):
+            older = self.build_older(older, self.base())
         mine = self._all.items[self._all.start:]
-        self._all = _Run()
-        self._kinds = {k: _Run() for k in KINDS}
-        for ev in (*keep, *mine):
-            self._append(ev)
+        self._all, self._kinds = older.all, older.kinds
+        for ev in mine:
+            if int(ev["seq"]) > older.upto:
+                self._append(ev)
         self.loaded = True
 
     def expire(self, now: float, most: int = 5000) -> list[int]:

@@ -502,9 +502,14 @@ class Controller:
             log.loaded = True
             return
         t0 = time.perf_counter()
+        upto = log.base()
+
+        def read() -> Any:
+            loads = orjson.loads
+            return EventLog.build_older((loads(b) for b in load(self.settings.events_max)), upto)
+
         try:
-            blobs = await anyio.to_thread.run_sync(load, self.settings.events_max)
-            older = [orjson.loads(b) for b in blobs]
+            older = await anyio.to_thread.run_sync(read)
         except Exception:
             logger.opt(exception=True).error(
                 "controller {}: cannot read the stored cluster events; the events op answers "
@@ -513,7 +518,7 @@ class Controller:
             return
         log.take_older(older)
         logger.info("controller {}: loaded {} cluster events in {:.0f} ms (newest seq {})",
-                    self.address, len(older), (time.perf_counter() - t0) * 1000, log.seq)
+                    self.address, len(older.all), (time.perf_counter() - t0) * 1000, log.seq)
 
     def _save_events(self) -> None:
         """Hand the events recorded since the last call to the store, as one write of
@@ -534,7 +539,7 @@ class Controller:
     def _expire_events(self) -> None:
         """Events past ``events_retention`` or over ``events_max`` leave (the oldest first;
         a bounded batch a pass) -- only while the store takes their deletion too."""
-        if self.store is None or not self.storage.writable():
+        if self.store is None or not self.storage.writable() or not self.state.events.loaded:
             return
         gone = self.state.events.expire(time.time())
         if gone:
