@@ -69,3 +69,35 @@ def test_a_standby_that_followed_promotes_hot(etcd_one: EtcdCluster, xce_cluster
     jobs = {j["jobid"]: j for j in all_jobs(c)}
     assert set(ids) <= set(jobs) and jobs[ids[1]]["state"] != "PEND"
     assert c.call("jobsubmit", {"command": "true"}, deadline=30)["jobid"] > max(ids)
+
+
+def test_events_survive_a_failover_on_etcd(etcd_one: EtcdCluster, xce_cluster, xce_client) -> None:
+    """Cluster events are rows of the etcd store (``P/s/events/<seq>``): the candidate that
+    wins after the primary's SIGKILL reads them back and continues their seqs."""
+    cluster: LocalCluster = xce_cluster(2, extra_config=config(etcd_one, "/ev"))
+    c = xce_client(cluster, "cli", join=False)
+    for action in ("close", "open"):
+        c.call("queuectrl", {"queue": "normal", "action": action}, deadline=30)
+
+    def page() -> list[dict]:
+        return list(c.call("events", {"limit": 1000}, deadline=30)["events"])
+
+    wait_for(lambda: [e.get("state") for e in page() if e["kind"] == "queue_state"] == ["closed", "opened"],
+             30, what="the queue events")
+    before = page()
+    old, new = cluster.kill_primary(30)
+    assert new != old
+
+    def promoted() -> list[dict]:
+        try:
+            evs = page()
+        except Exception:  # UNAVAILABLE while the new primary reads its stored events
+            return []
+        return evs if any(e["kind"] == "promotion" and e["primary"] == cluster.address(new) for e in evs) else []
+
+    after = wait_for(promoted, 30, what="the new primary's promotion event")
+    kept = {e["seq"]: e for e in after}
+    assert all(kept.get(e["seq"]) == e for e in before)
+    promo = next(e for e in after if e["kind"] == "promotion" and e["primary"] == cluster.address(new))
+    assert promo["seq"] > max(kept_seq for kept_seq in (e["seq"] for e in before))
+    assert promo["old_primary"] == cluster.address(old)

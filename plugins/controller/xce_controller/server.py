@@ -377,6 +377,9 @@ class Controller:
         assert self.election is not None and self._tg is not None
         t0 = time.perf_counter()
         self.role = "promoting"
+        before = self.election.current_primary()  # still the old one's (file), or None
+        if before and before != self.address:
+            self.old_primary = before
         self.election.publish()
         store = self._store
         follower, self.follower = self.follower, None
