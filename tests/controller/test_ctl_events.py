@@ -105,7 +105,7 @@ async def test_paging_every_event_exactly_once_while_new_ones_arrive(tmp_path):
         got: list[int] = []
         cursor = 0
         made = 0
-        for round_ in range(30):
+        for _round in range(30):
             for _ in range(7):  # new events between every page
                 action = "close" if made % 2 == 0 else "open"
                 await c.ok("queuectrl", {"queue": "normal", "action": action, "user": "root"})

@@ -143,6 +143,12 @@ class EventLog:
         self._all.items.append(ev)
         self._kinds[ev["kind"]].items.append(ev)
 
+    @property
+    def pending(self) -> bool:
+        """Whether events were recorded since the last :meth:`take_unsaved` (asked after
+        every change: no allocation)."""
+        return bool(self._unsaved)
+
     def take_unsaved(self) -> list[Event]:
         """The events recorded since the last call (for the store)."""
         out, self._unsaved = self._unsaved, []

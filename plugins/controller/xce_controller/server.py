@@ -527,8 +527,11 @@ class Controller:
         """Hand the events recorded since the last call to the store, as one write of
         their own (no rev: they are no records; it goes in the same commit group as the
         change that made them). While the store fails they stay in memory only."""
-        fresh = self.state.events.take_unsaved()
-        if not fresh or self.store is None or self.role not in ("primary", "promoting"):
+        log = self.state.events
+        if not log.pending:
+            return
+        fresh = log.take_unsaved()
+        if self.store is None or self.role not in ("primary", "promoting"):
             return
         if not self.storage.writable():
             logger.debug("controller {}: {} cluster event(s) not stored (the store fails)",
