@@ -38,6 +38,9 @@ Controller (branch ``scale-ctl``):
   ``status`` ``promotion``: hot, the changes caught up).
 - ``ctl_restart``: a lone controller with N jobs, SIGKILLed and started again: start -> the
   first acknowledged write (<= 3 s at 1,000,000), and start -> every job loaded.
+- ``ctl_load_stall``: a lone controller with N jobs started again while another process
+  calls ``status`` back to back: the longest gap between answers during the cold load (the
+  loop must keep answering: heartbeats, lease renewal, queries), the first write, the load.
 - ``ctl_memory``: the primary's RSS per job in state (<= 1.5 KB), after N pipelined
   submissions and after a restart that loaded them; its growth per write over 20,000 more
   writes (the idempotency memory, <= 100 B a remembered write).
@@ -750,6 +753,68 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
             out[str(size)] = {"first_write_ms": stats(firsts), "all_loaded_ms_upper_bound": stats(loads),
                               "target_ms": 3000.0,
                               "huge_pages": os.environ.get("XCE_CONTROLLER_HUGEPAGES") == "1"}
+        finally:
+            bench.close()
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def _pings_through_load(bench: BenchCluster, cfg: Any, started: float) -> dict[str, Any]:
+    """``status`` round trips back to back from the lone candidate's start until it has
+    loaded every job, one write after the first answer; the gaps between answers."""
+    from xcecore.client import SyncClient
+
+    gaps: list[float] = []
+    first_write = None
+    with SyncClient.open(cfg, role="cli") as cli:
+        last = time.monotonic()
+        while True:
+            st = cli.call("status")
+            now = time.monotonic()
+            gaps.append((now - last) * 1000)
+            if first_write is None:
+                cli.call("jobsubmit", {"command": "true", "queue": PARKED_QUEUE, "name": "w"})
+                first_write = (time.time() - started) * 1000
+                now = time.monotonic()
+            last = now
+            if not st.get("loading"):
+                break
+    return {"gaps": gaps[1:], "first_write_ms": first_write,
+            "loaded_ms": (time.time() - started) * 1000}
+
+
+@measurement
+def ctl_load_stall(args: argparse.Namespace) -> dict[str, Any]:
+    """A lone candidate's cold load of N jobs: the longest time its loop did not answer
+    (``status`` back to back from another process, all through the load)."""
+    out: dict[str, Any] = {}
+    for size in args.sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"xce-scale-stall-{size}-"))
+        bench = loaded_cluster(size, root, api=False, candidates=1)
+        longest: list[float] = []
+        p99: list[float] = []
+        firsts: list[float] = []
+        loads: list[float] = []
+        pings = 0
+        try:
+            cfg = bench.client_config("cli@bench-stall")
+            for _ in range(args.trials):
+                proc = _proc_of(bench, 0)
+                proc.kill()
+                started = time.time()
+                bench.cluster.start_candidate(0)
+                got = _pings_through_load(bench, cfg, started)
+                gaps = sorted(got["gaps"]) or [0.0]
+                longest.append(gaps[-1])
+                p99.append(stats(gaps)["p99"])
+                firsts.append(got["first_write_ms"])
+                loads.append(got["loaded_ms"])
+                pings += len(gaps)
+                log(PART, f"load stall, {size:,} jobs: longest {gaps[-1]:.0f} ms over {len(gaps)} "
+                          f"answers, first write {firsts[-1]:.0f} ms, loaded by {loads[-1]:.0f} ms")
+            out[str(size)] = {"longest_gap_ms": stats(longest), "gap_p99_ms": stats(p99),
+                              "first_write_ms": stats(firsts), "loaded_ms": stats(loads),
+                              "answers": pings, "aim_ms": 1500.0}
         finally:
             bench.close()
             shutil.rmtree(root, ignore_errors=True)

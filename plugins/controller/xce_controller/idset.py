@@ -38,9 +38,12 @@ class IdSet:
     @classmethod
     def of_ascending(cls, ordered: list[int]) -> IdSet:
         """An IdSet of ``ordered``, which the caller guarantees strictly ascending (a load
-        builds its indexes from ids in key order: no check, one array copy)."""
+        builds its indexes from ids in key order: no check). Block by block: one array of a
+        million ids is one call that holds the GIL (a loop stall while a thread loads)."""
         s = cls.__new__(cls)
-        s._fill(array("q", ordered))
+        s._blocks = [array("q", ordered[i:i + BLOCK]) for i in range(0, len(ordered), BLOCK)]
+        s._maxes = [b[-1] for b in s._blocks]
+        s._len = len(ordered)
         return s
 
     def _fill(self, a: array[int]) -> None:

@@ -14,7 +14,6 @@ controller's event loop.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import secrets
 import time
@@ -175,16 +174,10 @@ def read_head(db: sqlite3.Connection) -> Head:
 
 
 def read_jobs(db: sqlite3.Connection, upto: int, clean_width: float) -> JobTable:
-    """Every job with id <= ``upto``, indexed. The collector is off meanwhile (a million
-    new objects would otherwise cost three times as long in collections)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        cur = db.execute("SELECT spec, data FROM jobs WHERE key <= ? ORDER BY key", (upto,))
-        return JobTable.build(_jobs(cur), clean_width)
-    finally:
-        if enabled:
-            gc.enable()
+    """Every job with id <= ``upto``, indexed (:meth:`JobTable.load`: collector off, the
+    result frozen)."""
+    cur = db.execute("SELECT spec, data FROM jobs WHERE key <= ? ORDER BY key", (upto,))
+    return JobTable.load(_jobs(cur), clean_width)
 
 
 def _jobs(rows: Iterable[tuple[bytes, bytes]]) -> Iterator[Job]:
