@@ -23,7 +23,8 @@ Members (branch ``scale-members``):
   100,000 pending jobs (flat).
 - ``scheduler_dispatch``: 10,000 pending jobs (their queue activated at once) onto 1,000
   simulated hosts, a real scheduler and controller: activation -> the last job RUN (target
-  <= 2 s), and the picker's CPU per full cycle (its status file).
+  <= 2 s), and the picker's CPU per full cycle (its status file); ``--in-state N``: with N
+  parked jobs in state besides (the 10,000 wait in queue ``normal``, inactive meanwhile).
 - ``apiserver``: a real API server with N jobs: ``GET /jobs?limit=100`` latency (p50 <= 10 ms
   at 1,000,000); ``POST /jobs`` per second with 16 requests in flight (>= 2,000); ``POST /jobs``
   p50 alone and while another client pages through every job (<= 1.2x).
@@ -36,8 +37,9 @@ Controller (branch ``scale-ctl``):
   loaded the state and follows); SIGKILL of the primary -> the first acknowledged write issued
   after it (p50 <= 100 ms, p99 <= 300 ms at 1,000,000), and what the promotion touched (its
   ``status`` ``promotion``: hot, the changes caught up).
-- ``ctl_restart``: a lone controller with N jobs, SIGKILLed and started again: start -> the
-  first acknowledged write (<= 3 s at 1,000,000), and start -> every job loaded.
+- ``ctl_restart``: a lone controller with N jobs, SIGKILLed and, once it is gone (reaped),
+  started again: start -> the first acknowledged write (<= 3 s at 1,000,000), and start ->
+  every job loaded; and SIGKILL -> reaped (the kernel's teardown of its memory).
 - ``ctl_load_stall``: a lone controller with N jobs started again while another process
   calls ``status`` back to back: the longest gap between answers during the cold load (the
   loop must keep answering: heartbeats, lease renewal, queries), the first write, the load.
@@ -372,13 +374,21 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
     from xcecore.client import SyncClient
 
     njobs, nhosts = (2_000, 200) if args.quick else (10_000, 1_000)
+    in_state = args.in_state
+    # With jobs in state (a copy of the parked fill), the 10,000 wait in queue "normal",
+    # inactivated for the fill: activating it releases them at once, the parked stay.
+    queue = "normal" if in_state else PARKED_QUEUE
     runs = []
-    for trial in range(1 if args.quick else 3):
+    for trial in range(1 if args.quick else min(args.trials, 3)):
         root = Path(tempfile.mkdtemp(prefix="xce-scale-dispatch-"))
-        bench = BenchCluster(root, candidates=1, api=False, controller="")
         sims: list[subprocess.Popen[bytes]] = []
+        if in_state:
+            bench = loaded_cluster(in_state, root, api=False, candidates=1)
+        else:
+            bench = BenchCluster(root, candidates=1, api=False, controller="")
         try:
-            bench.start()
+            if not in_state:
+                bench.start()
             per = nhosts // 2
             for k in range(2):
                 sims.append(subprocess.Popen(
@@ -390,7 +400,10 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
                 line = p.stdout.readline().decode()
                 if not line.startswith("ready"):
                     raise RuntimeError(f"simulated workers did not start: {line!r}")
-            fill(bench, njobs, queue=PARKED_QUEUE)
+            if in_state:
+                with SyncClient.open(bench.client_config("apiserver@scale"), role="apiserver") as front:
+                    front.call("queuectrl", {"queue": queue, "action": "inactivate", "user": BENCH_USER})
+            fill(bench, njobs, queue=queue)
             bench.start_role("scheduler")
             bench.wait_logged("scheduler", "picker started", 120)
             bench.wait_logged("scheduler", "sync complete", 300)
@@ -401,7 +414,7 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
                 watch.join()
                 time.sleep(1.0)
                 t0 = time.time()
-                front.call("queuectrl", {"queue": PARKED_QUEUE, "action": "activate", "user": BENCH_USER})
+                front.call("queuectrl", {"queue": queue, "action": "activate", "user": BENCH_USER})
                 deadline = time.monotonic() + 300
                 while time.monotonic() < deadline:
                     running = sum(1 for s in watcher.seen.values() if "RUN" in s)
@@ -413,7 +426,7 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
             status = json.loads((root / "scheduler.status").read_text())
             cpu = _cpu_seconds(bench.roles["scheduler"].pid)
             full = max(1, status["cycles"] - status["idle_cycles"])
-            runs.append({"jobs": njobs, "hosts": nhosts, "running": running,
+            runs.append({"jobs": njobs, "hosts": nhosts, "in_state": in_state, "running": running,
                          "activate_to_last_run_s": round(last - t0, 3),
                          "cycles": status["cycles"], "idle_cycles": status["idle_cycles"],
                          "scheduler_cpu_s": cpu,
@@ -425,8 +438,9 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
                     p.kill()
                     p.wait(10)
             bench.close()
-    return {"runs": runs, "activate_to_last_run_s": stats([r["activate_to_last_run_s"] for r in runs]),
-            "target_s": 2.0}
+    out = {"runs": runs, "activate_to_last_run_s": stats([r["activate_to_last_run_s"] for r in runs]),
+           "target_s": 2.0}
+    return {f"in_state_{in_state}": out} if in_state else out
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -707,6 +721,10 @@ def ctl_failover(args: argparse.Namespace) -> dict[str, Any]:
         bench = loaded_cluster(size, root, api=False)
         try:
             cfg = bench.client_config("cli@bench-failover")
+            primary = bench.cluster.wait_primary(60.0)
+            _wait_standbys_loaded(bench, primary, {})
+            # The price of the heap's kind: every candidate's RSS with the state loaded.
+            rss = [_rss_mib(p.pid) for p in bench.cluster.candidates.values() if p.alive()]
             firsts, promotions = anyio.run(_kill_trials, bench, cfg, args.trials * 4, size)
             out[str(size)] = {
                 "first_write_ms": stats(firsts),
@@ -715,6 +733,7 @@ def ctl_failover(args: argparse.Namespace) -> dict[str, Any]:
                 "changes_caught_up_max": max(int(p.get("changes", 0)) for p in promotions),
                 "targets_ms": {"p50": 100.0, "p99": 300.0},
                 "huge_pages": os.environ.get("XCE_CONTROLLER_HUGEPAGES") == "1",
+                "rss_per_job_loaded_b": round(statistics.median(rss) * 1024 * 1024 / size),
             }
         finally:
             bench.close()
@@ -741,11 +760,18 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
         bench = loaded_cluster(size, root, api=False, candidates=1)
         firsts: list[float] = []
         loads: list[float] = []
+        teardowns: list[float] = []
         try:
             cfg = bench.client_config("cli@bench-restart")
             for _ in range(args.trials):
                 proc = _proc_of(bench, 0)
+                t_kill = time.time()
                 proc.kill()
+                # A restart (an operator's, systemd's) starts the new process once the old
+                # one is gone: the kernel's teardown of a killed process's memory (it holds
+                # the lock until then: ctl_failover's matter) is reported on its own.
+                proc.popen.wait(120)
+                teardowns.append((time.time() - t_kill) * 1000)
                 seen = proc.text().count("idempotency keys in")
                 started = time.time()
                 bench.cluster.start_candidate(0)
@@ -758,6 +784,7 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
                 log(PART, f"restart, {size:,} jobs: first write {firsts[-1]:.0f} ms, loaded by "
                           f"{loads[-1]:.0f} ms")
             out[str(size)] = {"first_write_ms": stats(firsts), "all_loaded_ms_upper_bound": stats(loads),
+                              "kill_to_reaped_ms": stats(teardowns),
                               "target_ms": 3000.0,
                               "huge_pages": os.environ.get("XCE_CONTROLLER_HUGEPAGES") == "1"}
         finally:
@@ -998,9 +1025,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help=f"some of: {', '.join(MEASUREMENTS)}")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="small sizes, few trials")
+    ap.add_argument("--in-state", type=int, default=0,
+                    help="scheduler_dispatch: with this many parked jobs in state (a copy of the fill)")
     ap.add_argument("--huge-pages", action="store_true",
                     help="controller candidates with XCE_CONTROLLER_HUGEPAGES=1 (docs/operator.md)")
     args = ap.parse_args(argv)
+    # Every process as on a site: with its bytecode cached (this workplace sets
+    # PYTHONDONTWRITEBYTECODE; compiling the controller's modules cost ~0.5 s of CPU a start).
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if args.huge_pages:  # every process of the clusters inherits it; only candidates use it
         os.environ["XCE_CONTROLLER_HUGEPAGES"] = "1"
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -1013,7 +1045,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logs()
     for name in chosen:  # each measurement's figures are written as soon as it is done
         log(PART, f"{name} at {', '.join(f'{s:,}' for s in args.sizes)}")
-        results = {name: MEASUREMENTS[name](args)}
+        # Both heaps' figures are kept: with huge pages under NAME_hugepages.
+        results = {name + ("_hugepages" if args.huge_pages else ""): MEASUREMENTS[name](args)}
         write(results, args)
     return 0
 

@@ -557,9 +557,23 @@ def chaos_section(d: dict[str, Any] | None) -> list[str]:
 # The scale figures (bench_scale.py, issue #17): (measurement, key under a size, label, aim).
 SCALE_DISTS: list[tuple[str, str, str, str]] = [
     ("ctl_failover", "first_write_ms", "SIGKILL -> first acknowledged write (ms)", "p50 ≤ 100, p99 ≤ 300 at 1M"),
+    ("ctl_failover_hugepages", "first_write_ms",
+     "SIGKILL -> first acknowledged write (ms)", "p50 ≤ 100, p99 ≤ 300 at 1M"),
     ("ctl_failover", "promotion_ms", "standby promotion itself (ms, hot)", ""),
+    ("ctl_failover_hugepages", "promotion_ms", "standby promotion itself (ms, hot)", ""),
     ("ctl_restart", "first_write_ms", "lone restart: process start -> first acknowledged write (ms)", "≤ 3,000 at 1M"),
     ("ctl_restart", "all_loaded_ms_upper_bound", "lone restart: process start -> every job loaded (ms)", ""),
+    ("ctl_restart", "kill_to_reaped_ms", "lone restart: SIGKILL -> the old process reaped (ms, before the start)", ""),
+    ("ctl_restart_hugepages", "first_write_ms",
+     "lone restart: process start -> first acknowledged write (ms)", "≤ 3,000 at 1M"),
+    ("ctl_restart_hugepages", "kill_to_reaped_ms",
+     "lone restart: SIGKILL -> the old process reaped (ms, before the start)", ""),
+    ("ctl_load_stall", "longest_gap_ms", "cold load: longest wait for a `status` answer (ms)",
+     "< 1,500 (a client's liveness timeout)"),
+    ("ctl_load_stall", "gap_p99_ms", "cold load: p99 wait for a `status` answer (ms)", ""),
+    ("ctl_load_stall", "first_write_ms", "cold load: process start -> first acknowledged write (ms)", ""),
+    ("ctl_load_stall", "loaded_ms",
+     "cold load: process start -> every job loaded, `status` pinged back to back (ms)", ""),
     ("ctl_queries", "nothing_matching_ms", "`jobinfo` matching nothing, round trip (ms)", "cheap at 1M"),
     ("ctl_queries", "own_unfinished_page_ms", "`jobinfo` a page (100) of the caller's unfinished jobs (ms)", ""),
     ("ctl_queries", "status_ms", "`status` (a page of members) (ms)", ""),
@@ -573,6 +587,10 @@ SCALE_VALUES: list[tuple[str, str, str, str]] = [
     ("ctl_memory", "bytes_per_job_loaded", "controller RSS per job, after a restart's load (B)", "≤ 1,536"),
     ("ctl_memory", "growth_bytes_per_write", "RSS growth per further write, its new job included (B)", ""),
     ("ctl_failover", "changes_caught_up_max", "changes a promotion caught up (most)", "the tail only"),
+    ("ctl_failover", "rss_per_job_loaded_b",
+     "candidate RSS per job, state loaded, pymalloc heap (B, median of 3)", "≤ 1,536"),
+    ("ctl_failover_hugepages", "rss_per_job_loaded_b",
+     "candidate RSS per job, state loaded, glibc heap on huge pages (B, median of 3)", "≤ 1,536"),
 ]
 
 
