@@ -272,3 +272,48 @@ def test_a_candidate_keeps_its_heap_on_huge_pages_when_told_to(tmp_path):
         on.kill()
         if off is not None:
             off.kill()
+
+
+def test_huge_pages_by_default_only_for_a_large_file_store(tmp_path):
+    """Unset, the switch puts the heap on huge pages when the store holds about 150,000 jobs
+    or more (state.db and its WAL); ``0`` never, ``1`` always, ``applied`` never again."""
+    from xce_controller.plugin import HUGEPAGE_AUTO_BYTES, _wants_huge_pages
+
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.mkdir()
+    large.mkdir()
+    (small / "state.db").write_bytes(b"x" * 4096)
+    with open(large / "state.db", "wb") as fh:  # sparse: its size is what is looked at
+        fh.truncate(HUGEPAGE_AUTO_BYTES - 4096)
+    (large / "state.db-wal").write_bytes(b"x" * 4096)
+    assert _wants_huge_pages(None, str(large)) and not _wants_huge_pages(None, str(small))
+    assert not _wants_huge_pages(None, str(tmp_path / "none-yet")) and not _wants_huge_pages(None, None)
+    assert not _wants_huge_pages("0", str(large)) and _wants_huge_pages("1", str(small))
+    assert not _wants_huge_pages("applied", str(large))
+
+
+def test_a_candidate_on_a_large_store_takes_huge_pages_unasked(tmp_path):
+    """A real candidate, no switch in its environment, on a store past the size: it
+    re-executes itself onto huge pages (where the machine has them), once."""
+    import sqlite3
+
+    from xce_controller.plugin import HUGEPAGE_AUTO_BYTES, HUGEPAGE_SWITCH
+
+    state = tmp_path / "state"
+    state.mkdir()
+    db = sqlite3.connect(state / "state.db")
+    db.execute("CREATE TABLE padding (data BLOB)")  # the controller's tables come beside it
+    db.execute("INSERT INTO padding VALUES (zeroblob(?))", (HUGEPAGE_AUTO_BYTES,))
+    db.commit()
+    db.close()
+    proc = start_controller(state, tmp_path, env={HUGEPAGE_SWITCH: ""})  # unset: auto
+    try:
+        wait_listening(proc.address, state="primary", timeout=60)
+        got = _environ(proc.pid)
+        if not _huge_pages_available():
+            assert "PYTHONMALLOC" not in got  # nothing to gain here: left alone
+            return
+        assert got["PYTHONMALLOC"] == "malloc" and got[HUGEPAGE_SWITCH] == "applied"
+        assert proc.log.read_text().count("re-executing itself with its heap on transparent") == 1
+    finally:
+        proc.kill()

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m xce_controller``."""
     args = parse_args(argv)
     if argv is None:  # the process's own command line: it can be executed again
-        heap_on_huge_pages()
+        heap_on_huge_pages(args.state_dir)
     logger.remove()
     # diagnose=False: a traceback must not print the values of a request's variables (they may
     # be huge or nested too deep to print).

@@ -46,10 +46,35 @@ HUGEPAGE_ENV = {"PYTHONMALLOC": "malloc",
                 "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1"}
 """The environment a candidate re-executes itself with (:func:`heap_on_huge_pages`)."""
 HUGEPAGE_SWITCH = "XCE_CONTROLLER_HUGEPAGES"
-"""``1`` in a candidate's environment puts its heap on huge pages (:func:`heap_on_huge_pages`)."""
+"""A candidate's heap on huge pages (:func:`heap_on_huge_pages`): ``1`` always, ``0`` never,
+unset: when its file store is large (:data:`HUGEPAGE_AUTO_BYTES`)."""
+HUGEPAGE_AUTO_BYTES = 64 * 1024 * 1024
+"""Unset switch: huge pages when the file store's ``state.db`` and WAL hold this much (about
+150,000 jobs at ~450 B a job on disk, a heap of ~200 MB): a SIGKILLed primary's teardown of
+its heap in 4 KiB pages, which the failover waits for, grows with it (0.4-1.6 s for ~1 GB
+here); a small cluster (and every test) keeps pymalloc and one interpreter start. Another
+backend (no ``state.db``) decides with the switch only."""
 
 
-def heap_on_huge_pages() -> None:
+def _wants_huge_pages(switch: str | None, state_dir: str | None) -> bool:
+    """The switch's decision (``applied``: done already, never again)."""
+    if switch in ("0", "applied"):
+        return False
+    if switch == "1":
+        return True
+    if state_dir is None:
+        return False
+    import contextlib
+    import os
+
+    size = 0
+    for name in ("state.db", "state.db-wal"):
+        with contextlib.suppress(OSError):  # no store yet: a new cluster
+            size += os.stat(os.path.join(state_dir, name)).st_size
+    return size >= HUGEPAGE_AUTO_BYTES
+
+
+def heap_on_huge_pages(state_dir: str | None = None) -> None:
     """Re-execute this process (same pid, argv and environment) with its heap on transparent
     huge pages, once, before it has done anything: Python's objects from glibc's malloc
     (``PYTHONMALLOC=malloc``), which madvises its memory for huge pages
@@ -62,8 +87,9 @@ def heap_on_huge_pages() -> None:
     1,000,000 jobs) that took 0.4-1.6 s on a loaded 2-core machine -- the standbys wait for
     the lock and the clients for the connection's end all that time -- and 20-50 ms with
     2 MiB pages (docs/operator.md, "Large clusters"). The price: a second interpreter start,
-    ~9 % more memory per object than pymalloc, and slower full collections; so it is opt-in:
-    only with ``XCE_CONTROLLER_HUGEPAGES=1``, and nothing where it is unavailable or done.
+    ~9 % more memory per object than pymalloc, and slower full collections; so it is the
+    default only for a large file store (``state_dir``'s ``state.db``, see
+    :data:`HUGEPAGE_SWITCH`), and nothing where it is unavailable or done.
     """
     import os
     import platform
@@ -75,7 +101,7 @@ def heap_on_huge_pages() -> None:
     env = os.environ
     tunables = env.get("GLIBC_TUNABLES", "")
     # Once: the new process says "applied" (glibc may rewrite GLIBC_TUNABLES as it reads it).
-    if env.get(HUGEPAGE_SWITCH) != "1" or sys.platform != "linux":
+    if not _wants_huge_pages(env.get(HUGEPAGE_SWITCH), state_dir) or sys.platform != "linux":
         return
     lib, version = platform.libc_ver()
     try:
@@ -87,9 +113,11 @@ def heap_on_huge_pages() -> None:
         return
     new = {**env, HUGEPAGE_SWITCH: "applied", "PYTHONMALLOC": "malloc",
            "GLIBC_TUNABLES": ":".join(filter(None, (tunables, HUGEPAGE_ENV["GLIBC_TUNABLES"])))}
+    why = (f"{HUGEPAGE_SWITCH}=1" if env.get(HUGEPAGE_SWITCH) == "1" else
+           f"its store holds {HUGEPAGE_AUTO_BYTES >> 20} MiB or more; {HUGEPAGE_SWITCH}=0 to keep pymalloc")
     logger.info("controller: re-executing itself with its heap on transparent huge pages "
-                "(PYTHONMALLOC=malloc, glibc.malloc.hugetlb=1, one arena: {}=1), so that a SIGKILL "
-                "releases its lock within milliseconds", HUGEPAGE_SWITCH)
+                "(PYTHONMALLOC=malloc, glibc.malloc.hugetlb=1, one arena; {}), so that a SIGKILL "
+                "releases its lock within milliseconds", why)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, new)
@@ -128,18 +156,21 @@ class ControllerRole(Role):
 
     async def main(self) -> None:
         """Serve until ``ctx.stop`` (SIGTERM/SIGINT) or a ``shutdown`` op."""
-        heap_on_huge_pages()  # first: the process may be executed again
         import dataclasses
         import signal
+
+        from xce_controller.settings import ControllerSettings, settings_from_config
+
+        ctx = self.ctx
+        read = settings_from_config(ctx.config, ctx.auth)
+        heap_on_huge_pages(read.state_dir)  # before anything else: it may execute the process again
 
         import anyio
         import anyio.abc
         from loguru import logger
 
         from xce_controller.server import serve
-        from xce_controller.settings import ControllerSettings, settings_from_config
 
-        ctx = self.ctx
         tune_memory()
 
         def reload() -> ControllerSettings:  # blocking: the server calls it on a thread
@@ -147,7 +178,7 @@ class ControllerRole(Role):
 
             return settings_from_config(reread(ctx.config), ctx.auth)
 
-        settings = dataclasses.replace(settings_from_config(ctx.config, ctx.auth), reload=reload)
+        settings = dataclasses.replace(read, reload=reload)
         hook = ctx.pm.hook
 
         backend, config = settings.backend, ctx.config
