@@ -1027,14 +1027,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes, few trials")
     ap.add_argument("--in-state", type=int, default=0,
                     help="scheduler_dispatch: with this many parked jobs in state (a copy of the fill)")
-    ap.add_argument("--huge-pages", action="store_true",
-                    help="controller candidates with XCE_CONTROLLER_HUGEPAGES=1 (docs/operator.md)")
+    heap = ap.add_mutually_exclusive_group()
+    heap.add_argument("--huge-pages", action="store_true",
+                      help="controller candidates with XCE_CONTROLLER_HUGEPAGES=1 (docs/operator.md)")
+    heap.add_argument("--pymalloc", action="store_true",
+                      help="controller candidates with XCE_CONTROLLER_HUGEPAGES=0 (a large store "
+                           "has its heap on huge pages by default)")
     args = ap.parse_args(argv)
     # Every process as on a site: with its bytecode cached (this workplace sets
     # PYTHONDONTWRITEBYTECODE; compiling the controller's modules cost ~0.5 s of CPU a start).
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    if args.huge_pages:  # every process of the clusters inherits it; only candidates use it
-        os.environ["XCE_CONTROLLER_HUGEPAGES"] = "1"
+    if args.huge_pages or args.pymalloc:  # every process inherits it; only candidates use it
+        os.environ["XCE_CONTROLLER_HUGEPAGES"] = "1" if args.huge_pages else "0"
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.quick:
         args.sizes, args.trials = [s for s in args.sizes if s <= 10_000] or [10_000], 2
@@ -1045,8 +1049,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logs()
     for name in chosen:  # each measurement's figures are written as soon as it is done
         log(PART, f"{name} at {', '.join(f'{s:,}' for s in args.sizes)}")
-        # Both heaps' figures are kept: with huge pages under NAME_hugepages.
-        results = {name + ("_hugepages" if args.huge_pages else ""): MEASUREMENTS[name](args)}
+        # Each heap's figures are kept: NAME_hugepages, NAME_pymalloc, NAME (the default:
+        # huge pages for a large store, pymalloc for a small one).
+        suffix = "_hugepages" if args.huge_pages else "_pymalloc" if args.pymalloc else ""
+        results = {name + suffix: MEASUREMENTS[name](args)}
         write(results, args)
     return 0
 

@@ -559,11 +559,18 @@ SCALE_DISTS: list[tuple[str, str, str, str]] = [
     ("ctl_failover", "first_write_ms", "SIGKILL -> first acknowledged write (ms)", "p50 ≤ 100, p99 ≤ 300 at 1M"),
     ("ctl_failover_hugepages", "first_write_ms",
      "SIGKILL -> first acknowledged write (ms)", "p50 ≤ 100, p99 ≤ 300 at 1M"),
+    ("ctl_failover_pymalloc", "first_write_ms",
+     "SIGKILL -> first acknowledged write (ms)", "p50 ≤ 100, p99 ≤ 300 at 1M"),
     ("ctl_failover", "promotion_ms", "standby promotion itself (ms, hot)", ""),
     ("ctl_failover_hugepages", "promotion_ms", "standby promotion itself (ms, hot)", ""),
     ("ctl_restart", "first_write_ms", "lone restart: process start -> first acknowledged write (ms)", "≤ 3,000 at 1M"),
     ("ctl_restart", "all_loaded_ms_upper_bound", "lone restart: process start -> every job loaded (ms)", ""),
     ("ctl_restart", "kill_to_reaped_ms", "lone restart: SIGKILL -> the old process reaped (ms, before the start)", ""),
+    ("ctl_restart_pymalloc", "first_write_ms",
+     "lone restart: process start -> first acknowledged write (ms)", "≤ 3,000 at 1M"),
+    ("ctl_restart_pymalloc", "all_loaded_ms_upper_bound", "lone restart: process start -> every job loaded (ms)", ""),
+    ("ctl_restart_pymalloc", "kill_to_reaped_ms",
+     "lone restart: SIGKILL -> the old process reaped (ms, before the start)", ""),
     ("ctl_restart_hugepages", "first_write_ms",
      "lone restart: process start -> first acknowledged write (ms)", "≤ 3,000 at 1M"),
     ("ctl_restart_hugepages", "kill_to_reaped_ms",
@@ -588,10 +595,17 @@ SCALE_VALUES: list[tuple[str, str, str, str]] = [
     ("ctl_memory", "growth_bytes_per_write", "RSS growth per further write, its new job included (B)", ""),
     ("ctl_failover", "changes_caught_up_max", "changes a promotion caught up (most)", "the tail only"),
     ("ctl_failover", "rss_per_job_loaded_b",
+     "candidate RSS per job, state loaded, the default heap (B, median of 3)", "≤ 1,536"),
+    ("ctl_failover_pymalloc", "rss_per_job_loaded_b",
      "candidate RSS per job, state loaded, pymalloc heap (B, median of 3)", "≤ 1,536"),
     ("ctl_failover_hugepages", "rss_per_job_loaded_b",
      "candidate RSS per job, state loaded, glibc heap on huge pages (B, median of 3)", "≤ 1,536"),
 ]
+
+
+HEAPS = {"hugepages": ", candidates with XCE_CONTROLLER_HUGEPAGES=1 (heap on huge pages)",
+         "pymalloc": ", candidates with XCE_CONTROLLER_HUGEPAGES=0 (pymalloc heap)"}
+"""The label of a measurement run with ``--huge-pages`` / ``--pymalloc`` (NAME_hugepages...)."""
 
 
 def scale_section(d: dict[str, Any] | None) -> list[str]:
@@ -613,7 +627,9 @@ def scale_section(d: dict[str, Any] | None) -> list[str]:
             st = v.get(key) if isinstance(v, dict) else None
             if isinstance(st, dict):
                 cells = [fmt(st.get(k), 2) for k in ("p50", "p90", "p99", "max", "min")]
-                how = ", candidates with XCE_CONTROLLER_HUGEPAGES=1" if v.get("huge_pages") else ""
+                how = HEAPS.get(name.rsplit("_", 1)[-1], "")
+                if not how and v.get("huge_pages"):
+                    how = HEAPS["hugepages"]
                 lines.append(f"| {int(size):,} | {label}{how} | " + " | ".join(cells)
                              + f" | {st.get('n', 0)} | {aim} |")
     lines += ["", "| size | measure | value | aim |", "|---|---|---|---|"]
