@@ -32,18 +32,18 @@ OpName = Literal[
     "join", "hello", "heartbeat", "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
     "set_pend_reason", "clear_reason", "update_resvals", "notify_job", "update_jusage", "resval",
     "clusterconf", "jobinfo", "hostinfo", "queueinfo", "status", "shutdown", "reconfig", "outcome",
-    "events",
+    "events", "task_launch", "task_block",
 ]
 OP_NAMES: Final[tuple[OpName, ...]] = (
     "join", "hello", "heartbeat", "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
     "set_pend_reason", "clear_reason", "update_resvals", "notify_job", "update_jusage", "resval",
     "clusterconf", "jobinfo", "hostinfo", "queueinfo", "status", "shutdown", "reconfig", "outcome",
-    "events",
+    "events", "task_launch", "task_block",
 )
 """Every op the controller answers (``docs/protocol-ops.md``); a test keeps its table equal."""
 
 KEYED_WRITES: Final = frozenset({"jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
-                                 "notify_job"})
+                                 "notify_job", "task_launch", "task_block"})
 """The durable writes the controller records under their idempotency key (``rid``) with
 their result, in the write's own transaction: a repeat of the key is answered from that
 record, and the ``outcome`` op can say what became of a key. A client reports a lost reply

@@ -1,5 +1,5 @@
 """The cluster commands: submit, jobs, job, hosts, host, queues, queue, run-job, status,
-outcome, admin.
+outcome, admin, task.
 
 Each is one or a few controller calls through :class:`xcecore.cli.session.Session`; tables
 are plain aligned text, ``--json`` output is stable for scripts, and every error is one line
@@ -479,3 +479,94 @@ def admin(s: Session, ns: Parsed) -> None:
          f"{', '.join(res['queues_changed']) or 'none'}")
     if res["restart_needed"]:
         echo(f"changed in the file but applied only at a restart: {', '.join(res['restart_needed'])}")
+
+
+TASK_ENDED = ("DONE", "EXIT")
+
+
+@command(
+    "task", "Parallel jobs' tasks: launch them from inside a job (like blaunch), or block and "
+            "unblock a job's launches.",
+    arg("action", choices=["launch", "block", "unblock"]),
+    arg("-w", "--wait", dest="wait", type=float, default=60.0, metavar="SECONDS",
+        help="launch: how long to wait while the job's launches are blocked (default 60)"),
+    arg("words", nargs="...", metavar="ARGS",
+        help="launch: HOST [HOST...] -- CMD [ARG...]; block, unblock: JOBID"),
+    epilog="xce task launch runs inside a job (it reads XCE_JOBID and XCE_TASK_SECRET): it\n"
+           "starts CMD once on each HOST (hosts of the job's allocation, XCE_HOSTS), waits\n"
+           "for every task and exits with the worst exit status. The tasks write to the\n"
+           "job's output and error files. While the job's launches are blocked it waits\n"
+           "(--wait), then fails saying so.",
+)
+def task(s: Session, ns: Parsed) -> int:
+    words: list[str] = list(ns.words)
+    if ns.action != "launch":
+        if len(words) != 1 or not words[0].isdigit():
+            raise CommandError(f"task {ns.action}: name one job id")
+        rec = s.call("task_block", {"jobid": int(words[0]), "action": ns.action})
+        echo(f"Job <{rec['jobid']}>: task launches {ns.action}ed")
+        return 0
+    if "--" not in words:
+        raise CommandError("task launch: HOST [HOST...] -- CMD [ARG...]: the '--' is missing")
+    cut = words.index("--")
+    hosts, argv = words[:cut], words[cut + 1:]
+    if not hosts or not argv:
+        raise CommandError("task launch: name at least one host before '--' and a command after")
+    import os
+    import shlex
+
+    jobid, secret = os.environ.get("XCE_JOBID", ""), os.environ.get("XCE_TASK_SECRET", "")
+    if not jobid.isdigit() or not secret:
+        raise CommandError("task launch runs inside a job of several tasks: XCE_JOBID and "
+                           "XCE_TASK_SECRET are not set")
+    body = {"jobid": int(jobid), "hosts": hosts, "secret": secret,
+            "command": argv[0] if len(argv) == 1 else shlex.join(argv)}
+    ids = _launch(s, body, ns.wait)
+    return _await_tasks(s, int(jobid), ids)
+
+
+def _launch(s: Session, body: dict[str, Any], wait: float) -> list[int]:
+    import time
+
+    deadline = time.monotonic() + wait
+    told = False
+    while True:
+        try:
+            return list(s.call("task_launch", body)["tasks"])
+        except CommandError as exc:
+            if not exc.data.get("blocked"):
+                raise
+            if not told:
+                told = True
+                echo(f"xce task launch: job {body['jobid']}'s task launches are blocked; "
+                     f"waiting up to {wait:g} s", err=True)
+            if time.monotonic() >= deadline:
+                raise CommandError(f"task launch: job {body['jobid']}'s task launches stayed "
+                                   f"blocked for {wait:g} s (xce task unblock {body['jobid']}); "
+                                   "nothing launched") from None
+            time.sleep(0.2)  # asking again: the controller has no "unblocked" push for users
+
+
+def _await_tasks(s: Session, jobid: int, ids: list[int]) -> int:
+    """Poll the job's record until the tasks ``ids`` ended; the worst exit status."""
+    import time
+
+    mine = set(ids)
+    interval = 0.02
+    while True:
+        found = s.call("jobinfo", {"jobids": [jobid]})["jobs"]
+        job = found[0] if found else {}
+        recs = [r for r in (job.get("tasks") or {}).get("list", ()) if r.get("task") in mine]
+        if len(recs) == len(mine) and all(r.get("state") in TASK_ENDED for r in recs):
+            break
+        if not found:
+            raise CommandError(f"task launch: job {jobid} is gone")
+        time.sleep(interval)
+        interval = min(0.5, interval * 1.5)
+    worst = 0
+    for r in sorted(recs, key=lambda r: r["task"]):
+        code = r.get("exit_status")
+        if r.get("reason"):
+            echo(f"xce task launch: task {r['task']} on {r['host']}: {r['reason']}", err=True)
+        worst = max(worst, code if isinstance(code, int) else 1)
+    return worst

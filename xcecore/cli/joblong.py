@@ -84,6 +84,7 @@ def long_format(job: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"  Reason: {j('reason')}")
     if j("signal") and state not in ("DONE", "EXIT"):
         lines.append(f"  Signal pending: {j('signal')}")
+    lines += _tasks(j("tasks"))
     usage = j("usage") or {}
     if usage:
         parts = []
@@ -101,3 +102,28 @@ def long_format(job: dict[str, Any], now: float | None = None) -> str:
         if parts:
             lines.append("  Usage: " + ", ".join(parts))
     return "\n".join(lines)
+
+
+def _tasks(tasks: Any) -> list[str]:
+    """A parallel job's launched tasks (``xce task launch``), one line each."""
+    if not isinstance(tasks, dict):
+        return []
+    recs = [r for r in tasks.get("list") or () if isinstance(r, dict)]
+    out = []
+    if recs or tasks.get("blocked"):
+        out.append(f"  Tasks: {len(recs)} launched" + (", launches blocked" if tasks.get("blocked")
+                                                      else ""))
+    for r in recs:
+        parts = [f"    task {r.get('task')} on <{r.get('host')}>: {r.get('state')}"]
+        if r.get("pid"):
+            parts.append(f"pid {r['pid']}")
+        if r.get("start_time"):
+            parts.append(f"started {_when(r['start_time'])}")
+        if r.get("end_time"):
+            parts.append(f"ended {_when(r['end_time'])}")
+        if r.get("exit_status") is not None:
+            parts.append(f"exit status {r['exit_status']}")
+        if r.get("reason"):
+            parts.append(r["reason"])
+        out.append(", ".join(parts))
+    return out

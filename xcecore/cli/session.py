@@ -29,7 +29,12 @@ DEFAULT_TIMEOUT = 15.0
 
 
 class CommandError(Exception):
-    """A command failed: its message is printed as one line (``Error: ...``) and it exits 1."""
+    """A command failed: its message is printed as one line (``Error: ...``) and it exits 1.
+    ``data``: the controller's error object, when it refused the request."""
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.data = data or {}
 
 
 def user_name() -> str:
@@ -94,7 +99,7 @@ class Session:
         except AuthenticationFailed as exc:
             raise CommandError(str(exc)) from None
         except RemoteError as exc:
-            raise CommandError(f"{op}: {exc.message} ({exc.code})") from None
+            raise CommandError(f"{op}: {exc.message} ({exc.code})", exc.data) from None
         except OutcomeUnknown as exc:
             raise CommandError(
                 f"{op}: the controller did not answer within {self.timeout:g} s after the request "

@@ -333,8 +333,10 @@ class UpdateResvalsArgs(TypedDict):
     user: NotRequired[User]
 
 
-NotifyEvent = Literal["start", "finish", "fail", "stop", "resume", "alive"]
-_NEEDS = {"start": "pid", "finish": "exit_status"}
+NotifyEvent = Literal["start", "finish", "fail", "stop", "resume", "alive", "task_start",
+                      "task_finish", "task_fail"]
+_NEEDS = {"start": "pid", "finish": "exit_status", "task_start": "pid",
+          "task_finish": "exit_status"}
 
 
 @with_config(_STRICT)
@@ -349,6 +351,13 @@ class NotifyJobFields(TypedDict):
     | `stop` | — | RUN -> SSUSP (USUSP stays) |
     | `resume` | — | USUSP, SSUSP -> RUN |
     | `alive` | — | UNKWN -> the state it had before its host was lost (its worker runs it); else no change |
+    | `task_start` | `task`, `pid` | the job's task `task` (``task_launch``) runs on the caller's host |
+    | `task_finish` | `task`, `exit_status` | the task ended (its `usage` adds to the job's) |
+    | `task_fail` | `task`, `reason` | the task could not start |
+
+    A `start` of a job allocated to several hosts carries `task_key`, the SHA-256 (hex) of
+    the secret its worker gave the job (``XCE_TASK_SECRET``): ``task_launch`` checks it.
+    Task reports are accepted also after the job ended (its other tasks are killed then).
 
     Every report may carry ``time``, the worker's clock when it happened (it becomes the
     job's ``start_time`` / ``end_time``, so a report delivered after an outage keeps the true
@@ -370,6 +379,9 @@ class NotifyJobFields(TypedDict):
     exit_status: NotRequired[Annotated[t.ExitStatus, _d("required for `finish`")]]
     reason: NotRequired[Annotated[t.Label, _d("for `fail`")]]
     attempt: NotRequired[Annotated[t.Attempt, _d("the run this report is about")]]
+    task: NotRequired[Annotated[t.TaskId, _d("`task_*`: the task (from `task_launch`)")]]
+    task_key: NotRequired[Annotated[t.TaskKey, _d("`start` of a multi-host job: SHA-256 (hex) "
+                                                  "of the job's task secret")]]
     time: NotRequired[Annotated[t.Epoch, _d("the worker's clock when it happened: the job's "
                                             "`start_time` / `end_time` (default: the "
                                             "controller's clock on arrival)")]]
@@ -382,6 +394,8 @@ class NotifyJobFields(TypedDict):
 
 
 def _event_needs(args: NotifyJobFields) -> NotifyJobFields:
+    if args["event"].startswith("task_") and "task" not in args:
+        raise ValueError(f"argument 'task' is required for {args['event']}")
     needed = _NEEDS.get(args["event"])
     if needed is not None and needed not in args:
         raise ValueError(f"argument {needed!r} is required for {args['event']}")
@@ -389,6 +403,37 @@ def _event_needs(args: NotifyJobFields) -> NotifyJobFields:
 
 
 NotifyJobArgs = Annotated[NotifyJobFields, AfterValidator(_event_needs)]
+
+
+@with_config(_STRICT)
+class TaskLaunchArgs(TypedDict):
+    """From inside a running job (like LSF's blaunch): start ``command`` once on each of
+    ``hosts``, through their workers. Only the job itself may: the caller must act for the
+    job's owner *and* present the job's task secret (``XCE_TASK_SECRET`` in the job's
+    environment); an administrator is no exception. Every host must be in the job's
+    allocation (INVALID naming the others); the job must be RUN (CONFLICT). While launches
+    are blocked (``task_block``) the answer is CONFLICT with ``error.blocked`` true (the CLI
+    waits and tries again). Result: ``{"jobid", "tasks": [<task id>, ...]}`` in the order of
+    ``hosts``; the tasks are listed in the job record's ``tasks``."""
+
+    jobid: Annotated[t.JobId, _d("the job the caller runs in (XCE_JOBID)")]
+    hosts: Annotated[list[t.Name], Field(min_length=1, max_length=t.lim.TASK_HOSTS_MAX),
+                     _d("a host of the allocation per task (a host may repeat)")]
+    command: Annotated[t.Command, _d("run by /bin/sh -c on each host")]
+    secret: Annotated[t.TaskSecret, _d("the job's task secret (XCE_TASK_SECRET)")]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class TaskBlockArgs(TypedDict):
+    """The job's owner (or an administrator): ``block`` pauses the job's task launches (a
+    ``task_launch`` meanwhile is refused with ``error.blocked``; ``xce task launch`` waits),
+    ``unblock`` resumes them. Tasks already running are not touched. Result: the job record.
+    CONFLICT unless the job is active."""
+
+    jobid: Annotated[t.JobId, _d("the job")]
+    action: Annotated[Literal["block", "unblock"], _d("pause or resume task launches")]
+    user: NotRequired[User]
 
 
 @with_config(_STRICT)
@@ -590,6 +635,8 @@ OP_ARGS: dict[str, Any] = {
     "reconfig": ReconfigArgs,
     "outcome": OutcomeArgs,
     "events": EventsArgs,
+    "task_launch": TaskLaunchArgs,
+    "task_block": TaskBlockArgs,
 }
 """Op name (:data:`xcecore.protocol.OP_NAMES`) -> its argument model (a TypedDict, or an
 ``Annotated`` one with a validator)."""

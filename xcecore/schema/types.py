@@ -119,6 +119,9 @@ Env = Annotated[dict[EnvName, EnvValue], Field(max_length=lim.ENV_MAX_ITEMS),
                              "no control character but TAB and LF")]
 Rid = Annotated[str, _str(1, lim.RID_MAX, lim.NO_CONTROL),
                 Shape("rid", f"1 to {lim.RID_MAX} characters, no control character")]
+TaskId = Annotated[int, _int(1, lim.INT32_MAX), Shape("int >= 1", "a task of a job (1 first)")]
+TaskKey = Annotated[str, _str(64, 64, r"^[0-9a-f]{64}$"), Shape("sha-256 hex", "64 hex digits")]
+TaskSecret = Annotated[str, _str(16, 128, r"^[0-9a-f]+$"), Shape("hex", "16 to 128 hex digits")]
 JobIdKey = Annotated[str, _str(1, 18, lim.JOBID_KEY_PATTERN)]
 StoreId = Annotated[str, _str(1, 64, lim.NAME_PATTERN), Shape("store id", "a store's id, 1 to 64 characters")]
 Cursor = Annotated[str, _str(1, lim.CURSOR_MAX, lim.NAME_PATTERN),

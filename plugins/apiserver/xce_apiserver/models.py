@@ -213,6 +213,10 @@ class Job(BaseModel):
     projectname: str = "default"
     submittime: int = Field(description="submit_time in whole seconds")
     jobdescription: str = ""
+    tasks: dict[str, Any] | None = Field(None, description="a parallel job's launched tasks "
+                                         "(xce task launch): {blocked, list: [{task, host, "
+                                         "state, pid, exit_status, start_time, end_time, "
+                                         "reason, usage}]}; null if it never had any")
 
 
 JobOrFields = Job | dict[str, Any]

@@ -108,6 +108,9 @@ class Job:
     array: dict[str, Any] | None = None
     # Why a job with a dependency may not run yet (xce_controller.depends); None: it may.
     waiting: str | None = None
+    # A parallel job's tasks (xce_controller.tasks): {"key": SHA-256 of its task secret,
+    # "blocked": bool, "list": [task records]}; None for a job that never had any.
+    tasks: dict[str, Any] | None = None
 
     def array_of(self) -> int | None:
         """The array this job is an element of (None: it is not one)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from xce_controller import events, queries, subscribe
+from xce_controller import events, queries, subscribe, tasks
 from xce_controller.authz import FRONT_ENDS, MEMBER_DAEMONS, Policy, describe, via
 from xce_controller.state import Changes, ClusterState
 from xce_controller.subscribe import NONE, Subscription
@@ -250,6 +250,28 @@ def op_update_jusage(srv: ServerView, caller: Caller, args: dict[str, Any], now:
     return srv.state.set_jusage(caller.worker_host, args["jobid"], args["usage"])
 
 
+def _own_job(srv: ServerView, caller: Caller, op: str, jobid: int, user: str) -> Any:
+    job = srv.state.job(jobid)
+    if job.user != user:
+        raise RemoteError(ErrorCode.DENIED, f"{op}: job {jobid} belongs to {job.user}, not "
+                                            f"{describe(user, caller.who)}")
+    return job
+
+
+def op_task_launch(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
+    # Only the job itself: its owner (no administrator override) holding its task secret.
+    job = _own_job(srv, caller, "task_launch", args["jobid"], args["user"])
+    return tasks.launch(srv.state, job, args["hosts"], args["command"], args["secret"], now)
+
+
+def op_task_block(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
+    user = args["user"]
+    job = srv.state.job(args["jobid"])
+    if job.user != user and not srv.policy.may_administer(caller.role, "task_block", user):
+        _own_job(srv, caller, "task_block", args["jobid"], user)
+    return tasks.block(srv.state, job, args["action"] == "block")
+
+
 def op_resval(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     st = srv.state
     nxt: str | None = None
@@ -372,6 +394,8 @@ OPS: dict[str, OpSpec] = {
     # May record a tombstone (a durable write) under the rid it names, not under its own.
     "outcome": OpSpec(op_outcome, ANY, "write", dedupe=False, needs_jobs=False),
     "events": OpSpec(op_events, ANY, "read", needs_jobs=False),
+    "task_launch": OpSpec(op_task_launch, NOBODY, "write", users=True, acts=True),
+    "task_block": OpSpec(op_task_block, NOBODY, "write", users=True, acts=True),
 }
 
 

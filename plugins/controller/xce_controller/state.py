@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from xce_controller import arrays, depends
+from xce_controller import arrays, depends, tasks
 from xce_controller.buckets import TimeBuckets
 from xce_controller.events import EventLog
 from xce_controller.jobs import EMPTY, Job, JobTable, make_alloc, new_spec
@@ -261,6 +261,8 @@ class ClusterState:
         data = {"jobid": job.jobid, "signal": signal, "hosts": hosts, "attempt": job.attempt}
         ch.events.append(Event("signal", data, frozenset(hosts)))
 
+    signal_job = _signal  # for xce_controller.tasks
+
     def _release_slots(self, ch: Changes, job: Job) -> None:
         for s in job.alloc:
             host = self.hosts.get(s.host)
@@ -401,9 +403,14 @@ class ClusterState:
 
     def _lose_jobs(self, ch: Changes, host: str, now: float) -> None:
         """The jobs running on ``host`` (their first host) become UNKWN: whether they still
-        run is not known until its worker re-joins. Costs the host's active jobs."""
+        run is not known until its worker re-joins; a job with a task there (not its first
+        host) is killed (:func:`xce_controller.tasks.host_lost`). Costs the host's active
+        jobs."""
         for job in self.jobs.active_jobs(host):
-            if job.state == "UNKWN" or not job.alloc or job.alloc[0].host != host:
+            if job.state == "UNKWN" or not job.alloc:
+                continue
+            if job.alloc[0].host != host:  # a task of a parallel job may run there
+                tasks.host_lost(self, ch, job, host)
                 continue
             keys = self.jobs.keys(job)
             was = job.state
@@ -537,6 +544,7 @@ class ClusterState:
         job.exit_status = job.reason = job.signal = None
         job.lost_at = job.lost_from = None
         job.forced = False
+        job.tasks = None  # a new attempt gets a new task secret
         job.attempt += 1
 
     def dispatch(self, jobid: int, alloc: list[dict[str, Any]], force: bool,
@@ -616,6 +624,8 @@ class ClusterState:
         attempt = args.get("attempt")
         if attempt is not None and attempt != job.attempt:
             raise conflict(f"job {jobid} report is for attempt {attempt}, job is at {job.attempt}")
+        if event.startswith("task_"):
+            return tasks.notify(self, host, job, args, now)
         st = job.state
         ch = Changes()
         if event in ("finish", "fail") and st in FINISHED:
@@ -630,6 +640,8 @@ class ClusterState:
             self._found(job)
         elif event == "start" and st in ACTIVE:
             job.pid, job.start_time = args["pid"], when
+            if "task_key" in args:
+                tasks.set_key(job, args["task_key"])
             if st == "UNKWN":
                 self._found(job)
         elif event == "finish" and st in ACTIVE:
@@ -642,8 +654,8 @@ class ClusterState:
             job.state, job.exit_status, job.end_time = ("DONE" if done else "EXIT"), code, when
             job.signal, job.reason = None, None if done else reason
             job.lost_at = job.lost_from = None
-            if "usage" in args:  # the final figures
-                job.usage = args["usage"]
+            if "usage" in args:  # the final figures (with its ended tasks')
+                job.usage = tasks.total_usage(job, args["usage"])
             self._release_slots(ch, job)
         elif event == "fail" and st in ACTIVE:
             job.state, job.exit_status, job.end_time = "EXIT", args.get("exit_status"), when
@@ -654,7 +666,7 @@ class ClusterState:
             job.signal = None
             job.lost_at = job.lost_from = None
             if "usage" in args:
-                job.usage = args["usage"]
+                job.usage = tasks.total_usage(job, args["usage"])
             self._release_slots(ch, job)
         elif event == "stop" and st in ACTIVE:
             if st == "RUN":

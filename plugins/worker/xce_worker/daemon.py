@@ -113,6 +113,7 @@ class Worker:
         """Stop (blocking): jobs stay running unless configured, undelivered reports stay
         spooled; both are logged."""
         s = self.settings
+        self.pushes.tasks.shutdown(s.keep_jobs_on_shutdown, timeout=s.kill_grace + 5)
         self.procman.shutdown(keep_jobs=s.keep_jobs_on_shutdown)
         left = len(self.journal.pending())
         logger.info("worker {}: stopped; {} running job(s) {}; {} report(s) spooled in {}",

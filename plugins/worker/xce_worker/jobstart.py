@@ -49,6 +49,10 @@ class JobError(Exception):
     """A job that cannot be started; the message is the reason reported to the controller."""
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
 def _opt_int(job: Mapping[str, Any], name: str, low: int) -> int | None:
     value = job.get(name)
     if value is None:
@@ -93,6 +97,7 @@ class JobSpec:
     via: str | None = None  # the front end it was submitted through, if any
     array_id: int | None = None  # the array it is an element of
     index: int = 0  # its index in that array (0 when it is not an element, as LSF's %I)
+    slots_by_host: tuple[tuple[str, int], ...] = ()  # the allocation: (host, tasks there)
 
     @property
     def key(self) -> str:
@@ -145,6 +150,7 @@ class JobSpec:
             stdin=_opt_str(job, "stdin"), resreq=resreq if isinstance(resreq, str) else "",
             uid=uid, via=via if isinstance(via, str) else None,
             array_id=of, index=index if of is not None and isinstance(index, int) else 0,
+            slots_by_host=tuple((str(a.get("host")), _count(a.get("ntasks"))) for a in alloc),
         )
 
     def gpus_wanted(self) -> int:

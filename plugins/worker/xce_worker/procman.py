@@ -32,13 +32,17 @@ keeps the start time, run limit and devices for re-adoption.
 
 Jobs run as the worker's own user unless ``run_as_user``. A job allocated to several hosts
 runs on the first one (like LSF, which starts the job on the first host and lists all of
-them in ``LSB_HOSTS``).
+them in ``LSB_HOSTS``); every job gets ``XCE_HOSTFILE`` (one line per slot), and a job of
+several tasks ``XCE_TASK_SECRET``, with which it launches tasks on its hosts
+(:mod:`xce_worker.tasks`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import secrets
 import signal
 import subprocess
 import threading
@@ -245,6 +249,7 @@ class ProcessManager:
             if gpus:
                 extra.update(CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
                              CUDA_DEVICE_ORDER="PCI_BUS_ID", XCE_GPUS=",".join(map(str, gpus)))
+            task_key = self._parallel(spec, owner, extra)
             env = job_env(spec, owner, extra)
             group = self._group(spec, cpus)
             try:
@@ -256,12 +261,28 @@ class ProcessManager:
             self._release(spec.key)
             raise
         try:
-            return self._watch(spec, popen, status, group, paths, (cpus, gpus))
+            return self._watch(spec, popen, status, group, paths, (cpus, gpus), task_key)
         except Exception as exc:
             # It runs but cannot be recorded or watched: its end would never be reported.
             self._abandon(spec.key, popen, group)
             raise JobError(f"cannot watch the job on {self.hname} ({type(exc).__name__}: "
                            f"{exc}); killed it") from None
+
+    def _parallel(self, spec: JobSpec, owner: Any, extra: dict[str, str]) -> str | None:
+        """The job's host file (``XCE_HOSTFILE``: one line per slot, as MPI launchers read
+        it) and, for a job of several tasks, its task secret (``XCE_TASK_SECRET``, which
+        ``xce task launch`` presents); the secret's SHA-256, for the start report."""
+        path = self.jobs_dir / f"{spec.key}.hosts"
+        lines = "".join(f"{h}\n" * n for h, n in spec.slots_by_host) or f"{self.hname}\n"
+        path.write_text(lines)
+        if owner is not None:
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+        extra["XCE_HOSTFILE"] = str(path)
+        if spec.ntasks <= 1 and len(spec.hosts) <= 1:
+            return None
+        secret = secrets.token_hex(32)
+        extra["XCE_TASK_SECRET"] = secret
+        return hashlib.sha256(secret.encode()).hexdigest()
 
     def _group(self, spec: JobSpec, cpus: tuple[int, ...]) -> JobGroup:
         """The job's new, empty group with its limits."""
@@ -272,7 +293,8 @@ class ProcessManager:
 
     def _watch(self, spec: JobSpec, popen: subprocess.Popen[bytes], status: Path,
                group: JobGroup, paths: tuple[Path, Path, Path | None],
-               devices: tuple[tuple[int, ...], tuple[int, ...]]) -> RunningJob:
+               devices: tuple[tuple[int, ...], tuple[int, ...]],
+               task_key: str | None = None) -> RunningJob:
         """Record a started job (journal, re-adoption info) and watch it (its run limit, a
         thread that reports its end)."""
         started = time.time()
@@ -289,7 +311,8 @@ class ProcessManager:
                                     _create_time(popen.pid), str(status),
                                     note={"jobid": spec.jobid, "event": "start",
                                           "pid": popen.pid, "attempt": spec.attempt,
-                                          "time": round(started, 6)})
+                                          "time": round(started, 6),
+                                          **({"task_key": task_key} if task_key else {})})
             self._arm_run_limit(rj)
             threading.Thread(target=self._wait_child, args=(rj,), daemon=True,
                              name=f"xce-job-{spec.jobid}").start()
@@ -457,6 +480,7 @@ class ProcessManager:
             usage, oom = group.final_usage(rusage), False
         self._release(rj.key)
         self._info_path(rj.key).unlink(missing_ok=True)
+        (self.jobs_dir / f"{rj.key}.hosts").unlink(missing_ok=True)
         with self._lock:
             if self.running.get(rj.jobid) is rj:
                 del self.running[rj.jobid]

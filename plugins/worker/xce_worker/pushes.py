@@ -12,6 +12,8 @@ on what changed:
 - the end of a sync (``sync_end``: the truth): kill the jobs this worker runs that the
   controller no longer lists (requeued or ended while the worker was away);
 - ``signal``: kill/stop/resume the job's process group;
+- a job's ``tasks`` (``xce task launch``): :class:`xce_worker.tasks.TaskRunner` starts those
+  of this host and kills them when the job ends;
 - the host record, ``shutdown``: logged.
 
 Pushes that arrive before the worker has started (the sync follows the first join, before the
@@ -27,6 +29,7 @@ from typing import Any
 from loguru import logger
 
 from xce_worker.procman import ProcessManager
+from xce_worker.tasks import TaskRunner
 from xcecore.bridge import Inbox
 from xcecore.protocol import ACTIVE
 from xcecore.replica import Record, Replica, ReplicaObserver
@@ -49,6 +52,7 @@ class PushHandler(ReplicaObserver):
     def __init__(self, hname: str, procman: ProcessManager) -> None:
         self.hname = hname
         self.procman = procman
+        self.tasks = TaskRunner(procman)
         self.handled = 0
         self.replica = Replica(SUBSCRIPTION, host=hname, observer=self, name=f"worker {hname}")
 
@@ -72,8 +76,11 @@ class PushHandler(ReplicaObserver):
         """A job allocated here (new or changed) may need starting or a signal applied."""
         if kind == "hosts" and new is not None:
             logger.debug("worker {}: host record: state {}", self.hname, new.get("state"))
+        elif kind == "jobs" and new is None and isinstance(key, int):
+            self.tasks.gone(key)  # ended (or requeued away): its tasks here end with it
         elif kind == "jobs" and new is not None:
             try:
+                self.tasks.job(new)
                 self._job(new)
             except Exception:  # one job's bad record must not keep the others from starting
                 logger.opt(exception=True).error("worker {}: job {} not handled; going on",
@@ -85,6 +92,7 @@ class PushHandler(ReplicaObserver):
         logger.info("worker {}: {} sync: {} active job(s) allocated here", self.hname, mode,
                     len(jobs))
         listed = {(j.get("jobid"), j.get("attempt") or 0) for j in jobs.values()}
+        self.tasks.keep_only(listed)
         for rj in list(self.procman.running.values()):
             if (rj.jobid, rj.attempt) not in listed:
                 logger.warning("worker {}: job {} (attempt {}) runs here but the controller no "

@@ -1,0 +1,171 @@
+"""A parallel job's tasks beyond its first: launched from inside the job, run by the workers
+of its other hosts (like LSF's blaunch, Slurm's srun inside an allocation).
+
+A job allocated to several hosts runs its first task (rank 0) on its first host; that worker
+gives the job a random secret (``XCE_TASK_SECRET``) and reports only its SHA-256 with the
+job's ``start`` (:func:`set_key`). ``task_launch`` (:func:`launch`) from inside the job must
+act for the job's owner and present the secret; it adds one task record per named host to the
+job's ``tasks`` and the job record's push carries them to the workers of those hosts, which
+start them and report ``task_start`` / ``task_finish`` / ``task_fail`` (:func:`notify`).
+
+The job ends when its first task ends; its workers then kill the tasks they still run and
+report how they ended (accepted after the job ended). A host that becomes unavail while a
+task runs there fails the job: it is killed with the reason naming the host
+(:func:`host_lost`). ``task_block`` (:func:`block`) pauses launches.
+
+A task record: ``{"task", "host", "command", "state" (PEND, RUN, DONE, EXIT), "pid",
+"exit_status", "start_time", "end_time", "reason", "usage"}``. All of it is pure: state
+changes returned as :class:`~xce_controller.state.Changes`, as in ``state.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import TYPE_CHECKING, Any
+
+from xce_controller.jobs import Job
+from xcecore.protocol import ACTIVE, FINISHED
+from xcecore.schema.limits import TASKS_MAX
+from xcecore.wire import ErrorCode, RemoteError
+
+if TYPE_CHECKING:
+    from xce_controller.state import Changes, ClusterState
+
+TASK_ENDED = frozenset({"DONE", "EXIT"})
+SUMMED = ("utime", "stime", "cputime", "max_mem")
+"""Usage figures a task adds to its job's (CPU seconds; peak memory per host, summed)."""
+
+
+def _tasks(job: Job) -> dict[str, Any]:
+    if job.tasks is None:
+        job.tasks = {"blocked": False, "list": []}
+    return job.tasks
+
+
+def set_key(job: Job, key: str) -> None:
+    """The job's ``start`` carried the SHA-256 of its task secret."""
+    _tasks(job)["key"] = key
+
+
+def launch(st: ClusterState, job: Job, hosts: list[str], command: str, secret: str,
+           now: float) -> Changes:
+    """``task_launch`` (the caller acts for the job's owner: checked by the op)."""
+    from xce_controller.state import Changes
+
+    jid = job.jobid
+    if job.state != "RUN":
+        raise RemoteError(ErrorCode.CONFLICT, f"task_launch: job {jid} is {job.state}, not RUN")
+    t = job.tasks
+    key = t.get("key") if t is not None else None
+    if not isinstance(key, str):
+        raise RemoteError(ErrorCode.DENIED, f"task_launch: job {jid} has no task secret (it is "
+                          "not allocated to several hosts, or its start is not reported yet)")
+    if not hmac.compare_digest(hashlib.sha256(secret.encode()).hexdigest(), key):
+        raise RemoteError(ErrorCode.DENIED, f"task_launch: wrong task secret for job {jid}: "
+                          "only the job itself (XCE_TASK_SECRET) may launch its tasks")
+    outside = [h for h in dict.fromkeys(hosts) if not job.runs_on(h)]
+    if outside:
+        raise RemoteError(ErrorCode.INVALID, f"task_launch: host(s) {', '.join(outside)} not in "
+                          f"job {jid}'s allocation ({' '.join(s.host for s in job.alloc)})",
+                          {"arg": "hosts", "outside": outside})
+    assert t is not None
+    if t.get("blocked"):
+        raise RemoteError(ErrorCode.CONFLICT, f"task_launch: task launches of job {jid} are "
+                          "blocked (xce task unblock)", {"blocked": True})
+    records: list[dict[str, Any]] = t["list"]
+    if len(records) + len(hosts) > TASKS_MAX:
+        raise RemoteError(ErrorCode.INVALID, f"task_launch: job {jid} would have more than "
+                          f"{TASKS_MAX} tasks", {"arg": "hosts"})
+    first = len(records) + 1
+    ids = list(range(first, first + len(hosts)))
+    for n, host in zip(ids, hosts, strict=True):
+        records.append({"task": n, "host": host, "command": command, "state": "PEND",
+                        "pid": None, "exit_status": None, "launch_time": now,
+                        "start_time": None, "end_time": None, "reason": None})
+    ch = Changes(result={"jobid": jid, "tasks": ids})
+    st.job_changed(ch, job, job.state)
+    return ch
+
+
+def block(st: ClusterState, job: Job, blocked: bool) -> Changes:
+    """``task_block``: pause or resume the job's task launches."""
+    from xce_controller.state import Changes
+
+    if job.state not in ACTIVE:
+        raise RemoteError(ErrorCode.CONFLICT, f"task_block: job {job.jobid} is {job.state}: it "
+                          "launches no tasks")
+    ch = Changes(result=job)
+    _tasks(job)["blocked"] = blocked
+    st.job_changed(ch, job, job.state)
+    return ch
+
+
+def _task(job: Job, host: str, n: int) -> dict[str, Any]:
+    for rec in (job.tasks or {}).get("list", ()):
+        if rec["task"] == n:
+            if rec["host"] != host:
+                raise RemoteError(ErrorCode.DENIED, f"task {n} of job {job.jobid} runs on "
+                                  f"{rec['host']}, not {host}")
+            return rec  # type: ignore[no-any-return]
+    raise RemoteError(ErrorCode.NOT_FOUND, f"job {job.jobid} has no task {n}")
+
+
+def _add_usage(total: dict[str, Any], usage: Any) -> dict[str, Any]:
+    if not isinstance(usage, dict):
+        return total
+    out = dict(total)
+    for k in SUMMED:
+        v = usage.get(k)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            out[k] = round(float(out.get(k, 0)) + v, 6)
+    return out
+
+
+def total_usage(job: Job, usage: dict[str, Any]) -> dict[str, Any]:
+    """The job's final usage: its first task's plus every task's that ended before it."""
+    for rec in (job.tasks or {}).get("list", ()):
+        if rec["state"] in TASK_ENDED:
+            usage = _add_usage(usage, rec.get("usage"))
+    return usage
+
+
+def notify(st: ClusterState, host: str, job: Job, args: dict[str, Any], now: float) -> Changes:
+    """``task_start`` / ``task_finish`` / ``task_fail`` from the worker of ``host``."""
+    from xce_controller.state import Changes
+
+    rec = _task(job, host, args["task"])
+    event, when = args["event"], args.get("time", now)
+    ch = Changes(result=job)
+    if rec["state"] in TASK_ENDED:
+        return ch  # re-delivered after a failover, or ended by its host's loss
+    if event == "task_start":
+        rec.update(state="RUN", pid=args["pid"], start_time=when)
+    else:
+        code = args.get("exit_status")
+        rec.update(state="DONE" if event == "task_finish" and code == 0 else "EXIT",
+                   exit_status=code, end_time=when)
+        if event == "task_fail":
+            rec["reason"] = "could not start: " + str(args.get("reason", "failed"))
+        if "usage" in args:
+            rec["usage"] = args["usage"]
+            if job.state in FINISHED:  # ended after its job (killed then): adds to it now
+                job.usage = _add_usage(job.usage, args["usage"])
+    st.job_changed(ch, job, job.state)
+    return ch
+
+
+def host_lost(st: ClusterState, ch: Changes, job: Job, host: str) -> None:
+    """``host`` (not the job's first) became unavail: its unfinished tasks are lost, and a
+    job that had one there is killed, the reason naming the host."""
+    lost = [rec for rec in (job.tasks or {}).get("list", ())
+            if rec["host"] == host and rec["state"] not in TASK_ENDED]
+    if not lost:
+        return
+    for rec in lost:
+        rec.update(state="EXIT", reason=f"host {host} became unavailable")
+    if job.state in ACTIVE and job.signal != "kill":
+        st.signal_job(ch, job, "kill")
+        names = ", ".join(str(rec["task"]) for rec in lost)
+        job.reason = f"killed: host {host} of task(s) {names} became unavailable"
+    st.job_changed(ch, job, job.state)

@@ -1,0 +1,217 @@
+"""A parallel job's launched tasks on this host (``xce task launch``, the controller's
+``task_launch``): started, contained, killed and reported like the job itself.
+
+The controller lists a job's tasks in its record (``tasks``); the record's push reaches the
+worker of every host of the job, whose :class:`TaskRunner` starts each task named for its
+host that is still PEND, once. A task runs as its job does (its user, working directory,
+environment with ``XCE_TASKID``, limits) under the job's wrapper
+(:data:`xce_worker.jobstart.WRAPPER`, gated until it is in its group), in a group of its own
+named ``<jobid>.<attempt>.t<task>`` with the job's memory limit, and writes to the job's
+output and error files (append: on a shared file system every task's output meets the job's;
+the default files are the spool's ``<jobid>.out`` of each host).
+
+Reports (spooled in the journal like the job's): ``task_start`` with the pid, ``task_finish``
+with the exit status and the final usage (added to the job's), ``task_fail`` when it cannot
+start. When the job ends (its record leaves this worker's replica, or is no longer active)
+or the controller's sync no longer lists it, its tasks here are killed (SIGTERM, SIGKILL after
+``kill_grace``) and report how they ended. Tasks are not re-adopted after a worker restart:
+the restarted worker's clean-up removes their groups, and it reports a task the controller
+shows RUN here that it does not run as failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from xce_worker.containment import ContainmentError, Limits
+from xce_worker.jobstart import NO_FILES_STATUS, JobError, JobSpec, job_env, output_paths
+from xce_worker.procman import ProcessManager, RunningJob, shell_status
+from xcecore.protocol import ACTIVE
+
+TaskKey = tuple[int, int, int]  # (jobid, attempt, task)
+
+
+@dataclass
+class RunningTask(RunningJob):
+    """One task this worker runs (a :class:`RunningJob` so the process manager's kill
+    serves it; its own key names its group, files and timers)."""
+
+    task: int = 0
+
+    @property
+    def key(self) -> str:
+        """``<jobid>.<attempt>.t<task>``."""
+        return f"{self.jobid}.{self.attempt}.t{self.task}"
+
+
+class TaskRunner:
+    """Starts, kills and reports the tasks of this host (``pm``'s) from job records."""
+
+    def __init__(self, pm: ProcessManager) -> None:
+        self.pm = pm
+        self.hname = pm.hname
+        self._lock = threading.Lock()
+        self.running: dict[TaskKey, RunningTask] = {}
+        self._seen: dict[tuple[int, int], set[int]] = {}  # tasks started here, per attempt
+
+    # ------------------------------------------------------------------ from records
+    def job(self, job: dict[str, Any]) -> None:
+        """A job record allocated here: start its tasks for this host, or kill them all
+        once it is no longer active."""
+        jobid, attempt = job.get("jobid"), job.get("attempt") or 0
+        if not isinstance(jobid, int) or not isinstance(attempt, int):
+            return
+        if job.get("state") not in ACTIVE:
+            self.gone(jobid)
+            return
+        self._older_attempts(jobid, attempt)
+        records = (job.get("tasks") or {}).get("list") or ()
+        seen = self._seen.setdefault((jobid, attempt), set())
+        for rec in records:
+            if not isinstance(rec, dict) or rec.get("host") != self.hname:
+                continue
+            n = rec.get("task")
+            if not isinstance(n, int) or n in seen:
+                continue
+            if rec.get("state") == "PEND":
+                seen.add(n)
+                self._start(job, rec, n)
+            elif rec.get("state") == "RUN":  # started by this host's worker before a restart
+                seen.add(n)
+                self._report(jobid, attempt, n, "task_fail", reason=f"the worker on {self.hname} "
+                             "restarted while the task ran; it was ended")
+
+    def gone(self, jobid: int) -> None:
+        """The job ended (or is no longer allocated here): kill its tasks here."""
+        with self._lock:
+            doomed = [rt for k, rt in self.running.items() if k[0] == jobid]
+            for key in [k for k in self._seen if k[0] == jobid]:
+                del self._seen[key]
+        for rt in doomed:
+            logger.info("worker {}: job {} ended: killing its task {} (pid {})", self.hname,
+                        jobid, rt.task, rt.pid)
+            rt.cause = rt.cause or "killed"
+            self.pm._kill(rt)
+
+    def keep_only(self, listed: set[tuple[Any, Any]]) -> None:
+        """The controller's sync: kill the tasks of jobs it no longer lists here."""
+        with self._lock:
+            jobs = {(k[0], k[1]) for k in self.running}
+        for jobid, attempt in jobs:
+            if (jobid, attempt) not in listed:
+                self.gone(jobid)
+
+    def _older_attempts(self, jobid: int, attempt: int) -> None:
+        with self._lock:
+            old = [k for k in self.running if k[0] == jobid and k[1] != attempt]
+        if old:
+            self.gone(jobid)
+
+    # ------------------------------------------------------------------ starting
+    def _start(self, job: dict[str, Any], rec: dict[str, Any], n: int) -> None:
+        jobid, attempt = int(job["jobid"]), int(job.get("attempt") or 0)
+        try:
+            command = rec.get("command")
+            if not isinstance(command, str) or not command.strip():
+                raise JobError("the task has no command")
+            spec = dataclasses.replace(JobSpec.from_record(job, self.hname), command=command)
+            rt = self._spawn(spec, n)
+        except JobError as exc:
+            self._report(jobid, attempt, n, "task_fail", reason=str(exc))
+            return
+        except Exception as exc:
+            logger.opt(exception=True).error("worker {}: starting task {} of job {} failed "
+                                             "unexpectedly", self.hname, n, jobid)
+            self._report(jobid, attempt, n, "task_fail",
+                         reason=f"cannot start on {self.hname}: {type(exc).__name__}: {exc}")
+            return
+        logger.info("worker {}: started task {} of job {} as pid {} (group {}): {:.120}",
+                    self.hname, n, jobid, rt.pid, rt.group.name, command)
+
+    def _spawn(self, spec: JobSpec, n: int) -> RunningTask:
+        pm = self.pm
+        if not os.path.isdir(spec.cwd):
+            raise JobError(f"working directory {spec.cwd!r} does not exist on {self.hname}")
+        paths = output_paths(spec, pm.jobs_dir)
+        owner = pm._owner(spec)
+        key = f"{spec.key}.t{n}"
+        status = pm.jobs_dir / f"{key}.status"
+        env = job_env(spec, owner, {"XCE_TASKID": str(n), "XCE_TASK_HOST": self.hname})
+        try:
+            group = pm.containment.create(key, Limits(spec.mem_limit, ()))
+        except (ContainmentError, OSError) as exc:
+            raise JobError(f"cannot contain the task on {self.hname}: {exc}") from None
+        try:
+            popen = pm._popen(spec, env, paths, status, owner, group, ())
+        except BaseException:
+            group.destroy()
+            raise
+        rt = RunningTask(spec.jobid, spec.attempt, popen.pid, status, group, popen, task=n)
+        with self._lock:
+            self.running[(spec.jobid, spec.attempt, n)] = rt
+        self._report(spec.jobid, spec.attempt, n, "task_start", pid=popen.pid)
+        threading.Thread(target=self._wait, args=(rt,), daemon=True,
+                         name=f"xce-task-{spec.jobid}.{n}").start()
+        return rt
+
+    # ------------------------------------------------------------------ ending
+    def _wait(self, rt: RunningTask) -> None:
+        assert rt.popen is not None
+        _, wstatus, rusage = os.wait4(rt.pid, 0)
+        ended = time.time()
+        rt.popen.returncode = os.waitstatus_to_exitcode(wstatus)
+        code = shell_status(rt.popen.returncode)
+        group = rt.group
+        try:
+            if group.pids():  # what the task left behind ends with it
+                group.kill()
+                group.wait_empty(5.0)
+            usage = group.final_usage(rusage)
+            group.destroy()
+        except OSError as exc:
+            logger.error("worker {}: task {} of job {}: group {}: {}", self.hname, rt.task,
+                         rt.jobid, group.name, exc)
+            usage = group.final_usage(rusage)
+        self.pm.timers.cancel(f"kill:{rt.key}")
+        with self._lock:
+            self.running.pop((rt.jobid, rt.attempt, rt.task), None)
+        rt.done.set()
+        Path(rt.status_file).unlink(missing_ok=True)
+        if code == NO_FILES_STATUS and rt.cause is None:
+            self._report(rt.jobid, rt.attempt, rt.task, "task_fail", time_=ended,
+                         reason=f"the job's files cannot be opened by its user on {self.hname}")
+            return
+        logger.info("worker {}: task {} of job {} finished with exit status {}{}", self.hname,
+                    rt.task, rt.jobid, code, " (killed)" if rt.cause else "")
+        self._report(rt.jobid, rt.attempt, rt.task, "task_finish", time_=ended,
+                     exit_status=code, usage=usage.report())
+
+    def _report(self, jobid: int, attempt: int, n: int, event: str,
+                time_: float | None = None, **more: Any) -> None:
+        if event == "task_fail":
+            logger.warning("worker {}: task {} of job {} failed: {}", self.hname, n, jobid,
+                           more.get("reason"))
+        self.pm.journal.notify({"jobid": jobid, "attempt": attempt, "event": event, "task": n,
+                                "time": round(time_ if time_ is not None else time.time(), 6),
+                                **more})
+
+    def shutdown(self, keep: bool, timeout: float) -> None:
+        """On worker stop: kill the tasks (unless ``keep``: left running) and wait."""
+        with self._lock:
+            tasks = list(self.running.values())
+        if keep or not tasks:
+            return
+        for rt in tasks:
+            rt.cause = rt.cause or "killed"
+            self.pm._kill(rt)
+        deadline = time.monotonic() + timeout
+        for rt in tasks:
+            rt.done.wait(max(0.0, deadline - time.monotonic()))
