@@ -60,7 +60,9 @@ with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30) as s,
     fh.write(f"{os.environ['XCE_TASK_HOST']} task {os.environ['XCE_TASKID']}\n")
     fh.flush()
     assert fh.readline().strip() == "ok"
-print("task on", os.environ["XCE_TASK_HOST"], "done", flush=True)
+with open("/proc/self/cgroup") as fh:
+    group = ";".join(fh.read().split())
+print("task on", os.environ["XCE_TASK_HOST"], "done in", group, flush=True)
 '''
 
 
@@ -145,7 +147,10 @@ def test_tasks_on_three_hosts_talk_over_tcp_refusals_block_and_rank0_end(
                       if line.startswith("{"))
         assert result == {"heard": ["n2 task 1", "n3 task 2"], "launch_rc": 0,
                           "hostfile": "n1\nn2\nn3\n"}, text
-        assert "task on n2 done" in text and "task on n3 done" in text
+        for n, host in ((1, "n2"), (2, "n3")):  # each in a cgroup of the job on its host
+            assert f"task on {host} done in " in text
+            groups = text.split(f"task on {host} done in ")[1].split("\n")[0].split(";")
+            assert any(g.endswith(f"/job-{jobid}.0.t{n}") for g in groups), text
         listed = tasks_of(rec)
         assert [(t["task"], t["host"], t["state"], t["exit_status"]) for t in listed] == \
             [(1, "n2", "DONE", 0), (2, "n3", "DONE", 0)]
