@@ -99,7 +99,7 @@ MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "res
         "failover-key-sameload", "tls", "failover-tls", "failover-sameload-tls",
         "failover-stop-baseline", "failover-stop-liveness3-baseline", "arrays",
         "failover-etcd", "failover-stop-etcd", "etcd", "chaos-etcd",
-        "failover-stop-liveness1-etcd", "stream", "events")
+        "failover-stop-liveness1-etcd", "stream", "events", "tasks")
 SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
@@ -1007,6 +1007,32 @@ def stream_section(d: dict[str, Any] | None) -> list[str]:
     return [*lines, ""]
 
 
+def tasks_section(d: dict[str, Any] | None) -> list[str]:
+    """Parallel jobs' tasks (``bench_tasks.py``, issue #22): launch latency, 3-host start."""
+    lines = ["## 18. Parallel jobs' tasks (`bench_tasks.py`, issue #22)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/tasks.json`).", ""]
+    res = d["results"]
+    lines += [f"Source: {provenance(d)}{load_note(d)}. The fault test bed: one controller "
+              "candidate (SQLite, durable commits) on a simulated host, a real worker on each of "
+              "three more (network namespaces on one machine, so one clock), each task a real "
+              "process in a cgroup of its job. The machine was shared with other helpers' test "
+              "suites: the figures are pessimistic.", "", DIST_HEAD,
+              dist_row("`task_launch` call -> the task's command running on n2 (ms)",
+                       res["launch_ms"]),
+              dist_row("`xce task launch n2 -- true` from inside the job, whole command (ms)",
+                       res["cli_launch_ms"]),
+              dist_row("3-host job: `jobsubmit` -> rank 0 running on n1 (ms, forced dispatch)",
+                       res["job_rank0_ms"]),
+              dist_row("3-host job: `jobsubmit` -> both tasks running on n2, n3 (ms; rank 0 "
+                       "runs `xce task launch`)", res["job_all_tasks_ms"]),
+              "", "The command's time is mostly its own start (a Python interpreter and its "
+              "imports), then its poll of the job's record for the tasks' end (the poll's "
+              "interval grows from 20 ms); the rank 0 -> tasks figure includes one such command.",
+              ""]
+    return lines
+
+
 def main() -> int:
     """Write RESULTS.md."""
     import datetime as dt
@@ -1041,6 +1067,7 @@ def main() -> int:
                           mine["failover-stop-liveness1-etcd"])
     lines += stream_section(mine["stream"])
     lines += events_section(mine["events"])
+    lines += tasks_section(mine["tasks"])
     OUT.write_text("\n".join(lines))
     print(f"[report] wrote {OUT.relative_to(ROOT)}", flush=True)
     return 0
