@@ -142,11 +142,12 @@ def notify(st: ClusterState, host: str, job: Job, args: dict[str, Any], now: flo
     if event == "task_start":
         rec.update(state="RUN", pid=args["pid"], start_time=when)
     else:
-        code = args.get("exit_status")
+        code, was = args.get("exit_status"), rec["state"]
         rec.update(state="DONE" if event == "task_finish" and code == 0 else "EXIT",
                    exit_status=code, end_time=when)
         if event == "task_fail":
-            rec["reason"] = "could not start: " + str(args.get("reason", "failed"))
+            text = str(args.get("reason", "failed"))
+            rec["reason"] = "could not start: " + text if was == "PEND" else "failed: " + text
         if "usage" in args:
             rec["usage"] = args["usage"]
             if job.state in FINISHED:  # ended after its job (killed then): adds to it now

@@ -1,0 +1,105 @@
+"""The worker's side of parallel jobs (``xce_worker.tasks``) with real processes and real
+cgroups: a job record listing a task for this host starts it once, in a group of its own
+under the job's key, with the job's environment and ``XCE_TASKID``; its reports; the job's
+end kills it; a task the controller shows RUN that this worker does not run is reported
+failed; and rank 0 gets ``XCE_HOSTFILE`` and ``XCE_TASK_SECRET`` (whose SHA-256 its start
+report carries)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jobkit import have_cgroup, is_dead, job, manager, need_root, notes, text_of
+from xce_worker.tasks import TaskRunner
+
+from xcecore.testing import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    need_root()
+    if not have_cgroup(1, "freezer"):
+        pytest.fail("these tests need the cgroup v1 freezer hierarchy mounted (as CI has)")
+
+
+def parallel(jobid: int, tasks: list[dict[str, Any]], out: Path, state: str = "RUN") -> dict[str, Any]:
+    return job(jobid, "true", "h1", state=state, ntasks=3, stdout=str(out),
+               alloc=[{"host": "h0", "ntasks": 2}, {"host": "h1", "ntasks": 1}],
+               tasks={"blocked": False, "list": tasks})
+
+
+def task(n: int, command: str, host: str = "h1", state: str = "PEND") -> dict[str, Any]:
+    return {"task": n, "host": host, "command": command, "state": state}
+
+
+def test_a_task_starts_once_in_its_group_and_the_jobs_end_kills_it(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with manager(tmp_path, "cgroup1", hname="h1") as pm:
+        runner = TaskRunner(pm)
+        cmd = ("echo task=$XCE_TASKID host=$XCE_TASK_HOST job=$XCE_JOBID; "
+               "grep freezer /proc/self/cgroup; exec sleep 60")
+        rec = parallel(7, [task(1, cmd), task(2, "echo not mine", host="h0")], out)
+        runner.job(rec)
+        runner.job(rec)  # the same record again (another change of the job): not twice
+        wait_for(lambda: "freezer" in text_of(out), 20,
+                 what="the task's output")
+        text = text_of(out)
+        assert "task=1 host=h1 job=7" in text and "not mine" not in text, text
+        assert text.strip().endswith("/job-7.0.t1"), text  # its own group, under the job's key
+        assert list(runner.running) == [(7, 0, 1)]
+        rt = runner.running[(7, 0, 1)]
+        starts = [n for n in notes(pm, 7) if n["event"] == "task_start"]
+        assert len(starts) == 1 and starts[0]["task"] == 1 and starts[0]["pid"] == rt.pid
+        runner.job({**rec, "state": "DONE"})  # the job ended: its task here is killed
+        end = wait_for(lambda: next((n for n in notes(pm, 7) if n["event"] == "task_finish"),
+                                    None), 20, what="the task's end report")
+        assert end["exit_status"] > 128 and "cputime" in end["usage"], end
+        assert is_dead(rt.pid) and not runner.running
+
+
+def test_a_task_shown_running_that_this_worker_does_not_run_is_reported_failed(
+        tmp_path: Path) -> None:
+    with manager(tmp_path, "cgroup1", hname="h1") as pm:
+        runner = TaskRunner(pm)
+        runner.job(parallel(8, [task(1, "sleep 60", state="RUN")], tmp_path / "out"))
+        (fail,) = [n for n in notes(pm, 8) if n["event"] == "task_fail"]
+        assert fail["task"] == 1 and "restarted" in fail["reason"]
+        assert not runner.running
+
+
+def test_a_task_that_cannot_start_is_reported_with_the_reason(tmp_path: Path) -> None:
+    with manager(tmp_path, "cgroup1", hname="h1") as pm:
+        runner = TaskRunner(pm)
+        rec = {**parallel(9, [task(1, "true")], tmp_path / "out"), "cwd": str(tmp_path / "nope")}
+        runner.job(rec)
+        (fail,) = [n for n in notes(pm, 9) if n["event"] == "task_fail"]
+        assert "does not exist on h1" in fail["reason"]
+
+
+def test_rank0_gets_a_host_file_and_a_task_secret_whose_hash_it_reports(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with manager(tmp_path, "cgroup1", hname="h0") as pm:
+        rec = parallel(10, [], out)
+        rec["command"] = 'cat "$XCE_HOSTFILE"; echo "secret=$XCE_TASK_SECRET"'
+        assert pm.start(rec)
+        wait_for(lambda: any(n["event"] == "finish" for n in notes(pm, 10)), 20,
+                 what="rank 0's end")
+        lines = text_of(out).splitlines()
+        assert lines[:3] == ["h0", "h0", "h1"], lines
+        secret = lines[3].removeprefix("secret=")
+        assert len(secret) == 64
+        (start,) = [n for n in notes(pm, 10) if n["event"] == "start"]
+        assert start["task_key"] == hashlib.sha256(secret.encode()).hexdigest()
+        assert not (pm.jobs_dir / "10.0.hosts").exists()  # removed with the job
+        # a job of one task on one host has a host file but no secret
+        assert pm.start(job(11, 'cat "$XCE_HOSTFILE"; echo "secret=${XCE_TASK_SECRET:-none}"',
+                            "h0", stdout=str(tmp_path / "one")))
+        wait_for(lambda: "secret=" in text_of(tmp_path / "one"), 20, what="job 11's output")
+        assert text_of(tmp_path / "one").splitlines() == ["h0", "secret=none"]
+        (start,) = [n for n in notes(pm, 11) if n["event"] == "start"]
+        assert "task_key" not in start
