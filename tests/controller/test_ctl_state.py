@@ -300,7 +300,8 @@ def test_submit_takes_the_default_queue_and_counts_ids() -> None:
                         "state": "PEND", "submit_time": T0, "start_time": None, "end_time": None,
                         "alloc": [], "pid": None, "exit_status": None, "pend_reason": None,
                         "reason": None, "signal": None, "attempt": 0, "forced": False, "usage": {},
-                        "rev": 0, "lost_at": None, "lost_from": None, "array": None, "waiting": None}
+                        "rev": 0, "lost_at": None, "lost_from": None, "array": None, "waiting": None,
+                        "tasks": None}
     full = {"command": "x", "user": "eve", "name": "n", "project": "p", "cwd": "/w", "env": {"A": "1"},
             "resreq": "select[mem>1]", "ntasks": 3, "output": "/o"}  # a field the record does not know
     new = st.jobs[st.submit(full, T0).result["jobid"]]

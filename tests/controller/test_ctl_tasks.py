@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from xce_controller import tasks
 from xce_controller.settings import ClusterConf
-from xce_controller.state import ClusterState
+from xce_controller.state import Changes, ClusterState
 
 from xcecore.wire import RemoteError
 
@@ -34,8 +34,15 @@ def parallel_job(*, key: bool = True) -> tuple[ClusterState, int]:
     return st, jobid
 
 
-def launch(st: ClusterState, jobid: int, hosts: list[str], secret: str = SECRET) -> Any:
-    return tasks.launch(st, st.job(jobid), hosts, "hostname", secret, T0 + 2)
+def launch(st: ClusterState, jobid: int, hosts: list[str], secret: str = SECRET,
+           command: str = "hostname") -> Changes:
+    ch = Changes()
+    tasks.launch(st, ch, st.job(jobid), hosts, command, secret, T0 + 2)
+    return ch
+
+
+def block(st: ClusterState, jobid: int, blocked: bool) -> None:
+    tasks.block(st, Changes(), st.job(jobid), blocked)
 
 
 def test_launch_checks_secret_and_allocation_and_pushes_to_the_task_hosts() -> None:
@@ -55,6 +62,21 @@ def test_launch_checks_secret_and_allocation_and_pushes_to_the_task_hosts() -> N
     assert [(t["task"], t["host"], t["state"]) for t in st.job(jobid).tasks["list"]] == \
         [(1, "n2", "PEND"), (2, "n3", "PEND"), (3, "n2", "PEND")]
     assert [r[0] for r in ch.rows] == ["jobs"]
+    assert st.job(jobid).tasks["commands"] == ["hostname"]  # once per launch
+    assert {t["launch"] for t in st.job(jobid).tasks["list"]} == {0}
+
+
+def test_a_jobs_tasks_are_bounded() -> None:
+    st, jobid = parallel_job()
+    big = "x" * 200_000
+    launch(st, jobid, ["n2"], command=big)
+    with pytest.raises(RemoteError) as err:
+        launch(st, jobid, ["n2"], command=big)
+    assert err.value.code == "INVALID" and "characters in all" in err.value.message
+    with pytest.raises(RemoteError) as err:
+        launch(st, jobid, ["n2"] * 4096)
+    assert err.value.code == "INVALID" and "more than 4096 tasks" in err.value.message
+    assert len(st.job(jobid).tasks["list"]) == 1
 
 
 def test_a_job_without_a_task_key_or_not_running_launches_nothing() -> None:
@@ -71,11 +93,11 @@ def test_a_job_without_a_task_key_or_not_running_launches_nothing() -> None:
 
 def test_block_refuses_launches_until_unblock() -> None:
     st, jobid = parallel_job()
-    tasks.block(st, st.job(jobid), True)
+    block(st, jobid, True)
     with pytest.raises(RemoteError) as err:
         launch(st, jobid, ["n2"])
     assert err.value.code == "CONFLICT" and err.value.data == {"blocked": True}
-    tasks.block(st, st.job(jobid), False)
+    block(st, jobid, False)
     assert launch(st, jobid, ["n2"]).result["tasks"] == [1]
 
 

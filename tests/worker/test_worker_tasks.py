@@ -27,14 +27,17 @@ def _root() -> None:
         pytest.fail("these tests need the cgroup v1 freezer hierarchy mounted (as CI has)")
 
 
-def parallel(jobid: int, tasks: list[dict[str, Any]], out: Path, state: str = "RUN") -> dict[str, Any]:
+def parallel(jobid: int, tasks: list[tuple[dict[str, Any], str]], out: Path,
+             state: str = "RUN") -> dict[str, Any]:
+    """A job record of 3 tasks over h0 (2) and h1 (1), listing ``tasks`` (record, command)."""
     return job(jobid, "true", "h1", state=state, ntasks=3, stdout=str(out),
                alloc=[{"host": "h0", "ntasks": 2}, {"host": "h1", "ntasks": 1}],
-               tasks={"blocked": False, "list": tasks})
+               tasks={"blocked": False, "list": [{**t, "launch": i} for i, (t, _) in enumerate(tasks)],
+                      "commands": [c for _, c in tasks]})
 
 
-def task(n: int, command: str, host: str = "h1", state: str = "PEND") -> dict[str, Any]:
-    return {"task": n, "host": host, "command": command, "state": state}
+def task(n: int, command: str, host: str = "h1", state: str = "PEND") -> tuple[dict[str, Any], str]:
+    return {"task": n, "host": host, "state": state}, command
 
 
 def test_a_task_starts_once_in_its_group_and_the_jobs_end_kills_it(tmp_path: Path) -> None:

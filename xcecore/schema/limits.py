@@ -43,6 +43,7 @@ BATCH_MAX: Final = 1_000_000
 DISPATCH_MORE_MAX: Final = 1000
 TASK_HOSTS_MAX: Final = 1024  # hosts one task_launch names
 TASKS_MAX: Final = 4096  # tasks one job may launch in all
+TASK_COMMANDS_MAX: Final = 256 * 1024  # characters of all of a job's task commands
 """Array elements one ``jobdispatch`` may start beyond its first (``more``)."""
 """Ids or names in one list (``jobids``, ``hosts``, ``reasons``, ...)."""
 PAGE_MAX: Final = 1000

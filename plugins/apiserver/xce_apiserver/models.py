@@ -214,8 +214,9 @@ class Job(BaseModel):
     submittime: int = Field(description="submit_time in whole seconds")
     jobdescription: str = ""
     tasks: dict[str, Any] | None = Field(None, description="a parallel job's launched tasks "
-                                         "(xce task launch): {blocked, list: [{task, host, "
-                                         "state, pid, exit_status, start_time, end_time, "
+                                         "(xce task launch): {blocked, commands (one per "
+                                         "launch), list: [{task, host, launch, state, pid, "
+                                         "exit_status, launch_time, start_time, end_time, "
                                          "reason, usage}]}; null if it never had any")
 
 

@@ -261,7 +261,9 @@ def _own_job(srv: ServerView, caller: Caller, op: str, jobid: int, user: str) ->
 def op_task_launch(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     # Only the job itself: its owner (no administrator override) holding its task secret.
     job = _own_job(srv, caller, "task_launch", args["jobid"], args["user"])
-    return tasks.launch(srv.state, job, args["hosts"], args["command"], args["secret"], now)
+    ch = Changes()
+    tasks.launch(srv.state, ch, job, args["hosts"], args["command"], args["secret"], now)
+    return ch
 
 
 def op_task_block(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
@@ -269,7 +271,9 @@ def op_task_block(srv: ServerView, caller: Caller, args: dict[str, Any], now: fl
     job = srv.state.job(args["jobid"])
     if job.user != user and not srv.policy.may_administer(caller.role, "task_block", user):
         _own_job(srv, caller, "task_block", args["jobid"], user)
-    return tasks.block(srv.state, job, args["action"] == "block")
+    ch = Changes()
+    tasks.block(srv.state, ch, job, args["action"] == "block")
+    return ch
 
 
 def op_resval(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:

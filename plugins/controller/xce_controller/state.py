@@ -625,7 +625,9 @@ class ClusterState:
         if attempt is not None and attempt != job.attempt:
             raise conflict(f"job {jobid} report is for attempt {attempt}, job is at {job.attempt}")
         if event.startswith("task_"):
-            return tasks.notify(self, host, job, args, now)
+            ch = Changes()
+            tasks.notify(self, ch, host, job, args, now)
+            return ch
         st = job.state
         ch = Changes()
         if event in ("finish", "fail") and st in FINISHED:

@@ -13,8 +13,11 @@ report how they ended (accepted after the job ended). A host that becomes unavai
 task runs there fails the job: it is killed with the reason naming the host
 (:func:`host_lost`). ``task_block`` (:func:`block`) pauses launches.
 
-A task record: ``{"task", "host", "command", "state" (PEND, RUN, DONE, EXIT), "pid",
-"exit_status", "start_time", "end_time", "reason", "usage"}``. All of it is pure: state
+A task record: ``{"task", "host", "launch" (its command: ``commands[launch]``, one per
+``task_launch``), "state" (PEND, RUN, DONE, EXIT), "pid", "exit_status", "launch_time",
+"start_time", "end_time", "reason", "usage"}``. The record travels with every push of its
+job (to the job's hosts), so a job's tasks are bounded: at most :data:`TASKS_MAX`, their
+commands at most :data:`TASK_COMMANDS_MAX` characters in all. All of it is pure: state
 changes returned as :class:`~xce_controller.state.Changes`, as in ``state.py``.
 """
 
@@ -22,15 +25,28 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from xce_controller.jobs import Job
 from xcecore.protocol import ACTIVE, FINISHED
-from xcecore.schema.limits import TASKS_MAX
+from xcecore.schema.limits import TASK_COMMANDS_MAX, TASKS_MAX
 from xcecore.wire import ErrorCode, RemoteError
 
-if TYPE_CHECKING:
-    from xce_controller.state import Changes, ClusterState
+
+class Changes(Protocol):
+    """What a transition did (:class:`xce_controller.state.Changes`)."""
+
+    result: Any
+    rows: list[Any]
+    events: list[Any]
+
+
+class ClusterState(Protocol):
+    """What this module uses of :class:`xce_controller.state.ClusterState` (which calls it)."""
+
+    def job_changed(self, ch: Any, job: Job, was: str, extra_hosts: Any = ()) -> None: ...
+
+    def signal_job(self, ch: Any, job: Job, signal: str) -> None: ...
 
 TASK_ENDED = frozenset({"DONE", "EXIT"})
 SUMMED = ("utime", "stime", "cputime", "max_mem")
@@ -48,11 +64,9 @@ def set_key(job: Job, key: str) -> None:
     _tasks(job)["key"] = key
 
 
-def launch(st: ClusterState, job: Job, hosts: list[str], command: str, secret: str,
-           now: float) -> Changes:
-    """``task_launch`` (the caller acts for the job's owner: checked by the op)."""
-    from xce_controller.state import Changes
-
+def launch(st: ClusterState, ch: Changes, job: Job, hosts: list[str], command: str,
+           secret: str, now: float) -> None:
+    """``task_launch`` into ``ch`` (the caller acts for the job's owner: checked by the op)."""
     jid = job.jobid
     if job.state != "RUN":
         raise RemoteError(ErrorCode.CONFLICT, f"task_launch: job {jid} is {job.state}, not RUN")
@@ -77,28 +91,29 @@ def launch(st: ClusterState, job: Job, hosts: list[str], command: str, secret: s
     if len(records) + len(hosts) > TASKS_MAX:
         raise RemoteError(ErrorCode.INVALID, f"task_launch: job {jid} would have more than "
                           f"{TASKS_MAX} tasks", {"arg": "hosts"})
+    commands: list[str] = t.setdefault("commands", [])
+    if sum(map(len, commands)) + len(command) > TASK_COMMANDS_MAX:
+        raise RemoteError(ErrorCode.INVALID, f"task_launch: job {jid}'s task commands would "
+                          f"pass {TASK_COMMANDS_MAX:,} characters in all", {"arg": "command"})
+    commands.append(command)
     first = len(records) + 1
     ids = list(range(first, first + len(hosts)))
     for n, host in zip(ids, hosts, strict=True):
-        records.append({"task": n, "host": host, "command": command, "state": "PEND",
+        records.append({"task": n, "host": host, "launch": len(commands) - 1, "state": "PEND",
                         "pid": None, "exit_status": None, "launch_time": now,
                         "start_time": None, "end_time": None, "reason": None})
-    ch = Changes(result={"jobid": jid, "tasks": ids})
+    ch.result = {"jobid": jid, "tasks": ids}
     st.job_changed(ch, job, job.state)
-    return ch
 
 
-def block(st: ClusterState, job: Job, blocked: bool) -> Changes:
-    """``task_block``: pause or resume the job's task launches."""
-    from xce_controller.state import Changes
-
+def block(st: ClusterState, ch: Changes, job: Job, blocked: bool) -> None:
+    """``task_block`` into ``ch``: pause or resume the job's task launches."""
     if job.state not in ACTIVE:
         raise RemoteError(ErrorCode.CONFLICT, f"task_block: job {job.jobid} is {job.state}: it "
                           "launches no tasks")
-    ch = Changes(result=job)
+    ch.result = job
     _tasks(job)["blocked"] = blocked
     st.job_changed(ch, job, job.state)
-    return ch
 
 
 def _task(job: Job, host: str, n: int) -> dict[str, Any]:
@@ -130,15 +145,15 @@ def total_usage(job: Job, usage: dict[str, Any]) -> dict[str, Any]:
     return usage
 
 
-def notify(st: ClusterState, host: str, job: Job, args: dict[str, Any], now: float) -> Changes:
-    """``task_start`` / ``task_finish`` / ``task_fail`` from the worker of ``host``."""
-    from xce_controller.state import Changes
-
+def notify(st: ClusterState, ch: Changes, host: str, job: Job, args: dict[str, Any],
+           now: float) -> None:
+    """``task_start`` / ``task_finish`` / ``task_fail`` from the worker of ``host``, into
+    ``ch``."""
     rec = _task(job, host, args["task"])
     event, when = args["event"], args.get("time", now)
-    ch = Changes(result=job)
+    ch.result = job
     if rec["state"] in TASK_ENDED:
-        return ch  # re-delivered after a failover, or ended by its host's loss
+        return  # re-delivered after a failover, or ended by its host's loss
     if event == "task_start":
         rec.update(state="RUN", pid=args["pid"], start_time=when)
     else:
@@ -153,7 +168,6 @@ def notify(st: ClusterState, host: str, job: Job, args: dict[str, Any], now: flo
             if job.state in FINISHED:  # ended after its job (killed then): adds to it now
                 job.usage = _add_usage(job.usage, args["usage"])
     st.job_changed(ch, job, job.state)
-    return ch
 
 
 def host_lost(st: ClusterState, ch: Changes, job: Job, host: str) -> None:

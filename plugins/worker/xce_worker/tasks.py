@@ -73,7 +73,8 @@ class TaskRunner:
             self.gone(jobid)
             return
         self._older_attempts(jobid, attempt)
-        records = (job.get("tasks") or {}).get("list") or ()
+        t = job.get("tasks") or {}
+        records, commands = t.get("list") or (), t.get("commands") or ()
         seen = self._seen.setdefault((jobid, attempt), set())
         for rec in records:
             if not isinstance(rec, dict) or rec.get("host") != self.hname:
@@ -83,7 +84,10 @@ class TaskRunner:
                 continue
             if rec.get("state") == "PEND":
                 seen.add(n)
-                self._start(job, rec, n)
+                launch = rec.get("launch")
+                command = commands[launch] if isinstance(launch, int) and \
+                    0 <= launch < len(commands) else None
+                self._start(job, command, n)
             elif rec.get("state") == "RUN":  # started by this host's worker before a restart
                 seen.add(n)
                 self._report(jobid, attempt, n, "task_fail", reason=f"the worker on {self.hname} "
@@ -116,10 +120,9 @@ class TaskRunner:
             self.gone(jobid)
 
     # ------------------------------------------------------------------ starting
-    def _start(self, job: dict[str, Any], rec: dict[str, Any], n: int) -> None:
+    def _start(self, job: dict[str, Any], command: Any, n: int) -> None:
         jobid, attempt = int(job["jobid"]), int(job.get("attempt") or 0)
         try:
-            command = rec.get("command")
             if not isinstance(command, str) or not command.strip():
                 raise JobError("the task has no command")
             spec = dataclasses.replace(JobSpec.from_record(job, self.hname), command=command)
