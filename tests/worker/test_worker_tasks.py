@@ -58,6 +58,10 @@ def test_a_task_starts_once_in_its_group_and_the_jobs_end_kills_it(tmp_path: Pat
         rt = runner.running[(7, 0, 1)]
         starts = [n for n in notes(pm, 7) if n["event"] == "task_start"]
         assert len(starts) == 1 and starts[0]["task"] == 1 and starts[0]["pid"] == rt.pid
+        runner.stop_or_resume(7, True)  # the job stopped: so is its task (the freezer)
+        assert rt.stopped and _freezer(rt) == "FROZEN"
+        runner.stop_or_resume(7, False)
+        assert not rt.stopped and _freezer(rt) == "THAWED"
         runner.job({**rec, "state": "DONE"})  # the job ended: its task here is killed
         end = wait_for(lambda: next((n for n in notes(pm, 7) if n["event"] == "task_finish"),
                                     None), 20, what="the task's end report")
@@ -106,3 +110,9 @@ def test_rank0_gets_a_host_file_and_a_task_secret_whose_hash_it_reports(tmp_path
         assert text_of(tmp_path / "one").splitlines() == ["h0", "secret=none"]
         (start,) = [n for n in notes(pm, 11) if n["event"] == "start"]
         assert "task_key" not in start
+
+
+
+def _freezer(rt: Any) -> str:
+    """The task's cgroup1 freezer state."""
+    return (rt.group.dirs["freezer"] / "freezer.state").read_text().strip()  # type: ignore[no-any-return]

@@ -127,6 +127,8 @@ class PushHandler(ReplicaObserver):
             logger.error("worker {}: malformed signal push {!r}; ignored", self.hname, data)
             return
         hosts = data.get("hosts") or []
+        if name in ("stop", "resume"):
+            self.tasks.stop_or_resume(jobid, name == "stop")  # its tasks here, any host
         if hosts and hosts[0] != self.hname:
             return
         self.procman.signal(jobid, data.get("attempt"), name)

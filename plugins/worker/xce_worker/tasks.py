@@ -14,7 +14,8 @@ Reports (spooled in the journal like the job's): ``task_start`` with the pid, ``
 with the exit status and the final usage (added to the job's), ``task_fail`` when it cannot
 start. When the job ends (its record leaves this worker's replica, or is no longer active)
 or the controller's sync no longer lists it, its tasks here are killed (SIGTERM, SIGKILL after
-``kill_grace``) and report how they ended. Tasks are not re-adopted after a worker restart:
+``kill_grace``) and report how they ended; stopping or resuming the job stops or resumes
+them too. Tasks are not re-adopted after a worker restart:
 the restarted worker's clean-up removes their groups, and it reports a task the controller
 shows RUN here that it does not run as failed.
 """
@@ -104,6 +105,16 @@ class TaskRunner:
                         jobid, rt.task, rt.pid)
             rt.cause = rt.cause or "killed"
             self.pm._kill(rt)
+
+    def stop_or_resume(self, jobid: int, stop: bool) -> None:
+        """The job was stopped or resumed: so are its tasks here (freezer or SIGSTOP/CONT)."""
+        with self._lock:
+            tasks = [rt for k, rt in self.running.items() if k[0] == jobid]
+        for rt in tasks:
+            if rt.stopped != stop and not rt.killing:
+                self.pm._stop_or_resume(rt, stop)
+                logger.info("worker {}: {} task {} of job {}", self.hname,
+                            "stopped" if stop else "resumed", rt.task, jobid)
 
     def keep_only(self, listed: set[tuple[Any, Any]]) -> None:
         """The controller's sync: kill the tasks of jobs it no longer lists here."""
