@@ -91,6 +91,17 @@ def test_a_job_without_a_task_key_or_not_running_launches_nothing() -> None:
     assert err.value.code == "CONFLICT" and "USUSP" in err.value.message
 
 
+def test_a_launch_onto_an_unavailable_host_is_refused_naming_it() -> None:
+    st, jobid = parallel_job()
+    st.heartbeat("n1", T0 + 10)
+    st.heartbeat("n2", T0 + 10)
+    st.expire_hosts(T0 + 10)
+    with pytest.raises(RemoteError) as err:
+        launch(st, jobid, ["n2", "n3"])
+    assert err.value.code == "CONFLICT" and err.value.data == {"unavailable": ["n3"]}
+    assert launch(st, jobid, ["n2"]).result["tasks"] == [1]
+
+
 def test_block_refuses_launches_until_unblock() -> None:
     st, jobid = parallel_job()
     block(st, jobid, True)

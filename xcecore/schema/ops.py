@@ -411,7 +411,8 @@ class TaskLaunchArgs(TypedDict):
     ``hosts``, through their workers. Only the job itself may: the caller must act for the
     job's owner *and* present the job's task secret (``XCE_TASK_SECRET`` in the job's
     environment); an administrator is no exception. Every host must be in the job's
-    allocation (INVALID naming the others); the job must be RUN (CONFLICT). While launches
+    allocation (INVALID naming the others) and available (CONFLICT naming the others, in
+    ``error.unavailable``); the job must be RUN (CONFLICT). While launches
     are blocked (``task_block``) the answer is CONFLICT with ``error.blocked`` true (the CLI
     waits and tries again). Result: ``{"jobid", "tasks": [<task id>, ...]}`` in the order of
     ``hosts``; the tasks are listed in the job record's ``tasks``."""

@@ -44,6 +44,8 @@ class Changes(Protocol):
 class ClusterState(Protocol):
     """What this module uses of :class:`xce_controller.state.ClusterState` (which calls it)."""
 
+    hosts: dict[str, dict[str, Any]]
+
     def job_changed(self, ch: Any, job: Job, was: str, extra_hosts: Any = ()) -> None: ...
 
     def signal_job(self, ch: Any, job: Job, signal: str) -> None: ...
@@ -83,6 +85,10 @@ def launch(st: ClusterState, ch: Changes, job: Job, hosts: list[str], command: s
         raise RemoteError(ErrorCode.INVALID, f"task_launch: host(s) {', '.join(outside)} not in "
                           f"job {jid}'s allocation ({' '.join(s.host for s in job.alloc)})",
                           {"arg": "hosts", "outside": outside})
+    down = [h for h in dict.fromkeys(hosts) if not st.hosts.get(h, {}).get("available")]
+    if down:
+        raise RemoteError(ErrorCode.CONFLICT, f"task_launch: host(s) {', '.join(down)} of job "
+                          f"{jid} unavailable", {"unavailable": down})
     assert t is not None
     if t.get("blocked"):
         raise RemoteError(ErrorCode.CONFLICT, f"task_launch: task launches of job {jid} are "
