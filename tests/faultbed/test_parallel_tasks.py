@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from xcecore.client import SyncClient
+from xcecore.log import pid_alive  # the workers reap their tasks: no zombie stays
 from xcecore.testing.cluster import LocalCluster, wait_for
 from xcecore.testing.faultbed import FaultBed
 from xcecore.wire import RemoteError
@@ -119,14 +120,6 @@ def secret_of(pid: int) -> str:
     """The job's task secret, as its own processes see it (read as root, for the test)."""
     env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return next(e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"XCE_TASK_SECRET="))
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            return fh.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_tasks_on_three_hosts_talk_over_tcp_refusals_block_and_rank0_end(
