@@ -8,6 +8,8 @@ report carries)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,18 @@ def _root() -> None:
         pytest.fail("these tests need the cgroup v1 freezer hierarchy mounted (as CI has)")
 
 
+@contextmanager
+def runner_on(tmp_path: Path, hname: str = "h1") -> Iterator[TaskRunner]:
+    """A task runner on a real process manager (cgroup1); its tasks are killed at the end,
+    also when the test fails, before the manager checks that no group is left."""
+    with manager(tmp_path, "cgroup1", hname=hname) as pm:
+        runner = TaskRunner(pm)
+        try:
+            yield runner
+        finally:
+            runner.shutdown(keep=False, timeout=10)
+
+
 def parallel(jobid: int, tasks: list[tuple[dict[str, Any], str]], out: Path,
              state: str = "RUN") -> dict[str, Any]:
     """A job record of 3 tasks over h0 (2) and h1 (1), listing ``tasks`` (record, command)."""
@@ -42,8 +56,8 @@ def task(n: int, command: str, host: str = "h1", state: str = "PEND") -> tuple[d
 
 def test_a_task_starts_once_in_its_group_and_the_jobs_end_kills_it(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with manager(tmp_path, "cgroup1", hname="h1") as pm:
-        runner = TaskRunner(pm)
+    with runner_on(tmp_path) as runner:
+        pm = runner.pm
         cmd = ("echo task=$XCE_TASKID host=$XCE_TASK_HOST job=$XCE_JOBID; "
                "grep freezer /proc/self/cgroup; exec sleep 60")
         rec = parallel(7, [task(1, cmd), task(2, "echo not mine", host="h0")], out)
@@ -71,8 +85,8 @@ def test_a_task_starts_once_in_its_group_and_the_jobs_end_kills_it(tmp_path: Pat
 
 def test_a_task_shown_running_that_this_worker_does_not_run_is_reported_failed(
         tmp_path: Path) -> None:
-    with manager(tmp_path, "cgroup1", hname="h1") as pm:
-        runner = TaskRunner(pm)
+    with runner_on(tmp_path) as runner:
+        pm = runner.pm
         runner.job(parallel(8, [task(1, "sleep 60", state="RUN")], tmp_path / "out"))
         (fail,) = [n for n in notes(pm, 8) if n["event"] == "task_fail"]
         assert fail["task"] == 1 and "restarted" in fail["reason"]
@@ -80,8 +94,8 @@ def test_a_task_shown_running_that_this_worker_does_not_run_is_reported_failed(
 
 
 def test_a_task_that_cannot_start_is_reported_with_the_reason(tmp_path: Path) -> None:
-    with manager(tmp_path, "cgroup1", hname="h1") as pm:
-        runner = TaskRunner(pm)
+    with runner_on(tmp_path) as runner:
+        pm = runner.pm
         rec = {**parallel(9, [task(1, "true")], tmp_path / "out"), "cwd": str(tmp_path / "nope")}
         runner.job(rec)
         (fail,) = [n for n in notes(pm, 9) if n["event"] == "task_fail"]

@@ -230,6 +230,7 @@ class ProcessManager:
         return cpus, gpus
 
     def _release(self, key: str) -> None:
+        (self.jobs_dir / f"{key}.hosts").unlink(missing_ok=True)  # its host file
         self.cores.give(key)
         self.gpus.give(key)
         self.timers.cancel(f"run:{key}")
@@ -480,7 +481,6 @@ class ProcessManager:
             usage, oom = group.final_usage(rusage), False
         self._release(rj.key)
         self._info_path(rj.key).unlink(missing_ok=True)
-        (self.jobs_dir / f"{rj.key}.hosts").unlink(missing_ok=True)
         with self._lock:
             if self.running.get(rj.jobid) is rj:
                 del self.running[rj.jobid]
