@@ -32,13 +32,13 @@ OpName = Literal[
     "join", "hello", "heartbeat", "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
     "set_pend_reason", "clear_reason", "update_resvals", "notify_job", "update_jusage", "resval",
     "clusterconf", "jobinfo", "hostinfo", "queueinfo", "status", "shutdown", "reconfig", "outcome",
-    "events", "task_launch", "task_block",
+    "events", "task_launch", "task_block", "revoke_token", "revoke_tokens",
 ]
 OP_NAMES: Final[tuple[OpName, ...]] = (
     "join", "hello", "heartbeat", "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
     "set_pend_reason", "clear_reason", "update_resvals", "notify_job", "update_jusage", "resval",
     "clusterconf", "jobinfo", "hostinfo", "queueinfo", "status", "shutdown", "reconfig", "outcome",
-    "events", "task_launch", "task_block",
+    "events", "task_launch", "task_block", "revoke_token", "revoke_tokens",
 )
 """Every op the controller answers (``docs/protocol-ops.md``); a test keeps its table equal."""
 

@@ -60,14 +60,16 @@ CLUSTER_KEY = "cluster"
 
 SYNC_EVENTS: frozenset[str] = frozenset({"sync_begin", "sync_records", "sync_removed", "sync_end"})
 RECORD_EVENTS: frozenset[str] = frozenset({"job", "host", "queue", "cluster", "job_removed",
-                                           "member", "resvals", "pend_reasons", "jusage"})
+                                           "member", "resvals", "pend_reasons", "jusage",
+                                           "revocation", "revocations_removed"})
 """Ordinary pushes that change records (``signal`` and ``shutdown`` carry none)."""
 
 _KEY_FIELD: dict[str, str] = {"queues": "name", "hosts": "name", "jobs": "jobid",
                               "members": "identity", "resvals": "host", "pend_reasons": "jobid",
-                              "jusage": "jobid"}
+                              "jusage": "jobid", "revocations": "key"}
 _PUSH_KIND: dict[str, str] = {"job": "jobs", "host": "hosts", "queue": "queues",
-                              "cluster": "cluster", "resvals": "resvals", "jusage": "jusage"}
+                              "cluster": "cluster", "resvals": "resvals", "jusage": "jusage",
+                              "revocation": "revocations"}
 
 
 class ReplicaObserver:
@@ -297,6 +299,14 @@ class Replica:
                 rev = data.get("rev")
                 for jobid in jobids:
                     self.remove("jobs", jobid, rev if type(rev) is int else None)
+        elif event == "revocations_removed":
+            if "revocations" in self._data:
+                keys = data["keys"]
+                if not isinstance(keys, list):
+                    raise TypeError("keys is not a list")
+                rev = data.get("rev")
+                for key in keys:
+                    self.remove("revocations", key, rev if type(rev) is int else None)
         elif event == "member":
             if "members" in self._data:
                 if data.get("joined", True):

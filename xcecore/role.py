@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 # -------------------------------------------------------------------------------------------
 
 KINDS: tuple[str, ...] = ("cluster", "queues", "hosts", "jobs", "members", "resvals",
-                          "pend_reasons", "jusage")
+                          "pend_reasons", "jusage", "revocations")
 """The kinds of records a member can subscribe to (docs/protocol.md, "State sync")."""
 
 SCOPES: Mapping[str, frozenset[str]] = {
@@ -51,6 +51,7 @@ SCOPES: Mapping[str, frozenset[str]] = {
     "resvals": frozenset({"all", "own"}),
     "pend_reasons": frozenset({"all"}),
     "jusage": frozenset({"all"}),
+    "revocations": frozenset({"all"}),
 }
 """The scopes each kind accepts: ``all``; ``unfinished`` (pending and active jobs) and
 ``host`` (active jobs allocated to the member's own host); ``own`` (the member's own host)."""

@@ -52,6 +52,7 @@ class Subscribe(TypedDict):
     resvals: NotRequired[Annotated[Literal["all", "own"], _d("hosts' monitor values (volatile)")]]
     pend_reasons: NotRequired[Annotated[Literal["all"], _d("pending jobs' reasons (volatile)")]]
     jusage: NotRequired[Annotated[Literal["all"], _d("running jobs' usage (volatile)")]]
+    revocations: NotRequired[Annotated[Literal["all"], _d("revoked bearer tokens (the API servers')")]]
     pushes: NotRequired[Annotated[Literal["all", "none"], _d(
         'the older form, alone: `"all"` (the role\'s default) or `"none"` (nothing)')]]
 
@@ -234,6 +235,36 @@ class QueueCtrlArgs(TypedDict):
 
     queue: Annotated[t.Name, _d("the queue")]
     action: Annotated[QueueAction, _d("what to do")]
+    user: NotRequired[User]
+
+
+TokenId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+                                description="a token's id (its JWT ``jti``)")]
+
+
+@with_config(_STRICT)
+class RevokeTokenArgs(TypedDict):
+    """Revoke one bearer token of the user the request acts for (an API server's logout or
+    refresh), until ``expires``: every API server then refuses it. The record applies only to
+    a token of that user. Refused with CONFLICT when the user already holds the most revoked
+    tokens that have not expired (``xce_controller.revocations.MAX_PER_USER``); INVALID when
+    ``expires`` is more than 30 days ahead. A token that has expired already needs no record.
+    Result: ``{key, revoked, record}``."""
+
+    jti: TokenId
+    expires: Annotated[t.Epoch, _d("when the token expires (its ``exp``): the record lasts until then")]
+    user: NotRequired[User]
+
+
+@with_config(_STRICT)
+class RevokeTokensArgs(TypedDict):
+    """Revoke every token of ``target`` issued before now (a compromised account): every API
+    server refuses them, tokens issued later work. A user may revoke their own; an
+    administrator anyone's (else DENIED). Result: ``{key, revoked, record}``."""
+
+    target: Annotated[t.Name, _d("the user whose tokens are revoked")]
+    until: Annotated[t.Epoch, _d("when the last of those tokens expires (now + the API servers' "
+                                 "``token_ttl``): the record lasts until then; at most 30 days ahead")]
     user: NotRequired[User]
 
 
@@ -619,6 +650,8 @@ OP_ARGS: dict[str, Any] = {
     "jobsubmit": JobSubmitArgs,
     "jobctrl": JobCtrlArgs,
     "queuectrl": QueueCtrlArgs,
+    "revoke_token": RevokeTokenArgs,
+    "revoke_tokens": RevokeTokensArgs,
     "hostctrl": HostCtrlArgs,
     "jobdispatch": JobDispatchArgs,
     "set_pend_reason": SetPendReasonArgs,

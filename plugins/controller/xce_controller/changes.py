@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 if TYPE_CHECKING:
     from xce_controller.state import Event
 
-KINDS: Final = ("jobs", "hosts", "queues", "resvals", "pend_reasons", "jusage", "members")
+KINDS: Final = ("jobs", "hosts", "queues", "resvals", "pend_reasons", "jusage", "members",
+                "revocations")
 """Kinds a ring holds: the durable ones (in :class:`ChangeRing`s of revs) and the volatile
 ones (in a :class:`VolatileLog`'s ring of its own sequence numbers)."""
 _CODE: Final = {k: i for i, k in enumerate(KINDS)}

@@ -188,6 +188,25 @@ def op_jobctrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float
     return srv.state.control(args["jobid"], args["action"], now, by, args.get("index"))
 
 
+def op_revoke_token(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
+    # The record names whom the request acts for: it revokes only a token of that user.
+    ch = Changes()
+    srv.state.revocations.revoke_token(ch, args["jti"], args["user"], args["expires"],
+                                       describe(args["user"], caller.who), now)
+    return ch
+
+
+def op_revoke_tokens(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
+    user, target = args["user"], args["target"]
+    if target != user and not srv.policy.may_administer(caller.role, "revoke_tokens", user):
+        raise RemoteError(ErrorCode.DENIED, f"revoke_tokens: {describe(user, caller.who)} may "
+                                            f"revoke only their own tokens, not {target}'s (an "
+                                            "administrator may revoke anyone's)")
+    ch = Changes()
+    srv.state.revocations.revoke_user(ch, target, args["until"], describe(user, caller.who), now)
+    return ch
+
+
 def op_queuectrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     return srv.state.queue_control(args["queue"], args["action"], now,
                                    describe(args["user"], caller.who))
@@ -370,6 +389,10 @@ OPS: dict[str, OpSpec] = {
                         needs_jobs=False),
     "jobsubmit": OpSpec(op_jobsubmit, NOBODY, "write", users=True, acts=True, needs_jobs=False),
     "jobctrl": OpSpec(op_jobctrl, NOBODY, "write", users=True, acts=True),
+    "revoke_token": OpSpec(op_revoke_token, NOBODY, "write", users=True, acts=True,
+                           needs_jobs=False),
+    "revoke_tokens": OpSpec(op_revoke_tokens, NOBODY, "write", users=True, acts=True,
+                            needs_jobs=False),
     "queuectrl": OpSpec(op_queuectrl, NOBODY, "write", users=True, admin=True, acts=True,
                         needs_jobs=False),
     "hostctrl": OpSpec(op_hostctrl, NOBODY, "write", users=True, admin=True, acts=True),

@@ -388,6 +388,8 @@ ROUTES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "resvals": (("resvals", "all"), ("resvals", "own")),
     "pend_reasons": (("pend_reasons", "all"),),
     "jusage": (("jusage", "all"),),
+    "revocation": (("revocations", "all"),),
+    "revocations_removed": (("revocations", "all"),),
 }
 EVERYONE: Final = frozenset({"shutdown"})
 """Pushes every member gets, whatever it subscribed to."""

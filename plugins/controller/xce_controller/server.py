@@ -465,7 +465,7 @@ class Controller:
 
         head = await anyio.to_thread.run_sync(open_head)
         state = ClusterState(self.settings.conf, clean_width(self.settings))
-        state.take_head(head.hosts, head.queues, head.next_jobid, now())
+        state.take_head(head.hosts, head.queues, head.next_jobid, now(), head.revocations)
         self.state = state
         self.rev = self.committed_rev = head.rev
         self.store_id = head.store_id
@@ -688,7 +688,18 @@ class Controller:
                 self.apply_internal(ch, "expire hosts")
                 self._expire_lost_jobs()
                 self._expire_events()
+                self._expire_revocations()
             self.rids.sweep(time.time() - self.settings.idem_ttl, SWEEP_PARTS)
+
+    def _expire_revocations(self) -> None:
+        """Revocations whose tokens have all expired leave the list (one bounded batch, from
+        the expiry heap: only what is due is looked at)."""
+        ch = Changes()
+        gone = self.state.revocations.expire(ch, now())
+        if gone:
+            logger.info("controller {}: {} token revocation(s) dropped: the tokens they name "
+                        "have expired", self.address, len(gone))
+            self.apply_internal(ch, "expire revocations")
 
     def _expire_lost_jobs(self) -> None:
         """Jobs UNKWN past ``lost_job_timeout``: ``lost_job_action`` (one bounded batch)."""
@@ -856,7 +867,7 @@ class Controller:
                 elif isinstance(rec, dict) and table in KINDS:
                     rec["rev"] = rev
             for ev in ch.events:  # a removal's push carries the rev of the write (protocol.md)
-                if ev.name == "job_removed" and isinstance(ev.data, dict):
+                if ev.name in ("job_removed", "revocations_removed") and isinstance(ev.data, dict):
                     ev.data["rev"] = rev
             result = encode(ch.result)
             rows = encode_rows(ch.rows, encoded)

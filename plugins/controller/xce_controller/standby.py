@@ -119,7 +119,7 @@ class Follower:
             return False
         head, table = got
         state = ClusterState(self.settings.conf, table.ends.width)
-        state.take_head(head.hosts, head.queues, head.next_jobid, time.time())
+        state.take_head(head.hosts, head.queues, head.next_jobid, time.time(), head.revocations)
         state.take_jobs(table)
         self.state, self.rids, self.rev, self.store_id = state, rids, head.rev, head.store_id
         self.ring = ChangeRing(self.settings.change_retention, head.floor)
@@ -155,7 +155,7 @@ class Follower:
         if state is None:
             raise RuntimeError("catch_up before the standby loaded a snapshot")
         state.follow(delta.jobs, delta.hosts, delta.queues, delta.removed, delta.next_jobid,
-                     time.time())
+                     time.time(), delta.revocations)
         self.ring.extend(c for c in delta.changes if c.rev > self.ring.last)
         for rid, ts in delta.idem:
             self.rids.add(rid, ts)

@@ -33,6 +33,7 @@ from xce_controller import arrays, depends, tasks
 from xce_controller.buckets import TimeBuckets
 from xce_controller.events import EventLog
 from xce_controller.jobs import EMPTY, Job, JobTable, make_alloc, new_spec
+from xce_controller.revocations import Revocations
 from xce_controller.settings import ClusterConf as ClusterConf  # the state's config; re-exported
 from xcecore.jobspec import ExitReason, describe_exit
 from xcecore.protocol import ACTIVE, FINISHED, PENDING, UNFINISHED
@@ -124,6 +125,7 @@ class ClusterState:
         self.array_batch: set[int] | None = None  # arrays whose record one write settles once
         self.deps = depends.Deps()  # jobs waiting on a dependency, and what they wait on
         self.events = EventLog()  # cluster events (the primary's: xce_controller.events)
+        self.revocations = Revocations()  # revoked bearer tokens (xce_controller.revocations)
         for qcfg in conf.queues:
             q = queue_record(qcfg)
             self.queues[q["name"]] = q
@@ -136,8 +138,10 @@ class ClusterState:
         return self.conf.kill_unsatisfiable
 
     def take_head(self, hosts: Mapping[str, Record], queues: Mapping[str, Record],
-                  next_jobid: int, now: float) -> None:
-        """Take over the durable hosts and queues (the jobs come with :meth:`take_jobs`).
+                  next_jobid: int, now: float,
+                  revocations: Mapping[str, Record] | None = None) -> None:
+        """Take over the durable hosts, queues and revocations (the jobs come with
+        :meth:`take_jobs`).
 
         Queue runtime state (open/active) survives restarts, priorities and descriptions
         come from the configuration. Every host gets a full timeout to re-join.
@@ -150,6 +154,8 @@ class ClusterState:
             self.touch(name, now, force=True)
         for name, stored in queues.items():
             self._take_queue(name, stored)
+        self.revocations = Revocations()
+        self.revocations.take(revocations or {})
         self.next_jobid = max(self.next_jobid, next_jobid)
 
     def take_jobs(self, table: JobTable, used: Mapping[str, int] | None = None) -> None:
@@ -816,6 +822,8 @@ class ClusterState:
                 self._restore_queue(key, image)
             elif table == "events" and image is None:  # an event that was never stored
                 self.events.forget([int(key)])
+            elif table == "revocations":
+                self.revocations.restore(key, image)
         self._recount(hosts_touched)
 
     def _recount(self, names: Iterable[str]) -> None:
@@ -870,7 +878,8 @@ class ClusterState:
 
     def follow(self, jobs: Iterable[Job], hosts: Mapping[str, Record],
                queues: Mapping[str, Record], removed: Iterable[tuple[str, Any, int]],
-               next_jobid: int, now: float) -> None:
+               next_jobid: int, now: float,
+               revocations: Mapping[str, Record] | None = None) -> None:
         """A hot standby applies what the primary committed (newer versions of records, and
         removals), as :meth:`restore` applies committed images: only what changed is touched."""
         touched: set[str] = set()
@@ -886,6 +895,9 @@ class ClusterState:
             self._restore_queue(name, q)
         current = {("jobs", j.jobid) for j in jobs_seen} | {("hosts", h) for h in hosts} | {
             ("queues", q) for q in queues}
+        removed = list(removed)
+        self.revocations.follow(revocations or {},
+                                [str(k) for kind, k, _ in removed if kind == "revocations"])
         for kind, key, _rev in removed:
             if (kind, key) in current:
                 continue  # removed, then made again: the record is the newer change

@@ -49,8 +49,8 @@ from xce_controller.storeread import Delta, Head, Images
 if TYPE_CHECKING:
     import sqlite3
 
-TABLES = ("jobs", "hosts", "queues", "meta", "events")  # events: xce_controller.events
-KINDS = ("jobs", "hosts", "queues")  # tables of records with revs
+TABLES = ("jobs", "hosts", "queues", "revocations", "meta", "events")  # events: xce_controller.events
+KINDS = ("jobs", "hosts", "queues", "revocations")  # tables of records with revs
 DB_NAME = "state.db"
 
 Row = tuple[str, Any, bytes | None, bytes | None]

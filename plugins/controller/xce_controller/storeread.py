@@ -50,6 +50,10 @@ _DDL = (
     "CREATE INDEX IF NOT EXISTS hosts_rev ON hosts (rev)",
     "CREATE TABLE IF NOT EXISTS queues (key TEXT PRIMARY KEY, rev INTEGER NOT NULL, data BLOB NOT NULL)",
     "CREATE INDEX IF NOT EXISTS queues_rev ON queues (rev)",
+    # Revoked bearer tokens (xce_controller.revocations): created on an older store too.
+    "CREATE TABLE IF NOT EXISTS revocations (key TEXT PRIMARY KEY, rev INTEGER NOT NULL, "
+    "data BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS revocations_rev ON revocations (rev)",
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, data BLOB)",
     "CREATE TABLE IF NOT EXISTS removed (kind TEXT NOT NULL, key NOT NULL, rev INTEGER NOT NULL)",
     "CREATE INDEX IF NOT EXISTS removed_rev ON removed (rev)",
@@ -66,6 +70,7 @@ UPSERT = {
             "DO UPDATE SET rev = excluded.rev, data = excluded.data",
     "hosts": "INSERT OR REPLACE INTO hosts (key, rev, data) VALUES (?, ?, ?)",
     "queues": "INSERT OR REPLACE INTO queues (key, rev, data) VALUES (?, ?, ?)",
+    "revocations": "INSERT OR REPLACE INTO revocations (key, rev, data) VALUES (?, ?, ?)",
     "meta": "INSERT OR REPLACE INTO meta (key, data) VALUES (?, ?)",
     "events": "INSERT OR REPLACE INTO events (key, rev, data) VALUES (?, ?, ?)",
 }
@@ -84,6 +89,7 @@ class Head:
     meta: dict[str, Any]
     changes: list[Change] = field(default_factory=list)  # the retention window, oldest first
     floor: int = 0  # changes at or below this rev may be missing from ``changes``
+    revocations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -99,6 +105,7 @@ class Delta:
     removed: list[tuple[str, Any, int]]  # (kind, key, rev)
     idem: list[tuple[str, float]]  # committed idempotency keys and when
     changes: list[Change]  # all of the above as ring entries, by rev
+    revocations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # -- schema ----------------------------------------------------------------------------------
@@ -165,12 +172,13 @@ def read_head(db: sqlite3.Connection) -> Head:
     meta = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM meta")}
     hosts = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM hosts")}
     queues = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM queues")}
+    revocations = {str(k): loads(d) for k, d in db.execute("SELECT key, data FROM revocations")}
     (max_jobid,) = db.execute("SELECT max(key) FROM jobs").fetchone()
     max_jobid = int(max_jobid or 0)
     return Head(store_id=str(meta.get("store_id", "")), rev=int(meta.get("rev", 0)),
                 next_jobid=max(int(meta.get("next_jobid", 1)), max_jobid + 1),
                 max_jobid=max_jobid, hosts=hosts, queues=queues, meta=meta,
-                floor=int(meta.get("removed_floor", 0)))
+                floor=int(meta.get("removed_floor", 0)), revocations=revocations)
 
 
 def read_jobs(db: sqlite3.Connection, upto: int, clean_width: float) -> JobTable:
@@ -208,7 +216,7 @@ def read_changes_window(db: sqlite3.Connection, capacity: int, floor: int) -> tu
     and the floor below which changes may be missing."""
     per: list[list[Change]] = []
     queries = [(f"SELECT rev, '{t}', key FROM {t} ORDER BY rev DESC LIMIT ?", False)
-               for t in ("jobs", "hosts", "queues")]
+               for t in ("jobs", "hosts", "queues", "revocations")]
     queries.append(("SELECT rev, kind, key FROM removed ORDER BY rev DESC LIMIT ?", True))
     for sql, removed in queries:
         got = [Change(rev, kind, key, removed) for rev, kind, key in db.execute(sql, (capacity + 1,))]
@@ -275,7 +283,8 @@ def read_changes(db: sqlite3.Connection, since: int) -> Delta | None:
                 "SELECT key, rev, spec, data FROM jobs WHERE rev > ?", (since,)):
             jobs.append(job_from_row(spec, data))
             changes.append(Change(jrev, "jobs", key, False))
-        records: dict[str, dict[str, dict[str, Any]]] = {"hosts": {}, "queues": {}}
+        records: dict[str, dict[str, dict[str, Any]]] = {"hosts": {}, "queues": {},
+                                                         "revocations": {}}
         for table, out in records.items():
             for key, krev, data in db.execute(
                     f"SELECT key, rev, data FROM {table} WHERE rev > ?", (since,)):
@@ -292,7 +301,7 @@ def read_changes(db: sqlite3.Connection, since: int) -> Delta | None:
     changes.sort(key=lambda c: c.rev)
     next_jobid = max(int(meta.get("next_jobid", 1)), int(max_jobid or 0) + 1)
     return Delta(since, max(rev, since), next_jobid, jobs, records["hosts"], records["queues"],
-                 removed, idem, changes)
+                 removed, idem, changes, records["revocations"])
 
 
 def read_images(db: sqlite3.Connection, keys: Iterable[tuple[str, Any]]) -> Images:
@@ -302,7 +311,7 @@ def read_images(db: sqlite3.Connection, keys: Iterable[tuple[str, Any]]) -> Imag
         if table == "jobs":
             row = db.execute("SELECT data, spec FROM jobs WHERE key = ?", (key,)).fetchone()
             out[(table, key)] = None if row is None else (bytes(row[0]), bytes(row[1]))
-        elif table in ("hosts", "queues", "meta", "events"):
+        elif table in ("hosts", "queues", "revocations", "meta", "events"):
             row = db.execute(f"SELECT data FROM {table} WHERE key = ?", (key,)).fetchone()
             out[(table, key)] = None if row is None else (bytes(row[0]), None)
         else:

@@ -109,6 +109,8 @@ def counts(st: ClusterState, sub: Subscription) -> dict[str, int]:
             out[kind] = len(st.queues)
         elif kind == "members":
             out[kind] = len(st.members)
+        elif kind == "revocations":
+            out[kind] = len(st.revocations)
     return out
 
 
@@ -161,6 +163,8 @@ def chunks(src: Source, sub: Subscription, p: Plan) -> Iterator[list[Frame]]:
             yield from _hosts(st, sub, lambda h: orjson.dumps(h))
         if "jobs" in kinds:
             yield from _jobs(st, sub, kinds["jobs"])
+        if "revocations" in kinds:
+            yield from _revocations(st)
     # The kinds without revs come whole unless this primary can say what changed since the
     # member's volatile position: the member replaces what it held of them at sync_begin
     # (docs/protocol.md), even where a host or job record it is also sent carries the same
@@ -178,6 +182,14 @@ def chunks(src: Source, sub: Subscription, p: Plan) -> Iterator[list[Frame]]:
     if "jusage" in kinds:
         yield from _usage(st)
     yield [("sync_end", orjson.dumps({"rev": p.rev}))]
+
+
+def _revocations(st: ClusterState) -> Iterator[list[Frame]]:
+    # Bounded per user (xce_controller.revocations.MAX_PER_USER): a list of pointers, each
+    # chunk encodes a slice.
+    records = list(st.revocations.records.values())
+    for i in range(0, len(records), MAX_RECORDS):
+        yield [_records("revocations", [orjson.dumps(r) for r in records[i:i + MAX_RECORDS]])]
 
 
 def _members(st: ClusterState) -> Iterator[list[Frame]]:
@@ -286,7 +298,7 @@ def _changes(src: Source, sub: Subscription, since: int, upto: int) -> Iterator[
             break
         st = src.state
         out: list[Frame] = []
-        batches = {k: _Batch(k) for k in ("jobs", "hosts", "queues")}
+        batches = {k: _Batch(k) for k in ("jobs", "hosts", "queues", "revocations")}
         removed: dict[str, list[Any]] = {}
         for c in got:
             if c.kind not in kinds:
@@ -370,7 +382,8 @@ def _current(st: ClusterState, kind: str, key: Any) -> tuple[int, bytes] | None:
     if kind == "jobs":
         job = st.jobs.get(key)
         return None if job is None else (job.rev, job.json())
-    rec = (st.hosts if kind == "hosts" else st.queues).get(key)
+    rec = (st.hosts if kind == "hosts" else st.revocations.records if kind == "revocations"
+           else st.queues).get(key)
     return None if rec is None else (int(rec.get("rev", 0)), orjson.dumps(rec))
 
 

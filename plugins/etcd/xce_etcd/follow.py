@@ -138,7 +138,7 @@ def delta_of(events: Iterable[Event], state_prefix: bytes, idem_prefix: bytes, s
     jobs_prefix = state_prefix + b"jobs/"
     jobs: list[Job] = []
     removed: list[tuple[str, int | str, int]] = []
-    records: dict[str, dict[str, dict[str, object]]] = {"hosts": {}, "queues": {}}
+    records: dict[str, dict[str, dict[str, object]]] = {"hosts": {}, "queues": {}, "revocations": {}}
     changes: list[Change] = []
     idem: list[tuple[str, float]] = []
     meta: dict[str, bytes] = {}
@@ -172,4 +172,4 @@ def delta_of(events: Iterable[Event], state_prefix: bytes, idem_prefix: bytes, s
     top = max((j.jobid for j in jobs), default=0)
     next_jobid = max(int(meta.get("next_jobid", b"1")), top + 1)
     return Delta(since, rev, next_jobid, jobs, records["hosts"], records["queues"], removed,
-                 idem, changes)
+                 idem, changes, records["revocations"])

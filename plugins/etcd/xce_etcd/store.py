@@ -185,7 +185,7 @@ class EtcdStore:
         loads = orjson.loads
         meta_kvs, revision = self.client.scan(self.state_prefix + b"meta/", revision=revision)
         tables: list[dict[str, dict[str, Any]]] = []
-        for t in (b"hosts/", b"queues/"):
+        for t in (b"hosts/", b"queues/", b"revocations/"):
             kvs, _ = self.client.scan(self.state_prefix + t, revision=revision)
             skip = len(self.state_prefix + t)
             tables.append({kv.key[skip:].decode(): loads(record_of(kv.value)) for kv in kvs})
@@ -199,7 +199,7 @@ class EtcdStore:
         return Head(store_id=self.store_id, rev=rev,
                     next_jobid=max(int(meta.get("next_jobid", 1)), max_jobid + 1),
                     max_jobid=max_jobid, hosts=tables[0], queues=tables[1], meta=meta,
-                    floor=rev), revision
+                    floor=rev, revocations=tables[2]), revision
 
     def load_jobs(self, upto: int, clean_width: float) -> JobTable:
         """Every job with id <= ``upto``, indexed, read at one etcd revision (a thread). The
