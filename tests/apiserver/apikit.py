@@ -174,6 +174,11 @@ class FakeClient:
         return log.page(args.get("since_seq", 0), args.get("kind"), args.get("since_time"),
                         args.get("limit", PAGE_DEFAULT), bool(args.get("last", False)))
 
+    def op_revoke_token(self, args: dict[str, Any]) -> Any:
+        record = {"key": "t:" + args["jti"], "user": args["user"], "jti": args["jti"],
+                  "expires": args["expires"], "at": 0.0, "by": args["user"], "rev": 1}
+        return {"key": record["key"], "revoked": True, "record": record}
+
     def op_jobdispatch(self, args: dict[str, Any]) -> Any:
         if self.store.get_job(args["jobid"]) is None:
             raise RemoteError("NOT_FOUND", f"no such job {args['jobid']}")

@@ -353,10 +353,11 @@ def create_app(
             denied(request, 401, None, "no bearer token")
             raise ApiError(401, "authentication required: send 'Authorization: Bearer <token>' "
                                 "(POST /xce/v1/auth/logon gives one)", headers={"WWW-Authenticate": "Bearer"})
-        found = auth.lookup(cred.credentials)
-        if found is None:
-            denied(request, 401, None, "invalid, expired or revoked token")
-            raise ApiError(401, "invalid or expired token; log on again", headers={"WWW-Authenticate": "Bearer"})
+        found = auth.check(cred.credentials)
+        if isinstance(found, str):
+            denied(request, 401, None, found)
+            msg = f"{found}; log on again" if "revoked" in found else "invalid or expired token; log on again"
+            raise ApiError(401, msg, headers={"WWW-Authenticate": "Bearer"})
         return found
 
     async def admin(request: Request, s: Annotated[Session, Depends(session)]) -> Session:
@@ -443,22 +444,36 @@ def create_app(
             return ok({**token_body(auth.issue(user)), "path": PREFIX, "ip": str(server[0] or "")})
         return await once(idem, f"logon:{body.username}", handle)
 
+    async def revoke(s: Session, idem: Idempotent, what: str) -> None:
+        """Revoke ``s``'s token through the controller; answered once it is committed (so
+        every API server refuses it), else 503/504 and the token stays valid."""
+        rid = idem.rid(s.user.name, "revoke_token")
+        got = await forward("revoke_token", {"jti": s.jti, "expires": s.expires}, what, rid,
+                            s.user.name)
+        if isinstance(got, dict):
+            auth.revocations.hold(got.get("record"))
+
     @app.post(f"{PREFIX}/auth/refresh", response_model=m.Envelope[m.Token], tags=["auth"],
-              responses=_responses(*READ))
+              responses=_responses(*READ, 409, 503, 504))
     async def refresh(s: User, idem: Once) -> Response:
         """Swap this request's live token for a fresh one (a new expiry); the old one is
-        revoked."""
+        revoked on every API server first (503 when the controller cannot be reached: no
+        fresh token, the old one stays valid)."""
         async def handle() -> Response:
+            await revoke(s, idem, f"refresh the token of {s.user.name}")
             return ok(token_body(auth.refresh(s)))
         return await once(idem, s.user.name, handle)
 
     @app.post(f"{PREFIX}/auth/logout", response_model=m.Envelope[None], tags=["auth"],
-              responses=_responses(*READ))
+              responses=_responses(*READ, 409, 503, 504))
     async def logout(s: User, idem: Once) -> Response:
-        """Revoke the token of this request."""
+        """Revoke the token of this request on every API server (a revocation committed by
+        the controller before the answer; 503 when it cannot be reached, and the token is
+        then still valid)."""
         async def handle() -> Response:
-            auth.revoke(s.token)
-            return ok(None, msg=f"user {s.user.name} logged out")
+            await revoke(s, idem, f"log out {s.user.name}")
+            return ok(None, msg=f"user {s.user.name} logged out (the token is revoked on every "
+                                "API server)")
         return await once(idem, s.user.name, handle)
 
     # ------------------------------------------------------------------ jobs

@@ -10,24 +10,26 @@ the user (``sub``), its expiry (``exp``) and a unique id (``jti``). The signing 
 accepted by every one of them and after a restart; ``xce apiserver token-key FILE`` makes one)
 or, unset, a random key of this process (tokens die with it). The user's role is read from
 the configuration at every request, never from the token. ``/auth/refresh`` swaps a live
-token for a fresh one; logout revokes a token by its id until it would have expired --
-at this API server (the revocation is not yet replicated to the others).
+token for a fresh one. Logout (and refresh, for the old token) revokes a token by its id
+until it would have expired, through the controller: every API server refuses it from then
+on (:mod:`xce_apiserver.revocations`), and so does every token of a user issued before an
+``xce admin revoke-tokens USER``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import heapq
 import hmac
 import os
 import secrets
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from xce_apiserver.revocations import RevocationList
 
 ROLES = ("user", "admin")
 PAM_HASH = "pam"  # the password_hash of a user PAM vouched for (not in [apiserver] users)
@@ -114,12 +116,14 @@ def parse_users(entries: Iterable[Any]) -> dict[str, User]:
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """A logged-on user's token: the token itself, its user, expiry (epoch s) and id."""
+    """A logged-on user's token: the token itself, its user, expiry (epoch s), id and when
+    it was issued (epoch s)."""
 
     token: str
     user: User
     expires: float
     jti: str = ""
+    issued: float = 0.0
 
 
 def load_token_key(path: str) -> bytes:
@@ -151,10 +155,11 @@ def write_token_key(path: str) -> None:
 
 
 class Authenticator:
-    """Checks passwords and issues, checks, refreshes and revokes signed tokens (thread-safe).
+    """Checks passwords and issues, checks and refreshes signed tokens.
 
     ``key``: the signing key shared by the site's API servers (None: a random one of this
-    process). ``clock`` is the wall clock (tokens carry epoch times).
+    process). ``clock`` is the wall clock (tokens carry epoch times). ``revocations``: the
+    revoked-token list every token is checked against (the store's; None: one of its own).
     """
 
     def __init__(
@@ -165,6 +170,7 @@ class Authenticator:
         clock: Callable[[], float] = time.time,
         key: bytes | None = None,
         pam_service: str | None = None,
+        revocations: RevocationList | None = None,
     ) -> None:
         import jwt
 
@@ -175,9 +181,7 @@ class Authenticator:
         self.pam_service = pam_service
         self._key = key if key is not None else secrets.token_bytes(KEY_BYTES)
         self._clock = clock
-        self._lock = threading.Lock()
-        self._revoked: dict[str, float] = {}  # jti -> when the token expires anyway
-        self._expiry: list[tuple[float, str]] = []  # heap of (expires, jti): purged in order
+        self.revocations = revocations if revocations is not None else RevocationList()
         # Unknown users are checked against this so a logon takes as long either way.
         self._dummy = hash_password("", iterations=DEFAULT_ITERATIONS // 10)
 
@@ -211,58 +215,46 @@ class Authenticator:
         now = self._clock()
         expires = now + self.token_ttl
         jti = secrets.token_urlsafe(16)
-        claims: dict[str, Any] = {"iss": ISSUER, "sub": user.name, "iat": int(now),
+        # ``iat`` to the microsecond (RFC 7519 allows a fraction): a revocation of every token
+        # issued before a moment must not catch one issued later in the same second.
+        claims: dict[str, Any] = {"iss": ISSUER, "sub": user.name, "iat": now,
                                   "exp": expires, "jti": jti}
         if user.password_hash == PAM_HASH:
             claims["pam"] = True  # a system user: no [apiserver] users entry to find it by
         token = self._jwt.encode(claims, self._key, algorithm=TOKEN_ALGORITHM)
-        return Session(token, user, expires, jti)
+        return Session(token, user, expires, jti, now)
 
     def lookup(self, token: str) -> Session | None:
-        """The live session of ``token``, or None (forged, malformed, expired, revoked, or its
-        user is no longer configured)."""
+        """The live session of ``token``, or None (see :meth:`check`)."""
+        found = self.check(token)
+        return found if isinstance(found, Session) else None
+
+    def check(self, token: str) -> Session | str:
+        """The live session of ``token``, or why there is none: forged or malformed, expired,
+        revoked (the reason says so and by what), or its user is no longer configured."""
         try:
             claims = self._jwt.decode(
                 token, self._key, algorithms=[TOKEN_ALGORITHM], issuer=ISSUER,
                 options={"verify_exp": False, "verify_iat": False,
-                         "require": ["exp", "sub", "jti", "iss"]})
+                         "require": ["exp", "sub", "jti", "iss", "iat"]})
         except self._jwt.InvalidTokenError:
-            return None
-        expires, name, jti = claims["exp"], claims["sub"], claims["jti"]
+            return "invalid token"
+        expires, name, jti, issued = claims["exp"], claims["sub"], claims["jti"], claims["iat"]
         if not isinstance(expires, int | float) or not isinstance(name, str) \
-                or not isinstance(jti, str) or self._clock() >= expires:
-            return None
+                or not isinstance(jti, str) or not isinstance(issued, int | float):
+            return "invalid token"
+        if self._clock() >= expires:
+            return "token expired"
         user = self.users.get(name)
         if user is None and claims.get("pam") is True and self.pam_service is not None:
             user = User(name, PAM_HASH, "user")
         if user is None:
-            return None
-        with self._lock:
-            if jti in self._revoked:
-                return None
-        return Session(token, user, float(expires), jti)
-
-    def revoke(self, token: str) -> bool:
-        """Revoke ``token`` (until it would expire); True if it was live."""
-        session = self.lookup(token)
-        if session is None:
-            return False
-        with self._lock:
-            self._purge()
-            self._revoked[session.jti] = session.expires
-            heapq.heappush(self._expiry, (session.expires, session.jti))
-        return True
+            return "invalid token: its user is not configured"
+        why = self.revocations.why(jti, name, float(issued))
+        if why is not None:
+            return why
+        return Session(token, user, float(expires), jti, float(issued))
 
     def refresh(self, session: Session) -> Session:
-        """A fresh token for ``session``'s user; the old one is revoked."""
-        fresh = self.issue(session.user)
-        self.revoke(session.token)
-        return fresh
-
-    def _purge(self) -> None:
-        """Forget revocations of tokens that have expired anyway (oldest first: each entry is
-        dropped once, so the cost is per revocation, not per revoked token)."""
-        now = self._clock()
-        while self._expiry and self._expiry[0][0] <= now:
-            _, jti = heapq.heappop(self._expiry)
-            self._revoked.pop(jti, None)
+        """A fresh token for ``session``'s user (the caller revokes the old one)."""
+        return self.issue(session.user)

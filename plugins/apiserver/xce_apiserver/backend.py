@@ -34,7 +34,7 @@ from loguru import logger
 
 from xce_apiserver.health import BackendHealth, Verdict
 
-REJOIN_POINTS = ("jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch")
+REJOIN_POINTS = ("jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch", "revoke_token")
 """The ops after which the core client re-joins when a rejoin is pending."""
 
 RETRY_AFTER = 1.0

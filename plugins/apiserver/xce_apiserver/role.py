@@ -29,7 +29,8 @@ async def run(role: ApiServerRole) -> None:
         logger.warning("apiserver: no [apiserver] token_key_file: tokens are signed with a key of "
                        "this process, so they die with it and no other API server accepts them")
     auth = Authenticator(users, token_ttl=float(section["token_ttl"]), key=key,
-                         pam_service=section.get("pam_service"))
+                         pam_service=section.get("pam_service"),
+                         revocations=role.store.revocations)
     throttle = Throttle(int(section["logon_failures"]), float(section["logon_window"]))
     backend = Backend(ctx.client, role.health, timeout=float(section["backend_timeout"]),
                       retries=section["backend_retries"])

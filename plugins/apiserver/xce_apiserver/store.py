@@ -24,6 +24,7 @@ from loguru import logger
 from sortedcontainers import SortedList
 
 from xce_apiserver.stream import ChangeHub
+from xce_apiserver.revocations import RevocationList
 from xcecore.replica import CLUSTER_KEY, Record, Replica, ReplicaObserver
 from xcecore.role import ALL_PUSHES
 
@@ -135,6 +136,7 @@ class Store(ReplicaObserver):
 
     def __init__(self, name: str = "apiserver") -> None:
         self.replica = Replica(ALL_PUSHES, observer=self, name=name)
+        self.revocations = RevocationList(self.replica)  # revoked tokens, for every request
         self._lock = threading.Lock()
         self.server: str | None = None
         self.cluster: dict[str, Any] = {}
@@ -176,6 +178,7 @@ class Store(ReplicaObserver):
         return handled
 
     def sync_begun(self, mode: str, kinds: frozenset[str]) -> None:
+        self.revocations.sync_begun(mode, kinds)
         with self._lock:
             if "jobs" in kinds:
                 self.index.clear()
@@ -193,9 +196,11 @@ class Store(ReplicaObserver):
     def sync_ended(self, mode: str) -> None:
         if mode == "snapshot":
             self.hub.replaced(f"snapshot sync from {self.server}")
-        counts = {k: self.replica.count(k) for k in ("jobs", "hosts", "queues")}
-        logger.info("apiserver: {} sync from {} complete: {} jobs, {} hosts, {} queues; serving it",
-                    mode, self.server, counts["jobs"], counts["hosts"], counts["queues"])
+        self.revocations.sync_ended()
+        counts = {k: self.replica.count(k) for k in ("jobs", "hosts", "queues", "revocations")}
+        logger.info("apiserver: {} sync from {} complete: {} jobs, {} hosts, {} queues, {} "
+                    "revoked tokens; serving it", mode, self.server, counts["jobs"],
+                    counts["hosts"], counts["queues"], counts["revocations"])
 
     def changed(self, kind: str, key: Hashable, old: Record | None, new: Record | None) -> None:
         rep = self.replica
@@ -209,6 +214,9 @@ class Store(ReplicaObserver):
             else:
                 self.index.put(key, old, new)
             self.version += 1
+            return
+        if kind == "revocations":  # read by every request's token check, not by the views
+            self.revocations.changed(key, new)
             return
         with self._lock:
             self.version += 1
