@@ -180,7 +180,7 @@ def reload(state_dir: Path, conf: ClusterConf | None = None) -> ClusterState:
     finally:
         store.close()
     st = ClusterState(conf or ClusterConf(queues=({"name": "normal", "priority": 30},)))
-    st.take_head(head.hosts, head.queues, head.next_jobid, time.time())
+    st.take_head(head.hosts, head.queues, head.next_jobid, time.time(), head.revocations)
     st.take_jobs(table)
     return st
 

@@ -10,6 +10,7 @@ config file, one socket and the table.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -465,11 +466,24 @@ def outcome(s: Session, ns: Parsed) -> int:
 
 @command(
     "admin", "Administrator commands (administrators only: [controller] admins, root).",
-    arg("action", choices=["shutdown", "reconfig"],
+    arg("action", choices=["shutdown", "reconfig", "revoke-tokens"],
         help="shutdown: shut down the primary controller candidate (a standby takes over); "
-             "reconfig: the primary reads its configuration file again (like badmin reconfig)"),
+             "reconfig: the primary reads its configuration file again (like badmin reconfig); "
+             "revoke-tokens USER...: every REST token of each USER issued before now is refused "
+             "by every API server (a compromised account; new logons work)"),
+    arg("users", nargs="*", help="revoke-tokens: the users"),
 )
 def admin(s: Session, ns: Parsed) -> None:
+    if ns.action != "revoke-tokens" and ns.users:
+        raise CommandError(f"admin {ns.action} takes no users")
+    if ns.action == "revoke-tokens":
+        if not ns.users:
+            raise CommandError("admin revoke-tokens: name the user(s) whose tokens to revoke")
+        for user in ns.users:
+            res = s.call("revoke_tokens", {"target": user})
+            echo(f"revoked every token of {user} issued before "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(res['record']['before']))}")
+        return
     if ns.action == "shutdown":
         res = s.call("shutdown")
         echo(f"controller {res['server']} is shutting down")

@@ -263,8 +263,9 @@ class RevokeTokensArgs(TypedDict):
     administrator anyone's (else DENIED). Result: ``{key, revoked, record}``."""
 
     target: Annotated[t.Name, _d("the user whose tokens are revoked")]
-    until: Annotated[t.Epoch, _d("when the last of those tokens expires (now + the API servers' "
-                                 "``token_ttl``): the record lasts until then; at most 30 days ahead")]
+    until: NotRequired[Annotated[t.Epoch, _d(
+        "when the last of those tokens expires (now + the API servers' ``token_ttl``): the "
+        "record lasts until then; at most 30 days ahead (the default: no token lives longer)")]]
     user: NotRequired[User]
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 
 from xce_controller import events, queries, subscribe, tasks
 from xce_controller.authz import FRONT_ENDS, MEMBER_DAEMONS, Policy, describe, via
+from xce_controller.revocations import MAX_LIFETIME
 from xce_controller.state import Changes, ClusterState
 from xce_controller.subscribe import NONE, Subscription
 from xcecore.auth import Identity
@@ -203,7 +204,8 @@ def op_revoke_tokens(srv: ServerView, caller: Caller, args: dict[str, Any], now:
                                             f"revoke only their own tokens, not {target}'s (an "
                                             "administrator may revoke anyone's)")
     ch = Changes()
-    srv.state.revocations.revoke_user(ch, target, args["until"], describe(user, caller.who), now)
+    until = args.get("until", now + MAX_LIFETIME)
+    srv.state.revocations.revoke_user(ch, target, until, describe(user, caller.who), now)
     return ch
 
 

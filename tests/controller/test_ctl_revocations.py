@@ -1,0 +1,121 @@
+"""Token revocations in the controller: the pure list (bounds, expiry order), and the ops
+against an in-process primary with a real SQLite store -- durable, replicated to members
+through the sync (snapshot and delta) and pushes, dropped when their tokens expire."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from ctl_testlib import RawClient, follow, join_synced, reload, running
+from xce_controller.revocations import MAX_LIFETIME, MAX_PER_USER, Revocations
+from xce_controller.state import Changes
+
+pytestmark = pytest.mark.anyio
+
+API = {"role": "apiserver", "attrs": {}, "subscribe": {"revocations": "all"}}
+
+
+def err(msg):
+    assert not msg["ok"], msg
+    return msg["error"]
+
+
+def test_the_list_is_bounded_per_user_and_expires_in_order() -> None:
+    rv = Revocations()
+    now = 1000.0
+    for i in range(MAX_PER_USER):
+        rv.revoke_token(Changes(), f"jti-{i:06d}", "alice", now + 10 + i % 7, "owner alice", now)
+    assert rv.per_user["alice"] == MAX_PER_USER
+    from xcecore.wire import RemoteError
+
+    with pytest.raises(RemoteError, match="has 1000 revoked tokens .* revoke-tokens alice"):
+        rv.revoke_token(Changes(), "one-more-token", "alice", now + 10, "owner alice", now)
+    ch = Changes()
+    rv.revoke_token(ch, "jti-000000", "alice", now + 20, "owner alice", now)  # again: no new entry
+    assert rv.per_user["alice"] == MAX_PER_USER and ch.rows[0][2]["expires"] == now + 20
+    rv.revoke_token(Changes(), "bobs-token-1", "bob", now + 5, "owner bob", now)  # others unaffected
+    with pytest.raises(RemoteError, match="more than 30 days ahead"):
+        rv.revoke_token(Changes(), "far-future-1", "bob", now + MAX_LIFETIME + 1, "owner bob", now)
+    ch = Changes()
+    assert rv.revoke_token(ch, "expired-tok", "bob", now - 1, "owner bob", now) is None
+    assert not ch.rows and ch.result["revoked"] is False
+    # Expiry: only what is due, in order, and at most a batch at a time.
+    ch = Changes()
+    assert rv.expire(ch, now + 5) == ["t:bobs-token-1"] and ch.rows == [("revocations", "t:bobs-token-1", None)]
+    assert ch.events[0].name == "revocations_removed" and "bob" not in rv.per_user
+    ch = Changes()
+    gone = rv.expire(ch, now + 13, limit=50)
+    assert len(gone) == 50 and all(k not in rv.records for k in gone)
+    assert "t:jti-000000" not in gone  # its record was replaced by a later expiry
+    gone += rv.expire(Changes(), now + 16)
+    assert all(k not in rv.records for k in gone) and "t:jti-000000" in rv.records
+    rv.expire(Changes(), now + 20)
+    assert not rv.records and not rv.per_user
+    # A user-wide revocation: one record per user, its cut-off only moves forward.
+    ch = Changes()
+    rv.revoke_user(ch, "alice", now + 100, "administrator root", now)
+    rv.revoke_user(ch, "alice", now + 50, "administrator root", now + 1)
+    rec = rv.records["u:alice"]
+    assert len(rv) == 1 and rec["before"] == now + 1 and rec["expires"] == now + 100
+
+
+async def test_revocations_are_durable_replicated_and_expire(tmp_path):
+    async with running(tmp_path) as ctl:
+        api = await RawClient.connect(ctl.address, "apiserver@web1")
+        _, rep = await join_synced(api, API)
+        cli = await RawClient.connect(ctl.address, "apiserver@web2")
+        expires = time.time() + 3600
+        got = await cli.ok("revoke_token", {"jti": "alice-token-1", "expires": expires, "user": "alice"})
+        assert got["revoked"] and got["record"]["user"] == "alice" and got["record"]["rev"] > 0
+        assert got["record"]["by"].startswith("owner alice") or "alice" in got["record"]["by"]
+        push = await api.push("revocation")
+        assert rep.apply(push["push"], push["data"])
+        assert rep.get("revocations", "t:alice-token-1")["jti"] == "alice-token-1"
+        # Whom it acts for is the record's user: a user may revoke only their own tokens.
+        e = err(await cli.call("revoke_tokens", {"target": "alice", "user": "bob"}))
+        assert e["code"] == "DENIED" and "only their own tokens, not alice's" in e["message"]
+        own = await cli.ok("revoke_tokens", {"target": "bob", "user": "bob"})
+        assert own["record"]["key"] == "u:bob"
+        every = await cli.ok("revoke_tokens", {"target": "alice", "user": "root"})
+        assert every["record"]["by"].startswith("administrator root") or "root" in every["record"]["by"]
+        e = err(await cli.call("revoke_token", {"jti": "bad token!", "expires": expires, "user": "a"}))
+        assert e["code"] == "INVALID" and "jti" in e["message"]
+        # A member re-joining with its position gets a delta with what changed meanwhile.
+        since = {"store": ctl.store_id, "rev": push["data"]["rev"]}
+        await cli.ok("revoke_token", {"jti": "alice-token-2", "expires": time.time() + 1.0,
+                                      "user": "alice"})
+        late = await RawClient.connect(ctl.address, "apiserver@web3")
+        late.pushes.clear()
+        joined = await late.ok("join", {**API, "since": since})
+        assert joined["sync"]["mode"] == "delta"
+        rep3 = _replica_with(rep)
+        await follow(late, rep3)
+        assert {"u:alice", "u:bob", "t:alice-token-2", "t:alice-token-1"} <= set(rep3.records("revocations"))
+        # A fresh member's snapshot holds them all.
+        fresh = await RawClient.connect(ctl.address, "apiserver@web4")
+        _, rep4 = await join_synced(fresh, API)
+        assert set(rep4.records("revocations")) == {"t:alice-token-1", "t:alice-token-2", "u:alice", "u:bob"}
+        # The token of alice-token-2 expires within a second: its record leaves the list,
+        # and the members are told.
+        gone = await api.push("revocations_removed", timeout=10)
+        assert gone["data"]["keys"] == ["t:alice-token-2"] and isinstance(gone["data"]["rev"], int)
+        assert "t:alice-token-2" not in ctl.state.revocations.records
+        for c in (api, cli, late, fresh):
+            await c.aclose()
+    # Durable: what a new primary loads.
+    st = reload(tmp_path)
+    assert set(st.revocations.records) == {"t:alice-token-1", "u:alice", "u:bob"}
+    assert st.revocations.per_user == {"alice": 1}
+
+
+def _replica_with(rep):
+    """A new replica holding what ``rep`` holds (the member's copy before it re-joins)."""
+    from xcecore.replica import Replica
+
+    out = Replica(rep.subscription, manage_gc=False, name="test copy")
+    out.apply("sync_begin", {"mode": "snapshot", "store": rep.store})
+    for rec in rep.records("revocations").values():
+        out.put("revocations", dict(rec))
+    out.apply("sync_end", {"rev": rep.rev})
+    return out
