@@ -651,8 +651,6 @@ OP_ARGS: dict[str, Any] = {
     "jobsubmit": JobSubmitArgs,
     "jobctrl": JobCtrlArgs,
     "queuectrl": QueueCtrlArgs,
-    "revoke_token": RevokeTokenArgs,
-    "revoke_tokens": RevokeTokensArgs,
     "hostctrl": HostCtrlArgs,
     "jobdispatch": JobDispatchArgs,
     "set_pend_reason": SetPendReasonArgs,
@@ -672,6 +670,8 @@ OP_ARGS: dict[str, Any] = {
     "events": EventsArgs,
     "task_launch": TaskLaunchArgs,
     "task_block": TaskBlockArgs,
+    "revoke_token": RevokeTokenArgs,
+    "revoke_tokens": RevokeTokensArgs,
 }
 """Op name (:data:`xcecore.protocol.OP_NAMES`) -> its argument model (a TypedDict, or an
 ``Annotated`` one with a validator)."""

@@ -391,10 +391,6 @@ OPS: dict[str, OpSpec] = {
                         needs_jobs=False),
     "jobsubmit": OpSpec(op_jobsubmit, NOBODY, "write", users=True, acts=True, needs_jobs=False),
     "jobctrl": OpSpec(op_jobctrl, NOBODY, "write", users=True, acts=True),
-    "revoke_token": OpSpec(op_revoke_token, NOBODY, "write", users=True, acts=True,
-                           needs_jobs=False),
-    "revoke_tokens": OpSpec(op_revoke_tokens, NOBODY, "write", users=True, acts=True,
-                            needs_jobs=False),
     "queuectrl": OpSpec(op_queuectrl, NOBODY, "write", users=True, admin=True, acts=True,
                         needs_jobs=False),
     "hostctrl": OpSpec(op_hostctrl, NOBODY, "write", users=True, admin=True, acts=True),
@@ -425,6 +421,12 @@ OPS: dict[str, OpSpec] = {
     "events": OpSpec(op_events, ANY, "read", needs_jobs=False),
     "task_launch": OpSpec(op_task_launch, NOBODY, "write", users=True, acts=True),
     "task_block": OpSpec(op_task_block, NOBODY, "write", users=True, acts=True),
+    # Revoked bearer tokens (xce_controller.revocations): a user revokes their own, an
+    # administrator anyone's (revoke_tokens checks; revoke_token records whom it acts for).
+    "revoke_token": OpSpec(op_revoke_token, NOBODY, "write", users=True, acts=True,
+                           needs_jobs=False),
+    "revoke_tokens": OpSpec(op_revoke_tokens, NOBODY, "write", users=True, acts=True,
+                            needs_jobs=False),
 }
 
 
