@@ -203,6 +203,17 @@ def test_users_act_on_their_own_jobs_only(site: Site) -> None:
     wait_for(lambda: job(site, jobid)["state"] == "EXIT", 30, what="killed by the admin")
 
 
+def test_users_revoke_their_own_tokens_only(site: Site) -> None:
+    got = site.xce(site.bob, "admin", "revoke-tokens", site.alice.name,
+                   env={"LOGNAME": site.alice.name, "USER": site.alice.name})
+    assert got.returncode != 0
+    assert f"may revoke only their own tokens, not {site.alice.name}'s" in got.stderr, got.stderr
+    assert f"revoked every token of {site.bob.name}" in site.ok(site.bob, "admin", "revoke-tokens",
+                                                                 site.bob.name)
+    assert f"revoked every token of {site.alice.name}" in site.ok(site.carol, "admin",
+                                                                   "revoke-tokens", site.alice.name)
+
+
 # -- the wire: credentials a hostile client may offer -------------------------------------------
 
 
