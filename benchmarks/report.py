@@ -99,7 +99,7 @@ MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "res
         "failover-key-sameload", "tls", "failover-tls", "failover-sameload-tls",
         "failover-stop-baseline", "failover-stop-liveness3-baseline", "arrays",
         "failover-etcd", "failover-stop-etcd", "etcd", "chaos-etcd",
-        "failover-stop-liveness1-etcd", "stream", "events", "tasks")
+        "failover-stop-liveness1-etcd", "stream", "events", "tasks", "revoke")
 SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
 
 
@@ -960,6 +960,34 @@ def tls_section(d: dict[str, Any] | None, tls: dict[str, Any] | None,
     return lines
 
 
+def revoke_part(d: dict[str, Any] | None) -> list[str]:
+    """Section 13 goes on: token revocation through the controller (``bench_revoke.py``)."""
+    lines = ["### Token revocation (`bench_revoke.py`, issue 24)", ""]
+    if d is None:
+        return [*lines, "Not run yet (no `results/revoke.json`).", ""]
+    c, r = d["check"], d["rest"]
+    lines += [f"Source: {provenance(d)}{load_note(d)}. The check every request makes, in one "
+              f"process (microseconds; the list held {c['listed']:,} records in the second "
+              "case):", "", DIST_HEAD,
+              dist_row("token check (signature, claims, list), empty list", c["check_empty_us"], "", 2),
+              dist_row(f"token check, {c['listed']:,} records listed", c["check_listed_us"],
+                       "no measurable difference", 2),
+              dist_row("the list's lookup alone, empty", c["lookup_empty_us"], "", 3),
+              dist_row(f"the list's lookup alone, {c['listed']:,} records", c["lookup_listed_us"], "", 3),
+              "", f"Two API server processes on a one-candidate cluster ({r['runs']} logouts; "
+              "milliseconds):", "", DIST_HEAD,
+              dist_row("`POST /auth/logout` (answered after the controller's commit)", r["logout_ms"]),
+              dist_row("from its answer until the other API server refuses the token "
+                       "(one probe's resolution)", r["refused_elsewhere_ms"]),
+              dist_row("`GET /jobs?limit=1`, live token, before the logouts", r["get_before_ms"]),
+              dist_row(f"`GET /jobs?limit=1`, live token, {r['listed_after']} revocations listed",
+                       r["get_after_ms"]), "",
+              "The list's lookup costs the same whatever its length (the in-process rows); the two "
+              "`GET` rows were measured a few seconds apart on the shared machine, so what differs "
+              "between them is its load, not the list.", ""]
+    return lines
+
+
 def arrays_section(d: dict[str, Any] | None) -> list[str]:
     """Job arrays (``bench_arrays.py``, issue #22): submit, memory, dispatch."""
     lines = ["## 14. Job arrays (`bench_arrays.py`, issue #22)", ""]
@@ -1062,6 +1090,7 @@ def main() -> int:
     lines += scale_section(mine["scale"])
     lines += auth_section(mine["auth"], mine["failover-munge"], mine["failover-key-sameload"])
     lines += tls_section(mine["tls"], mine["failover-tls"], mine["failover-sameload-tls"])
+    lines += revoke_part(mine["revoke"])
     lines += arrays_section(mine["arrays"])
     lines += etcd_section(mine["failover-etcd"], mine["failover-stop-etcd"], mine["etcd"], mine["chaos-etcd"],
                           mine["failover-stop-liveness1-etcd"])

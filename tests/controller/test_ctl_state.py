@@ -666,3 +666,53 @@ def test_freeing_slots_of_a_host_missing_from_the_index() -> None:
     assert st.hosts["n1"]["used_slots"] == 0 and "n1" not in st.jobs.active_on
     st.jobs.remove(jobid)
     assert "n1" not in st.jobs.by_host  # an empty index entry does not linger
+
+
+# -- exclusive (-x) hosts hold for every dispatch, forced ones too -----------------------------
+
+
+def submit_x(st: ClusterState, ntasks: int = 1, **more: Any) -> int:
+    args: dict[str, Any] = {"command": "true", "user": "alice", "ntasks": ntasks,
+                            "exclusive": True, **more}
+    return int(st.submit(args, T0).result["jobid"])
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_an_exclusive_job_never_shares_a_host(force: bool) -> None:
+    st = with_hosts(new_state(), "n1", "n2", "n3", slots=4)
+    plain = running(st, "n1")
+    x = submit_x(st)
+    err = refused(st, st.dispatch, x, [{"host": "n1", "ntasks": 1}], force)
+    assert err.code == "CONFLICT" and f"host n1 runs job {plain}: exclusive job {x}" in err.message
+    st.dispatch(x, [{"host": "n2", "ntasks": 1}], force)
+    other = submit(st)
+    err = refused(st, st.dispatch, other, [{"host": "n2", "ntasks": 1}], force)
+    assert f"host n2 is held by exclusive job {x} (-x): cannot dispatch job {other}" in err.message
+    x2 = submit_x(st)
+    err = refused(st, st.dispatch, x2, [{"host": "n2", "ntasks": 1}], force)
+    assert f"host n2 runs job {x}: exclusive job {x2}" in err.message
+    st.dispatch(other, [{"host": "n3", "ntasks": 1}], force)  # another host: fine
+    # Once the exclusive job ends, its host takes others again.
+    st.control(x, "kill", T0, "owner alice")
+    st.notify("n2", {"jobid": x, "event": "finish", "exit_status": 143, "exit_reason": "killed"}, T0)
+    st.dispatch(x2, [{"host": "n2", "ntasks": 1}], force)
+
+
+def test_an_exclusive_array_puts_its_elements_on_hosts_of_their_own() -> None:
+    st = with_hosts(new_state(), "n1", "n2", slots=4)
+    arr = submit_x(st, array="1-3")
+    one = [{"host": "n1", "ntasks": 1}]
+    err = refused(st, st.dispatch, arr, one, False, [one])
+    assert "two of its elements cannot share host n1" in err.message
+    st.dispatch(arr, one, False)
+    err = refused(st, st.dispatch, arr, one, True)
+    assert "host n1 runs job" in err.message and f"exclusive job {arr}" in err.message
+    st.dispatch(arr, [{"host": "n2", "ntasks": 1}], True)
+
+
+def test_a_word_exclusive_elsewhere_in_the_submission_changes_nothing() -> None:
+    st = with_hosts(new_state(), "n1", slots=4)
+    running(st, "n1")
+    j = int(st.submit({"command": 'echo "exclusive":true', "user": "alice", "name": "exclusive",
+                       "exclusive": False}, T0).result["jobid"])
+    st.dispatch(j, [{"host": "n1", "ntasks": 1}], False)  # not exclusive: shares n1

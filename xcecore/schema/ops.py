@@ -177,8 +177,9 @@ class JobSubmitArgs(TypedDict):
     stderr: NotRequired[Annotated[t.JobPath, _d("error file (`-e`); default: with `stdout` if "
                                                 "given, else the worker's spool")]]
     stdin: NotRequired[Annotated[t.JobPath, _d("input file (`-i`); default `/dev/null`")]]
-    exclusive: NotRequired[Annotated[bool, _d("hosts to itself (`-x`); default false (recorded; "
-                                              "not yet enforced by the scheduler)")]]
+    exclusive: NotRequired[Annotated[bool, _d(
+        "hosts to itself (`-x`); default false. The scheduler places it on idle hosts; the "
+        "controller refuses any dispatch, forced ones too, that would share a host with it")]]
     depend: NotRequired[Annotated[t.DependText, _d(
         "a dependency (LSF `-w`: `done(12) && (exit(13, >2) || ended(\"prep\"))`, by id, "
         "`ID[INDEX]` or your job's name; Slurm `--dependency`: `afterok:12:13,afterany:14`): "

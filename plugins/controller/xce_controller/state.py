@@ -101,6 +101,14 @@ def _killed(by: str | None) -> str:
     return "killed" if not by else f"killed by {by}"
 
 
+def is_exclusive(job: Job) -> bool:
+    """Whether ``job`` was submitted with ``-x`` (its submission's ``exclusive``). The
+    submission stays encoded: it is decoded only when the word is in it."""
+    if b'"exclusive"' not in job._spec:
+        return False
+    return bool(job.spec().get("exclusive") is True)
+
+
 def _host_state(h: Record) -> Record:
     h["state"] = "unavail" if not h["available"] else "closed" if h["closed"] else "ok"
     return h
@@ -580,6 +588,7 @@ class ClusterState:
             for a in each:
                 need[a["host"]] = need.get(a["host"], 0) + a["ntasks"]
         self._check_hosts(jobid, need, force)
+        self._check_exclusive(job, allocs)
         ch = Changes()
         if arrays.is_array(job):
             elements = arrays.dispatch(self, job, allocs, force, ch)
@@ -608,6 +617,33 @@ class ClusterState:
             free = host["max_slots"] - host["used_slots"]
             if ntasks > free:
                 raise conflict(f"host {name} has {free} free slots, job {jobid} needs {ntasks}")
+
+    def _check_exclusive(self, job: Job, allocs: list[list[dict[str, Any]]]) -> None:
+        """CONFLICT, naming the other job, unless ``-x`` holds on every host of ``allocs``:
+        an exclusive job gets hosts no active job runs on (nor another element of its own
+        dispatch), and no job goes to a host an active exclusive job holds. Forced dispatches
+        too: LSF's ``brun`` overrides scheduling policy (closed hosts, slot limits, resource
+        reservations), never another job's exclusive hold. The cost is the active jobs of
+        the hosts named (a host's slots bound them), never all jobs."""
+        mine = is_exclusive(job)
+        seen: set[str] = set()
+        for each in allocs:
+            for a in each:
+                name = a["host"]
+                if mine and name in seen:
+                    raise conflict(f"job {job.jobid} is exclusive (-x): two of its elements "
+                                   f"cannot share host {name}")
+                seen.add(name)
+                for other in sorted(self.jobs.active_on.get(name, ())):
+                    held = self.jobs.get(other)
+                    if held is None or held.jobid == job.jobid:
+                        continue
+                    if mine:
+                        raise conflict(f"host {name} runs job {other}: exclusive job "
+                                       f"{job.jobid} (-x) needs its hosts to itself")
+                    if is_exclusive(held):
+                        raise conflict(f"host {name} is held by exclusive job {other} (-x): "
+                                       f"cannot dispatch job {job.jobid} to it")
 
     def take_slots(self, ch: Changes, job: Job, alloc: list[dict[str, Any]], force: bool) -> None:
         """A pending job (hosts checked) runs on ``alloc``: its slots are taken."""
