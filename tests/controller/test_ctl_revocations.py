@@ -119,3 +119,25 @@ def _replica_with(rep):
         out.put("revocations", dict(rec))
     out.apply("sync_end", {"rev": rep.rev})
     return out
+
+
+def test_a_rollback_and_a_standby_follow_keep_the_counts_right() -> None:
+    from xce_controller.settings import ClusterConf
+    from xce_controller.state import ClusterState
+
+    st = ClusterState(ClusterConf(queues=({"name": "normal", "priority": 30},)))
+    ch = Changes()
+    st.revocations.revoke_token(ch, "tok-aaaa1", "alice", 4600.0, "owner alice", 1000.0)
+    committed = dict(ch.rows[0][2])
+    st.revocations.revoke_token(Changes(), "tok-aaaa2", "alice", 4600.0, "owner alice", 1000.0)
+    assert st.revocations.per_user == {"alice": 2}
+    # The second write failed to commit: roll back to the store's images.
+    st.restore({("revocations", "t:tok-aaaa2"): None, ("revocations", "t:tok-aaaa1"): committed})
+    assert set(st.revocations.records) == {"t:tok-aaaa1"} and st.revocations.per_user == {"alice": 1}
+    # A standby applies a delta: one new record, one removal.
+    bob = {"key": "t:tok-bbbb1", "user": "bob", "jti": "tok-bbbb1", "expires": 4600.0, "rev": 9}
+    st.follow([], {}, {}, [("revocations", "t:tok-aaaa1", 9)], 1, 1000.0, {"t:tok-bbbb1": bob})
+    assert set(st.revocations.records) == {"t:tok-bbbb1"} and st.revocations.per_user == {"bob": 1}
+    # Its expiry heap still drops it when due.
+    gone = Changes()
+    assert st.revocations.expire(gone, 4600.0) == ["t:tok-bbbb1"] and not st.revocations.per_user

@@ -387,3 +387,28 @@ def test_a_primary_giving_up_during_an_etcd_election_revokes_its_lease_after_it(
             assert took < 3 * a.settings.grant_ttl + 1
         finally:
             os.kill(etcd.members[leader].pid, signal.SIGCONT)
+
+
+def test_revocations_are_a_table_of_the_etcd_store_too(etcd_one: EtcdCluster) -> None:
+    """The token revocations (xce_controller.revocations) load with the head and follow."""
+    with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
+        win(a)
+        primary = EtcdStore(a.client, a.settings, a)
+        primary.open()
+        rec = {"key": "t:tok-1", "user": "alice", "jti": "tok-1", "expires": 2e9, "rev": 1}
+        commit(primary, [Write([("revocations", "t:tok-1", orjson.dumps(rec), None)], rev=1)])
+        assert primary.head().revocations == {"t:tok-1": rec}
+        standby = EtcdStore(b.client, b.settings, b)
+        got = standby.snapshot(100, 60.0, time.time() - 3600, lambda rid, ts: None)
+        assert got is not None and got[0].revocations == {"t:tok-1": rec}
+        other = {**rec, "key": "u:bob", "user": "bob", "before": 1.0, "rev": 2}
+        commit(primary, [Write([("revocations", "u:bob", orjson.dumps(other), None),
+                                ("revocations", "t:tok-1", None, None)], rev=2)])
+        wait_for(lambda: standby.wait_changed(0.5), 10, what="the watch's events")
+        delta = standby.changes_since(1)
+        while delta is not None and delta.rev < 2:
+            assert standby.wait_changed(10)
+            delta = standby.changes_since(1)
+        assert delta is not None and delta.revocations == {"u:bob": other}
+        assert delta.removed == [("revocations", "t:tok-1", 2)]
+        standby.close()
