@@ -141,3 +141,12 @@ def test_a_rollback_and_a_standby_follow_keep_the_counts_right() -> None:
     # Its expiry heap still drops it when due.
     gone = Changes()
     assert st.revocations.expire(gone, 4600.0) == ["t:tok-bbbb1"] and not st.revocations.per_user
+
+
+def test_the_expiry_heap_stays_proportional_to_what_is_held() -> None:
+    rv = Revocations()
+    rec = {"key": "u:alice", "user": "alice", "before": 1.0, "expires": 5000.0, "rev": 1}
+    for i in range(10_000):  # a standby following one record replaced again and again
+        rv.restore("u:alice", {**rec, "expires": 5000.0 + i, "rev": i})
+    assert len(rv) == 1 and len(rv._heap) <= 2 + 1024 + 1
+    assert rv.expire(Changes(), 5000.0 + 9998) == [] and rv.expire(Changes(), 5000.0 + 9999) == ["u:alice"]

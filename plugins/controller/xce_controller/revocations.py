@@ -47,6 +47,8 @@ MAX_LIFETIME: Final = 30 * 86400.0
 """The furthest ahead (s) a revocation may say its tokens expire: no token lives longer."""
 EXPIRE_BATCH: Final = 1000
 """Records one expiry pass may drop."""
+COMPACT_SLACK: Final = 1024
+"""Stale heap entries tolerated beyond twice the records held before the heap is rebuilt."""
 
 
 def token_key(jti: str) -> str:
@@ -83,7 +85,13 @@ class Revocations:
             user = str(rec["user"])
             self.per_user[user] = self.per_user.get(user, 0) + 1
         self.records[key] = rec
-        heapq.heappush(self._heap, (float(rec["expires"]), key))
+        heap = self._heap
+        heapq.heappush(heap, (float(rec["expires"]), key))
+        if len(heap) > 2 * len(self.records) + COMPACT_SLACK:
+            # Replaced and removed records leave their entries behind (a standby never
+            # expires any): rebuilt from what is held, at most once per so many puts.
+            self._heap = [(float(r["expires"]), k) for k, r in self.records.items()]
+            heapq.heapify(self._heap)
 
     def drop(self, key: str) -> Record | None:
         """Forget ``key``; the record it held, or None."""
