@@ -423,10 +423,11 @@ OPS: dict[str, OpSpec] = {
     "task_block": OpSpec(op_task_block, NOBODY, "write", users=True, acts=True),
     # Revoked bearer tokens (xce_controller.revocations): a user revokes their own, an
     # administrator anyone's (revoke_tokens checks; revoke_token records whom it acts for).
+    # Repeatable, so not recorded under a key: a retry after a lost answer revokes again.
     "revoke_token": OpSpec(op_revoke_token, NOBODY, "write", users=True, acts=True,
-                           needs_jobs=False),
+                           dedupe=False, needs_jobs=False),
     "revoke_tokens": OpSpec(op_revoke_tokens, NOBODY, "write", users=True, acts=True,
-                            needs_jobs=False),
+                            dedupe=False, needs_jobs=False),
 }
 
 
