@@ -9,7 +9,6 @@ import time
 import pytest
 from ctl_testlib import RawClient, follow, join_synced, reload, running
 from xce_controller.revocations import MAX_LIFETIME, MAX_PER_USER, Revocations
-from xce_controller.state import Changes
 
 pytestmark = pytest.mark.anyio
 
@@ -25,37 +24,30 @@ def test_the_list_is_bounded_per_user_and_expires_in_order() -> None:
     rv = Revocations()
     now = 1000.0
     for i in range(MAX_PER_USER):
-        rv.revoke_token(Changes(), f"jti-{i:06d}", "alice", now + 10 + i % 7, "owner alice", now)
+        rv.revoke_token(f"jti-{i:06d}", "alice", now + 10 + i % 7, "owner alice", now)
     assert rv.per_user["alice"] == MAX_PER_USER
     from xcecore.wire import RemoteError
 
     with pytest.raises(RemoteError, match="has 1000 revoked tokens .* revoke-tokens alice"):
-        rv.revoke_token(Changes(), "one-more-token", "alice", now + 10, "owner alice", now)
-    ch = Changes()
-    rv.revoke_token(ch, "jti-000000", "alice", now + 20, "owner alice", now)  # again: no new entry
-    assert rv.per_user["alice"] == MAX_PER_USER and ch.rows[0][2]["expires"] == now + 20
-    rv.revoke_token(Changes(), "bobs-token-1", "bob", now + 5, "owner bob", now)  # others unaffected
+        rv.revoke_token("one-more-token", "alice", now + 10, "owner alice", now)
+    again = rv.revoke_token("jti-000000", "alice", now + 20, "owner alice", now)  # no new entry
+    assert rv.per_user["alice"] == MAX_PER_USER and again is not None and again["expires"] == now + 20
+    rv.revoke_token("bobs-token-1", "bob", now + 5, "owner bob", now)  # others unaffected
     with pytest.raises(RemoteError, match="more than 30 days ahead"):
-        rv.revoke_token(Changes(), "far-future-1", "bob", now + MAX_LIFETIME + 1, "owner bob", now)
-    ch = Changes()
-    assert rv.revoke_token(ch, "expired-tok", "bob", now - 1, "owner bob", now) is None
-    assert not ch.rows and ch.result["revoked"] is False
+        rv.revoke_token("far-future-1", "bob", now + MAX_LIFETIME + 1, "owner bob", now)
+    assert rv.revoke_token("expired-tok", "bob", now - 1, "owner bob", now) is None
     # Expiry: only what is due, in order, and at most a batch at a time.
-    ch = Changes()
-    assert rv.expire(ch, now + 5) == ["t:bobs-token-1"] and ch.rows == [("revocations", "t:bobs-token-1", None)]
-    assert ch.events[0].name == "revocations_removed" and "bob" not in rv.per_user
-    ch = Changes()
-    gone = rv.expire(ch, now + 13, limit=50)
+    assert rv.expire(now + 5) == ["t:bobs-token-1"] and "bob" not in rv.per_user
+    gone = rv.expire(now + 13, limit=50)
     assert len(gone) == 50 and all(k not in rv.records for k in gone)
     assert "t:jti-000000" not in gone  # its record was replaced by a later expiry
-    gone += rv.expire(Changes(), now + 16)
+    gone += rv.expire(now + 16)
     assert all(k not in rv.records for k in gone) and "t:jti-000000" in rv.records
-    rv.expire(Changes(), now + 20)
+    rv.expire(now + 20)
     assert not rv.records and not rv.per_user
     # A user-wide revocation: one record per user, its cut-off only moves forward.
-    ch = Changes()
-    rv.revoke_user(ch, "alice", now + 100, "administrator root", now)
-    rv.revoke_user(ch, "alice", now + 50, "administrator root", now + 1)
+    rv.revoke_user("alice", now + 100, "administrator root", now)
+    rv.revoke_user("alice", now + 50, "administrator root", now + 1)
     rec = rv.records["u:alice"]
     assert len(rv) == 1 and rec["before"] == now + 1 and rec["expires"] == now + 100
 
@@ -126,10 +118,12 @@ def test_a_rollback_and_a_standby_follow_keep_the_counts_right() -> None:
     from xce_controller.state import ClusterState
 
     st = ClusterState(ClusterConf(queues=({"name": "normal", "priority": 30},)))
-    ch = Changes()
-    st.revocations.revoke_token(ch, "tok-aaaa1", "alice", 4600.0, "owner alice", 1000.0)
+    ch = st.revoked(st.revocations.revoke_token("tok-aaaa1", "alice", 4600.0, "owner alice", 1000.0))
+    assert ch.rows[0][:2] == ("revocations", "t:tok-aaaa1") and ch.events[0].name == "revocation"
     committed = dict(ch.rows[0][2])
-    st.revocations.revoke_token(Changes(), "tok-aaaa2", "alice", 4600.0, "owner alice", 1000.0)
+    nothing = st.revoked(st.revocations.revoke_token("tok-old01", "alice", 999.0, "owner alice", 1000.0))
+    assert not nothing.rows and nothing.result["revoked"] is False
+    st.revocations.revoke_token("tok-aaaa2", "alice", 4600.0, "owner alice", 1000.0)
     assert st.revocations.per_user == {"alice": 2}
     # The second write failed to commit: roll back to the store's images.
     st.restore({("revocations", "t:tok-aaaa2"): None, ("revocations", "t:tok-aaaa1"): committed})
@@ -139,8 +133,10 @@ def test_a_rollback_and_a_standby_follow_keep_the_counts_right() -> None:
     st.follow([], {}, {}, [("revocations", "t:tok-aaaa1", 9)], 1, 1000.0, {"t:tok-bbbb1": bob})
     assert set(st.revocations.records) == {"t:tok-bbbb1"} and st.revocations.per_user == {"bob": 1}
     # Its expiry heap still drops it when due.
-    gone = Changes()
-    assert st.revocations.expire(gone, 4600.0) == ["t:tok-bbbb1"] and not st.revocations.per_user
+    gone = st.expire_revocations(4600.0)
+    assert gone.result == ["t:tok-bbbb1"] and not st.revocations.per_user
+    assert gone.rows == [("revocations", "t:tok-bbbb1", None)]
+    assert gone.events[0].name == "revocations_removed" and gone.events[0].data == {"keys": ["t:tok-bbbb1"]}
 
 
 def test_the_expiry_heap_stays_proportional_to_what_is_held() -> None:
@@ -149,4 +145,4 @@ def test_the_expiry_heap_stays_proportional_to_what_is_held() -> None:
     for i in range(10_000):  # a standby following one record replaced again and again
         rv.restore("u:alice", {**rec, "expires": 5000.0 + i, "rev": i})
     assert len(rv) == 1 and len(rv._heap) <= 2 + 1024 + 1
-    assert rv.expire(Changes(), 5000.0 + 9998) == [] and rv.expire(Changes(), 5000.0 + 9999) == ["u:alice"]
+    assert rv.expire(5000.0 + 9998) == [] and rv.expire(5000.0 + 9999) == ["u:alice"]

@@ -191,10 +191,9 @@ def op_jobctrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float
 
 def op_revoke_token(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     # The record names whom the request acts for: it revokes only a token of that user.
-    ch = Changes()
-    srv.state.revocations.revoke_token(ch, args["jti"], args["user"], args["expires"],
-                                       describe(args["user"], caller.who), now)
-    return ch
+    st = srv.state
+    return st.revoked(st.revocations.revoke_token(args["jti"], args["user"], args["expires"],
+                                                  describe(args["user"], caller.who), now))
 
 
 def op_revoke_tokens(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
@@ -203,10 +202,9 @@ def op_revoke_tokens(srv: ServerView, caller: Caller, args: dict[str, Any], now:
         raise RemoteError(ErrorCode.DENIED, f"revoke_tokens: {describe(user, caller.who)} may "
                                             f"revoke only their own tokens, not {target}'s (an "
                                             "administrator may revoke anyone's)")
-    ch = Changes()
     until = args.get("until", now + MAX_LIFETIME)
-    srv.state.revocations.revoke_user(ch, target, until, describe(user, caller.who), now)
-    return ch
+    st = srv.state
+    return st.revoked(st.revocations.revoke_user(target, until, describe(user, caller.who), now))
 
 
 def op_queuectrl(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:

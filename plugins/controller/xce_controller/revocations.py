@@ -22,20 +22,18 @@ scan). A user holds at most :data:`MAX_PER_USER` token records; past that the re
 refused with a CONFLICT that says to revoke all of the user's tokens instead, so nobody can
 grow the list without bound.
 
-Everything here is pure: :class:`Revocations` holds the records and its transitions return
-:class:`~xce_controller.state.Changes` (rows to commit, pushes); the server commits them.
+Everything here is pure: :class:`Revocations` holds the records, its transitions check,
+change them and return what changed; :class:`~xce_controller.state.ClusterState` makes the
+rows to commit and the pushes of it (``revoked``, ``expire_revocations``).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from xcecore.wire import ErrorCode, RemoteError
-
-if TYPE_CHECKING:
-    from xce_controller.state import Changes
 
 Record = dict[str, Any]
 
@@ -118,10 +116,10 @@ class Revocations:
 
     # -- transitions -----------------------------------------------------------------------
 
-    def revoke_token(self, ch: Changes, jti: str, user: str, expires: float, by: str,
-                     now: float) -> None:
-        """Revoke the token ``jti`` of ``user`` until ``expires``; into ``ch``. A token that
-        has expired already needs no record (the result says so)."""
+    def revoke_token(self, jti: str, user: str, expires: float, by: str,
+                     now: float) -> Record | None:
+        """Revoke the token ``jti`` of ``user`` until ``expires``: the record now held, or
+        None for a token that has expired already (it needs none)."""
         _check_expiry(expires, now)
         key = token_key(jti)
         old = self.records.get(key)
@@ -129,8 +127,7 @@ class Revocations:
             # Someone named another user's token id: refuse rather than say which user holds it.
             raise RemoteError(ErrorCode.CONFLICT, f"revoke_token: token {jti} is revoked already")
         if expires <= now:
-            ch.result = {"key": key, "revoked": False, "why": "the token has expired already"}
-            return
+            return None
         if old is None and self.per_user.get(user, 0) >= MAX_PER_USER:
             raise RemoteError(ErrorCode.CONFLICT, (
                 f"revoke_token: user {user} has {MAX_PER_USER} revoked tokens that have not "
@@ -139,32 +136,24 @@ class Revocations:
         rec: Record = {"key": key, "user": user, "jti": jti,
                        "expires": max(expires, float(old["expires"]) if old else 0.0),
                        "at": now, "by": by, "rev": 0}
-        self._changed(ch, rec)
+        self.put(rec)
+        return rec
 
-    def revoke_user(self, ch: Changes, user: str, until: float, by: str, now: float) -> None:
-        """Revoke every token of ``user`` issued before ``now``; the record lasts until
-        ``until`` (when the last such token would expire); into ``ch``."""
+    def revoke_user(self, user: str, until: float, by: str, now: float) -> Record:
+        """Revoke every token of ``user`` issued before ``now``; the record (now held) lasts
+        until ``until``, when the last such token would expire."""
         _check_expiry(until, now)
         key = user_key(user)
         old = self.records.get(key)
         rec: Record = {"key": key, "user": user, "before": now,
                        "expires": max(until, float(old["expires"]) if old else 0.0),
                        "by": by, "rev": 0}
-        self._changed(ch, rec)
-
-    def _changed(self, ch: Changes, rec: Record) -> None:
-        from xce_controller.state import Event
-
         self.put(rec)
-        ch.rows.append((TABLE, rec["key"], rec))
-        ch.events.append(Event("revocation", rec))
-        ch.result = {"key": rec["key"], "revoked": True, "record": rec}
+        return rec
 
-    def expire(self, ch: Changes, now: float, limit: int = EXPIRE_BATCH) -> list[str]:
+    def expire(self, now: float, limit: int = EXPIRE_BATCH) -> list[str]:
         """Drop at most ``limit`` records whose tokens have all expired by ``now`` (from the
-        heap: only what is due is looked at); into ``ch``. Returns the keys dropped."""
-        from xce_controller.state import Event
-
+        heap: only what is due is looked at); the keys dropped."""
         heap, gone = self._heap, list[str]()
         while heap and heap[0][0] <= now and len(gone) < limit:
             expires, key = heapq.heappop(heap)
@@ -173,9 +162,6 @@ class Revocations:
                 continue  # replaced by a later version (its own entry is further on), or gone
             self.drop(key)
             gone.append(key)
-            ch.rows.append((TABLE, key, None))
-        if gone:
-            ch.events.append(Event("revocations_removed", {"keys": gone}))
         return gone
 
     def follow(self, records: Mapping[str, Record], removed: Iterable[str]) -> None:

@@ -694,8 +694,8 @@ class Controller:
     def _expire_revocations(self) -> None:
         """Revocations whose tokens have all expired leave the list (one bounded batch, from
         the expiry heap: only what is due is looked at)."""
-        ch = Changes()
-        gone = self.state.revocations.expire(ch, now())
+        ch = self.state.expire_revocations(now())
+        gone = ch.result
         if gone:
             logger.info("controller {}: {} token revocation(s) dropped: the tokens they name "
                         "have expired", self.address, len(gone))

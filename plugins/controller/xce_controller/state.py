@@ -33,6 +33,8 @@ from xce_controller import arrays, depends, tasks
 from xce_controller.buckets import TimeBuckets
 from xce_controller.events import EventLog
 from xce_controller.jobs import EMPTY, Job, JobTable, make_alloc, new_spec
+from xce_controller.revocations import EXPIRE_BATCH as REVOKE_BATCH
+from xce_controller.revocations import TABLE as REVOCATIONS
 from xce_controller.revocations import Revocations
 from xce_controller.settings import ClusterConf as ClusterConf  # the state's config; re-exported
 from xcecore.jobspec import ExitReason, describe_exit
@@ -795,6 +797,23 @@ class ClusterState:
         self.events.record("reconfig", now, by=by, queues_added=added, queues_changed=changed,
                            queues_removed=removed)
         ch.result = {"queues_added": added, "queues_changed": changed}
+        return ch
+
+    def revoked(self, rec: Record | None) -> Changes:
+        """A revocation record just held (:mod:`xce_controller.revocations`; None: its token
+        had expired already): its row and its push."""
+        if rec is None:
+            return Changes(result={"revoked": False, "why": "the token has expired already"})
+        return Changes(result={"key": rec["key"], "revoked": True, "record": rec},
+                       rows=[(REVOCATIONS, rec["key"], rec)], events=[Event("revocation", rec)])
+
+    def expire_revocations(self, now: float, limit: int = REVOKE_BATCH) -> Changes:
+        """Drop the revocations whose tokens have all expired (a bounded batch, from the
+        expiry heap): their rows deleted, ``revocations_removed`` pushed. Result: the keys."""
+        gone = self.revocations.expire(now, limit)
+        ch = Changes(result=gone, rows=[(REVOCATIONS, key, None) for key in gone])
+        if gone:
+            ch.events.append(Event("revocations_removed", {"keys": gone}))
         return ch
 
     def queue_control(self, name: str, action: str, now: float = 0.0, by: str = "") -> Changes:
