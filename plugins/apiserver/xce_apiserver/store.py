@@ -23,8 +23,8 @@ from typing import Any
 from loguru import logger
 from sortedcontainers import SortedList
 
-from xce_apiserver.stream import ChangeHub
 from xce_apiserver.revocations import RevocationList
+from xce_apiserver.stream import ChangeHub
 from xcecore.replica import CLUSTER_KEY, Record, Replica, ReplicaObserver
 from xcecore.role import ALL_PUSHES
 
