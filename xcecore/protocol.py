@@ -69,8 +69,10 @@ class ErrorCode(StrEnum):
 # -- addresses ---------------------------------------------------------------------------------
 
 # A hostname label: letters, digits, hyphen, underscore (common in lab names); dots join labels.
-_HOST_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
-_V6_RE = re.compile(r"[0-9A-Fa-f:.%a-zA-Z]+")
+# Matched through re's own cache of compiled patterns (compiled on first use): a one-shot
+# command whose peers are IP literals never compiles them.
+_HOST_RE = r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$"
+_V6_RE = r"[0-9A-Fa-f:.%a-zA-Z]+"
 
 
 class AddressError(ValueError):
@@ -102,7 +104,7 @@ def parse_hostport(text: str, *, what: str = "address", port_zero: bool = False)
             raise AddressError(f"{where}: empty host between brackets")
         if ":" not in host:
             raise AddressError(f"{where}: brackets are only for IPv6 addresses")
-        if not _V6_RE.fullmatch(host):
+        if not re.fullmatch(_V6_RE, host):
             raise AddressError(f"{where}: {host!r} is not an IPv6 address")
         if not rest.startswith(":"):
             raise AddressError(f"{where}: missing ':port' after ']' (expected [ipv6]:port)")
@@ -116,7 +118,7 @@ def parse_hostport(text: str, *, what: str = "address", port_zero: bool = False)
     host, _, port = text.partition(":")
     if not host:
         raise AddressError(f"{where}: empty host")
-    if not _HOST_RE.match(host) or ".." in host:
+    if not re.match(_HOST_RE, host) or ".." in host:
         raise AddressError(f"{where}: {host!r} is not a valid host name or address")
     return host, _port(port, where, port_zero)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -226,19 +225,17 @@ class JsonList:
         return self.items
 
 
-_SPAN = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def parse_time(text: str, now: float | None = None) -> float:
     """``30d``, ``12h``, ``90m`` (that long ago), an ISO date or time (local unless it says),
     or seconds since 1970."""
     from datetime import UTC, datetime  # only the commands that read times pay for it
 
+    from xcecore.timespan import span_seconds
+
     now = time.time() if now is None else now
-    found = _SPAN.match(text.strip())
-    if found:
-        return now - float(found.group(1)) * _UNIT[found.group(2)]
+    span = span_seconds(text)
+    if span is not None:
+        return now - span
     try:
         return float(text)
     except ValueError:

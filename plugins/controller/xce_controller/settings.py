@@ -9,7 +9,6 @@ tests all build one), so no other module repeats a default. The server core take
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -19,6 +18,7 @@ from xcecore.auth import AuthMethod
 from xcecore.config import CORE_SECTIONS, Config, validate
 from xcecore.protocol import parse_hostport
 from xcecore.records import ConfigSection, Field
+from xcecore.timespan import span_seconds
 from xcecore.tls import TLS, server_tls
 
 DEFAULT_HUNG_TIMEOUT = 2.0
@@ -113,20 +113,16 @@ class ControllerSettings:
         return found
 
 
-_SPAN = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def parse_span(value: Any, what: str) -> float:
     """A span of time: seconds (a number) or ``90s``, ``30m``, ``12h``, ``7d``, ``2w``."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
     else:
-        found = _SPAN.match(value.strip()) if isinstance(value, str) else None
-        if found is None:
+        span = span_seconds(value) if isinstance(value, str) else None
+        if span is None:
             raise ValueError(f"{what} must be seconds or a span like 90s, 30m, 12h, 7d, 2w; got "
                              f"{value!r}")
-        seconds = float(found.group(1)) * _UNIT[found.group(2)]
+        seconds = span
     if not seconds > 0:  # also refuses NaN
         raise ValueError(f"{what} must be > 0, got {value!r}")
     return seconds

@@ -47,7 +47,6 @@ Outcomes of a transaction:
 
 from __future__ import annotations
 
-import gc
 import queue
 import secrets
 import threading
@@ -202,20 +201,16 @@ class EtcdStore:
                     floor=rev, revocations=tables[2]), revision
 
     def load_jobs(self, upto: int, clean_width: float) -> JobTable:
-        """Every job with id <= ``upto``, indexed, read at one etcd revision (a thread). The
-        collector is off meanwhile, as for the file store."""
+        """Every job with id <= ``upto``, indexed, read at one etcd revision (a thread), with
+        the collector off and the result frozen, as for the file store (:meth:`JobTable.load`:
+        otherwise the first young collection after the load walks every job holding the GIL,
+        and with a 1 s lease a stalled loop can cost the primary its lease)."""
         return self._retried(lambda: self._read_jobs(upto, clean_width, 0))
 
     def _read_jobs(self, upto: int, clean_width: float, revision: int) -> JobTable:
         jobs = self.state_prefix + b"jobs/"
         kvs, _ = self.client.scan(jobs, end=self.key("jobs", upto + 1), revision=revision)
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return JobTable.build(self._jobs(kvs), clean_width)
-        finally:
-            if enabled:
-                gc.enable()
+        return JobTable.load(self._jobs(kvs), clean_width)
 
     def _jobs(self, kvs: list[KV]) -> Iterator[Job]:
         """Jobs from a scan of their keys."""
