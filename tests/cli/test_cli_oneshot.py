@@ -153,3 +153,25 @@ def test_light_reader_and_loader_agree(tmp_path: Path) -> None:
         except ConfigError as exc:
             loader = str(exc)
         assert light == loader, body
+
+
+def test_a_one_shot_command_leaves_at_once_with_its_status_and_output(tmp_path: Path) -> None:
+    """cli() ends a one-shot command with os._exit after flushing its output: the statuses
+    and output are the command's, and a reader that went away is no traceback (status 141,
+    as a shell reports a writer killed by SIGPIPE)."""
+    env = {**os.environ, "XCE_CONFIG": str(tmp_path / "absent.toml")}
+    ok = subprocess.run([sys.executable, "-m", "xcecore", "version"], capture_output=True,
+                        text=True, env=env, timeout=60)
+    assert (ok.returncode, ok.stdout.startswith("xce "), ok.stderr) == (0, True, "")
+    bad = subprocess.run([sys.executable, "-m", "xcecore", "jobs"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith("Error: config file"), bad.stderr
+    usage = subprocess.run([sys.executable, "-m", "xcecore", "jobs", "--bogus"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert usage.returncode == 2 and "unrecognized option: --bogus" in usage.stderr
+    gone = subprocess.Popen([sys.executable, "-m", "xcecore", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    assert gone.stdout is not None and gone.stderr is not None
+    gone.stdout.close()  # the reader leaves before the command writes
+    err = gone.stderr.read().decode()
+    assert gone.wait(timeout=60) == 141 and "Traceback" not in err and "Exception" not in err, err

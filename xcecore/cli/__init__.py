@@ -88,6 +88,11 @@ def main_help(opts: Options) -> str:
     return "\n".join(lines)
 
 
+_PLAIN_EXIT = [False]
+"""Set by :func:`run` when a plugin's click command ran (it may leave threads, atexit
+handlers or buffered logs that the interpreter's normal shutdown must see to)."""
+
+
 def run(argv: list[str]) -> int:
     """Run the ``xce`` command line ``argv`` (without the program name); the exit status."""
     from xcecore.cli.session import CommandError
@@ -111,6 +116,7 @@ def run(argv: list[str]) -> int:
         if cmd is None:
             from xcecore.cli.plugins import run_plugin_command
 
+            _PLAIN_EXIT[0] = True
             return run_plugin_command(opts, name, rest)
         from xcecore.cli.session import Session
 
@@ -138,5 +144,25 @@ def run(argv: list[str]) -> int:
 
 
 def cli(argv: list[str] | None = None) -> None:
-    """Entry point: ``xce`` (console script) and ``python -m xcecore``."""
-    sys.exit(run(sys.argv[1:] if argv is None else argv))
+    """Entry point: ``xce`` (console script) and ``python -m xcecore``.
+
+    A one-shot command leaves at once when it is done: its output flushed, then
+    ``os._exit``. The interpreter's own shutdown -- tearing down every imported module -- cost
+    7-10 ms of a ~60 ms ``xce jobs`` on a quiet 2-core machine, and a one-shot command has
+    nothing for it to do: no threads, no atexit handlers, its socket closed with the process.
+    A reader that went away (``xce jobs | head -1``) ends the command quietly, status 141 as
+    for a writer a shell saw killed by SIGPIPE. Plugin (click) commands exit the normal way.
+    """
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:  # the reader left: a shell's status for a writer killed by SIGPIPE
+        code = 141
+    if _PLAIN_EXIT[0]:
+        sys.exit(code)
+    import contextlib
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BrokenPipeError, ValueError):  # the reader left / closed
+            stream.flush()
+    os._exit(code)
