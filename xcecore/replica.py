@@ -70,6 +70,9 @@ _KEY_FIELD: dict[str, str] = {"queues": "name", "hosts": "name", "jobs": "jobid"
 _PUSH_KIND: dict[str, str] = {"job": "jobs", "host": "hosts", "queue": "queues",
                               "cluster": "cluster", "resvals": "resvals", "jusage": "jusage",
                               "revocation": "revocations"}
+_REMOVAL_PUSH: dict[str, tuple[str, str]] = {"job_removed": ("jobs", "jobids"),
+                                             "revocations_removed": ("revocations", "keys")}
+"""Pushes that remove records: the kind, and the field listing the keys."""
 
 
 class ReplicaObserver:
@@ -291,22 +294,15 @@ class Replica:
                 if "vseq" in data:  # the push's position (the resume token's), not the record's
                     data = {k: v for k, v in data.items() if k != "vseq"}
                 self.put(kind, data)
-        elif event == "job_removed":
-            if "jobs" in self._data:
-                jobids = data["jobids"]
-                if not isinstance(jobids, list):
-                    raise TypeError("jobids is not a list")
-                rev = data.get("rev")
-                for jobid in jobids:
-                    self.remove("jobs", jobid, rev if type(rev) is int else None)
-        elif event == "revocations_removed":
-            if "revocations" in self._data:
-                keys = data["keys"]
+        elif event in _REMOVAL_PUSH:
+            kind, field = _REMOVAL_PUSH[event]
+            if kind in self._data:
+                keys = data[field]
                 if not isinstance(keys, list):
-                    raise TypeError("keys is not a list")
+                    raise TypeError(f"{field} is not a list")
                 rev = data.get("rev")
                 for key in keys:
-                    self.remove("revocations", key, rev if type(rev) is int else None)
+                    self.remove(kind, key, rev if type(rev) is int else None)
         elif event == "member":
             if "members" in self._data:
                 if data.get("joined", True):

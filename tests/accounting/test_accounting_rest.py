@@ -31,16 +31,10 @@ def test_history_over_rest_for_the_logged_on_user(xce_cluster: Any, tmp_path: Pa
                   "worker.monitor_interval=0.1", "worker.slots=4", name="node1")
     cl.start_role("scheduler")
     cl.start_role("accounting", f'accounting.path="{tmp_path / "acct.db"}"', "accounting.flush_interval=0.02")
-    port_file = tmp_path / "api.port"
     pw = hash_password("pw", iterations=1000)
     users = (f'[{{name = "alice", password_hash = "{pw}", role = "user"}}, '
              f'{{name = "ops", password_hash = "{pw}", role = "admin"}}]')
-    api = cl.start_role("apiserver", 'apiserver.listen="127.0.0.1:0"', f'apiserver.port_file="{port_file}"',
-                        f"apiserver.users={users}")
-    wait_for(lambda: (port_file.exists() and port_file.read_text().strip()) or not api.alive(), 30,
-             what="the API server's port file")
-    base = f"http://127.0.0.1:{int(port_file.read_text())}"
-    wait_for(lambda: httpx.get(f"{base}/xce/v1/readyz").status_code == 200, 30, what="readyz")
+    _, base = cl.start_apiserver(tmp_path / "api.port", f"apiserver.users={users}")
     _, cfg = load(cl.config_path)
     with httpx.Client(base_url=base, timeout=30) as http, \
             SyncClient.open(client_config(cfg, "apiserver@test"), role="apiserver") as c:  # a front end: it names users

@@ -45,18 +45,11 @@ def _start(xce_cluster: Callable[..., LocalCluster], tmp_path: Path, **settings:
     cluster = xce_cluster(3, extra_config=ADMIN_CONFIG)
     p = cluster.ports
     standby_first = f"127.0.0.1:{p[1]},127.0.0.1:{p[0]},127.0.0.1:{p[2]}"
-    port_file = tmp_path / "api.port"
     users = (f'[{{name = "alice", password_hash = "{hash_password("pw", iterations=1000)}", '
              'role = "user"}]')
-    overrides = [f'cluster.peers="{standby_first}"', 'apiserver.listen="127.0.0.1:0"',
-                 f'apiserver.port_file="{port_file}"', f"apiserver.users={users}",
-                 *(f"apiserver.{k}={v}" for k, v in settings.items())]
-    proc = cluster.start_role("apiserver", *overrides)
-    wait_for(lambda: (port_file.exists() and port_file.read_text().strip()) or not proc.alive(),
-             30, what="the API server's port file")
-    assert proc.alive(), proc.text()
-    base = f"http://127.0.0.1:{int(port_file.read_text())}"
-    wait_for(lambda: httpx.get(f"{base}/xce/v1/readyz").status_code == 200, 30, what="readyz")
+    proc, base = cluster.start_apiserver(
+        tmp_path / "api.port", f'cluster.peers="{standby_first}"', f"apiserver.users={users}",
+        *(f"apiserver.{k}={v}" for k, v in settings.items()))
     return Running(cluster, proc, base)
 
 

@@ -37,16 +37,10 @@ def test_xce_client_calls_and_events(xce_cluster: Any, tmp_path: Path) -> None:
     cl: LocalCluster = xce_cluster(1, extra_config='[controller]\nadmins = ["ops"]\nhost_timeout = 1.0\n')
     worker = cl.start_role("worker", 'worker.hname="node1"', f'worker.state_dir="{tmp_path / "w"}"',
                            "worker.monitor_interval=0.1", "worker.slots=2", name="node1")
-    port_file = tmp_path / "api.port"
     pw = hash_password("pw", iterations=1000)
     users = (f'[{{name = "alice", password_hash = "{pw}", role = "user"}}, '
              f'{{name = "ops", password_hash = "{pw}", role = "admin"}}]')
-    api = cl.start_role("apiserver", 'apiserver.listen="127.0.0.1:0"', f'apiserver.port_file="{port_file}"',
-                        f"apiserver.users={users}")
-    wait_for(lambda: (port_file.exists() and port_file.read_text().strip()) or not api.alive(), 30,
-             what="the API server's port file")
-    base = f"http://127.0.0.1:{int(port_file.read_text())}"
-    wait_for(lambda: httpx.get(f"{base}/xce/v1/readyz").status_code == 200, 30, what="readyz")
+    _, base = cl.start_apiserver(tmp_path / "api.port", f"apiserver.users={users}")
     with httpx.Client(base_url=base, timeout=30) as http:
         # 1. logon: {"code":200,"msg":...,"data":{"token","path","ip"},"count":...}
         r = http.post("/xce/v1/auth/logon", json={"username": "alice", "password": "pw"})

@@ -39,13 +39,8 @@ def test_kill_reasons_and_a_forced_dispatch_that_would_share_an_exclusive_host(
     cl.start_role("worker", 'worker.hname="k2"', f'worker.state_dir="{tmp_path / "k2"}"',
                   "worker.slots=4", "worker.ncpus=4", name="k2")
     cl.start_role("scheduler")
-    port_file = tmp_path / "api.port"
-    api = cl.start_role("apiserver", 'apiserver.listen="127.0.0.1:0"',
-                        f'apiserver.port_file="{port_file}"', f"apiserver.users={USERS}")
-    wait_for(lambda: (port_file.exists() and port_file.read_text().strip()) or not api.alive(), 30,
-             what="the API server's port file")
-    http = httpx.Client(base_url=f"http://127.0.0.1:{int(port_file.read_text())}/xce/v1", timeout=10)
-    wait_for(lambda: http.get("/readyz").status_code == 200, 30, what="readyz")
+    _, base = cl.start_apiserver(tmp_path / "api.port", f"apiserver.users={USERS}")
+    http = httpx.Client(base_url=f"{base}/xce/v1", timeout=10)
 
     def auth(user: str, pw: str) -> dict[str, str]:
         r = http.post("/auth/logon", json={"username": user, "password": pw})

@@ -40,14 +40,9 @@ def test_every_role_exports_metrics_that_follow_the_cluster(xce_cluster: Any, tm
     cl.start_role("worker", 'worker.hname="m1"', f'worker.state_dir="{tmp_path / "m1"}"',
                   "worker.monitor_interval=0.1", name="m1")
     cl.start_role("scheduler")
-    port_file = tmp_path / "api.port"
     pw = hash_password("pw", iterations=1000)
-    api = cl.start_role("apiserver", 'apiserver.listen="127.0.0.1:0"', f'apiserver.port_file="{port_file}"',
-                        f'apiserver.users=[{{name = "alice", password_hash = "{pw}", role = "user"}}]')
-    wait_for(lambda: (port_file.exists() and port_file.read_text().strip()) or not api.alive(), 30,
-             what="the API server's port file")
-    base = f"http://127.0.0.1:{int(port_file.read_text())}"
-    wait_for(lambda: httpx.get(f"{base}/xce/v1/readyz").status_code == 200, 30, what="readyz")
+    _, base = cl.start_apiserver(
+        tmp_path / "api.port", f'apiserver.users=[{{name = "alice", password_hash = "{pw}", role = "user"}}]')
 
     _, cfg = load(cl.config_path)
     with SyncClient.open(client_config(cfg, "cli@test"), role="cli") as c:

@@ -307,6 +307,36 @@ class LocalCluster:
         """Start a client role process (``worker``, ``scheduler``, a third party's...)."""
         return self.spawn(name or role, role, *overrides, env=env, netns=netns)
 
+    def start_apiserver(self, port_file: Path, *overrides: str, name: str = "apiserver",
+                        timeout: float = 30.0) -> tuple[Proc, str]:
+        """Start an API server on a free loopback port (written to ``port_file``) and wait
+        until ``/xce/v1/readyz`` answers 200: ``(process, "http://127.0.0.1:PORT")``. Raises
+        :class:`RuntimeError` with its log if it exits first."""
+        import urllib.error
+        import urllib.request
+
+        port_file.unlink(missing_ok=True)
+        proc = self.start_role("apiserver", 'apiserver.listen="127.0.0.1:0"',
+                               f'apiserver.port_file="{port_file}"', *overrides, name=name)
+
+        def port() -> str:
+            if not proc.alive():
+                raise RuntimeError(f"the API server {name} exited:\n{proc.text()[-4000:]}")
+            return port_file.read_text().strip() if port_file.exists() else ""
+
+        base = f"http://127.0.0.1:{int(wait_for(port, timeout, what=f'{name} port file'))}"
+
+        def ready() -> bool:
+            port()  # still alive
+            try:
+                with urllib.request.urlopen(f"{base}/xce/v1/readyz", timeout=5) as r:
+                    return bool(r.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        wait_for(ready, timeout, what=f"{name} ready (/xce/v1/readyz 200)")
+        return proc, base
+
     def close(self) -> None:
         """Kill every process this cluster started, by pid."""
         for proc in reversed(self.procs):
