@@ -143,13 +143,22 @@ def run(argv: list[str]) -> int:
         return 130
 
 
+def _shutdown_has_work() -> bool:
+    """Whether the interpreter's shutdown may have something to do: an ``atexit`` handler
+    (registering one imports :mod:`atexit`, which a one-shot command never does; ``xce run``'s
+    role removes its pid file so) or a thread still running."""
+    threading = sys.modules.get("threading")
+    return "atexit" in sys.modules or (threading is not None and threading.active_count() > 1)
+
+
 def cli(argv: list[str] | None = None) -> None:
     """Entry point: ``xce`` (console script) and ``python -m xcecore``.
 
     A one-shot command leaves at once when it is done: its output flushed, then
-    ``os._exit``. The interpreter's own shutdown -- tearing down every imported module -- cost
-    7-10 ms of a ~60 ms ``xce jobs`` on a quiet 2-core machine, and a one-shot command has
-    nothing for it to do: no threads, no atexit handlers, its socket closed with the process.
+    ``os._exit``, unless the shutdown has work (:func:`_shutdown_has_work`). The interpreter's
+    own shutdown -- tearing down every imported module -- cost 7-10 ms of a ~60 ms
+    ``xce jobs`` on a quiet 2-core machine, and a one-shot command leaves it nothing to do:
+    no threads, no atexit handlers, its socket closed with the process.
     A reader that went away (``xce jobs | head -1``) ends the command quietly, status 141 as
     for a writer a shell saw killed by SIGPIPE. Plugin (click) commands exit the normal way.
     """
@@ -157,7 +166,7 @@ def cli(argv: list[str] | None = None) -> None:
         code = run(sys.argv[1:] if argv is None else argv)
     except BrokenPipeError:  # the reader left: a shell's status for a writer killed by SIGPIPE
         code = 141
-    if _PLAIN_EXIT[0]:
+    if _PLAIN_EXIT[0] or _shutdown_has_work():
         sys.exit(code)
     import contextlib
     import os

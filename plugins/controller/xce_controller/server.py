@@ -1096,7 +1096,13 @@ class Controller:
         if self.election is None:
             return None
         primary = self.election.current_primary()
-        return None if primary == self.address else primary
+        if primary is None or primary == self.address:
+            return None
+        if self.role == "standby":
+            # Remembered for the promotion event: a backend whose leader record ends with its
+            # holder (etcd's lease) no longer names the old primary when this one wins.
+            self.old_primary = primary
+        return primary
 
     async def _read_loop(self, conn: Connection, reader: FrameReader) -> None:
         timeout = self.settings.frame_timeout
