@@ -251,7 +251,24 @@ function jobRow(j) {
   return tr;
 }
 
+// A change that arrives while a page is being fetched may be older or newer than the answer:
+// the page is fetched once more after it (else a job's EXIT could be overwritten by the page
+// fetched while it ended).
+let jobsLoading = 0;
+let jobsDirty = false;
+
 async function loadJobs() {
+  jobsLoading += 1;
+  jobsDirty = false;
+  try {
+    await loadJobsPage();
+  } finally {
+    jobsLoading -= 1;
+  }
+  if (jobsDirty && jobsLoading === 0) { jobsDirty = false; refetchSoon("jobs-now", loadJobs, 50); }
+}
+
+async function loadJobsPage() {
   const f = jobFilter();
   const q = new URLSearchParams({ limit: String(PAGE) });
   for (const k of ["state", "user", "queue"]) if (f[k]) q.set(k, f[k]);
@@ -272,6 +289,7 @@ function onJobs(d) {
     if (ui.detail !== null) refetchSoon("detail", () => showJob(ui.detail));
     return;
   }
+  if (jobsLoading) jobsDirty = true;
   let fresh = false;
   for (const id of d.removed || []) if (ui.jobs.has(id)) fresh = true;
   for (const j of d.items) {
