@@ -271,6 +271,10 @@ def setup_logging(
         except (TypeError, ValueError) as exc:  # loguru's parse of "100 MB", "1 week"...
             raise ValueError(f"[log] rotation {rotation!r} / retention {retention!r}: {exc}") from None
     logging.basicConfig(handlers=[_stdlib_handler()], level=logger.level(level).no, force=True)
+    # HTTP client libraries log every request at INFO: one line per etcd call is noise that
+    # buries the events an operator looks for (their warnings and errors still come through)
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logger.level(level).no))
 
 
 def write_pid_file(path: str | os.PathLike[str]) -> Path:

@@ -310,7 +310,10 @@ class EtcdStore:
             self._watcher = None
         events, start, compacted = w.take_all()
         if not compacted and token and start <= token:
-            deadline = time.monotonic() + 2 * self.settings.request_timeout
+            # a few request timeouts: the member this candidate last used may be the one that
+            # went with the old primary's host (a connect timeout each, then the next endpoint);
+            # giving up here means a cold load, far slower than waiting a little longer
+            deadline = time.monotonic() + 5 * self.settings.request_timeout
             try:
                 events += read_until(self.client, self.cluster_prefix, start, token, deadline)
             except Compacted as exc:
