@@ -10,6 +10,7 @@ op, its kind (read, write, volatile) and its joins live in the controller's op t
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, with_config
@@ -680,9 +681,14 @@ OP_ARGS: dict[str, Any] = {
 
 class ArgsSchema:
     """One op's compiled validator: ``check(args)`` returns the validated arguments or raises
-    :class:`~xcecore.wire.RemoteError` (INVALID naming the argument and the limit)."""
+    :class:`~xcecore.wire.RemoteError` (INVALID naming the argument and the limit).
 
-    __slots__ = ("adapter", "empty_ok", "fields", "model", "names", "op", "required")
+    The pydantic validator is built on first use, not at import: building all of them cost
+    0.2-0.6 s of every controller start (most ops never arrive in a process's first second;
+    a restarted primary's first write waits only for its own op's few milliseconds).
+    """
+
+    __slots__ = ("_adapter", "_required", "fields", "model", "names", "op")
 
     def __init__(self, op: str, model: Any) -> None:
         self.op = op
@@ -690,16 +696,29 @@ class ArgsSchema:
         self.fields: type = typed_dict_of(model)
         self.names: tuple[str, ...] = tuple(self.fields.__annotations__)
         """Every argument the op accepts, in the model's order."""
-        self.adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(model)
-        # (not __required_keys__: under postponed annotations typing cannot see NotRequired)
-        self.required: frozenset[str] = frozenset(self.adapter.json_schema().get("required", ()))
-        # No required argument: {} is valid as it is, so the hot ops without arguments
-        # (heartbeat, hello) skip validation entirely.
-        self.empty_ok = not self.required
+        self._adapter: TypeAdapter[dict[str, Any]] | None = None
+        self._required: frozenset[str] | None = None
+
+    @property
+    def adapter(self) -> TypeAdapter[dict[str, Any]]:
+        """The op's pydantic validator (built once, on first use)."""
+        if self._adapter is None:
+            self._adapter = TypeAdapter(self.model)
+        return self._adapter
+
+    @property
+    def required(self) -> frozenset[str]:
+        """The arguments the op requires."""
+        if self._required is None:
+            # (not __required_keys__: under postponed annotations typing cannot see NotRequired)
+            self._required = frozenset(self.adapter.json_schema().get("required", ()))
+        return self._required
 
     def check(self, args: dict[str, Any]) -> dict[str, Any]:
         """Validate ``args`` (a decoded JSON object)."""
-        if not args and self.empty_ok:
+        # No required argument: {} is valid as it is, so the hot ops without arguments
+        # (heartbeat, hello) skip validation entirely.
+        if not args and not self.required:
             return args
         try:
             return self.adapter.validate_python(args)
@@ -713,17 +732,19 @@ def typed_dict_of(model: Any) -> type:
 
 
 def compile_all() -> dict[str, ArgsSchema]:
-    """Every op's :class:`ArgsSchema` (building them costs a few milliseconds: once)."""
+    """Every op's :class:`ArgsSchema` (each builds its validator on first use)."""
     return {op: ArgsSchema(op, model) for op, model in OP_ARGS.items()}
 
 
-HOST_ATTRS: TypeAdapter[HostAttrs] = TypeAdapter(HostAttrs)
+@functools.cache
+def _host_attrs() -> TypeAdapter[HostAttrs]:
+    return TypeAdapter(HostAttrs)  # on first use, as ArgsSchema's
 
 
 def check_host_attrs(op: str, attrs: dict[str, Any]) -> HostAttrs:
     """Validate a joining host's ``attrs`` (a worker's join); returns the known fields."""
     try:
-        return HOST_ATTRS.validate_python(attrs)
+        return _host_attrs().validate_python(attrs)
     except ValidationError as exc:
         raise invalid(op, exc.errors(include_url=False), "argument", prefix=("attrs",)) from None
 
