@@ -18,7 +18,7 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from xcecore import auth
 from xcecore.auth import AuthMethod
@@ -156,6 +156,27 @@ class RoleSpec:
     factory: RoleFactory
     description: str = ""
     client: bool = True
+    exec_env: ExecEnv | None = None
+    """Environment variables the role's process must start with (read by the interpreter or
+    the C library only at start: an allocator, glibc tunables), asked with the loaded config
+    before anything else runs; when it returns any, ``xce run`` executes the process again
+    (:func:`reexec`: same pid and command line) with them set. It must return None in the
+    process so started (mark it with one of the variables), or it would execute forever."""
+
+
+ExecEnv = Callable[[Config], Mapping[str, str] | None]
+"""A :attr:`RoleSpec.exec_env`: the config -> the variables to start again with, or None."""
+
+
+def reexec(env: Mapping[str, str]) -> NoReturn:
+    """Execute this process again (same pid, interpreter and command line) with ``env`` added
+    to its environment; output written so far is flushed first."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, {**os.environ, **env})
 
 
 # -------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from xcecore.candidates import Candidate
 from xcecore.config import CORE_SECTIONS, Config, ConfigError, parse_override, read_file, validate
 from xcecore.log import setup_logging, write_pid_file
 from xcecore.plugins import PluginManager
-from xcecore.role import Monitor, Role, RoleContext, RoleSpec
+from xcecore.role import Monitor, Role, RoleContext, RoleSpec, reexec
 
 if TYPE_CHECKING:
     from xcecore.client import Client, ClientConfig
@@ -219,6 +219,11 @@ def run_role(
             write_pid_file(logcfg["pid_file"])
         except (OSError, RuntimeError) as exc:
             raise RoleError(f"log.pid_file: {exc}") from None
+    spec = roles[name]
+    if spec.exec_env is not None:  # before the role's imports and the event loop: cheap
+        env = spec.exec_env(config)
+        if env:
+            reexec(env)
     options = loop_options(config.cluster.get("event_loop") or "auto")
     logger.info(
         "{}: starting role {} (pid {}, config {}, event loop {})",
@@ -230,7 +235,7 @@ def run_role(
                     ctx.identity, ", ".join(f"[{n}]" for n in sorted(config.unchecked)))
     config.require(name)  # a missing required key of the role's section: one line, no connect
     try:
-        anyio.run(run_role_async, roles[name], ctx, backend_options=options)
+        anyio.run(run_role_async, spec, ctx, backend_options=options)
     except BaseExceptionGroup as group:
         # A role that cannot start (a port in use, a bad value found late) fails in a task
         # group; the operator needs the one reason, not the group's traceback.

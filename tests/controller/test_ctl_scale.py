@@ -317,3 +317,46 @@ def test_a_candidate_on_a_large_store_takes_huge_pages_unasked(tmp_path):
         assert proc.log.read_text().count("re-executing itself with its heap on transparent") == 1
     finally:
         proc.kill()
+
+
+def test_xce_run_executes_again_before_the_role_starts(tmp_path):
+    """Through ``xce run controller`` (a RoleSpec's exec_env) the candidate executes itself
+    again onto huge pages before it logs that the role starts: the first interpreter does no
+    more than load the config; the second one starts the role, once, and is the primary."""
+    from xce_controller.plugin import HUGEPAGE_SWITCH
+    from xcecore.testing.cluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path / "cluster", 1)
+    try:
+        proc = cluster.spawn("controller0", "controller", f'controller.listen="{cluster.address(0)}"',
+                             f'controller.state_dir="{cluster.state_dir}"',
+                             env={HUGEPAGE_SWITCH: "1"})
+        cluster.candidates[0] = proc
+        cluster.wait_primary(60)
+        got, text = _environ(proc.pid), proc.text()
+        if not _huge_pages_available():
+            assert "PYTHONMALLOC" not in got and "re-executing" not in text
+            assert text.count("starting role controller") == 1
+            return
+        assert got["PYTHONMALLOC"] == "malloc" and got[HUGEPAGE_SWITCH] == "applied"
+        lines = [line for line in text.splitlines()
+                 if "re-executing itself" in line or "starting role controller" in line]
+        assert len(lines) == 2 and "re-executing itself" in lines[0], lines
+        assert f"pid {proc.pid}" in lines[1]  # the same process, executed again
+    finally:
+        cluster.close()
+
+
+def test_a_candidate_started_on_huge_pages_does_not_execute_again(tmp_path):
+    """An operator's unit that sets PYTHONMALLOC=malloc and the glibc tunable itself saves
+    the second interpreter start: the candidate keeps the process it was started in."""
+    from xce_controller.plugin import HUGEPAGE_ENV, HUGEPAGE_SWITCH
+
+    proc = start_controller(tmp_path / "state", tmp_path, env={HUGEPAGE_SWITCH: "1", **HUGEPAGE_ENV})
+    try:
+        wait_listening(proc.address, state="primary", timeout=60)
+        got = _environ(proc.pid)
+        assert "re-executing" not in proc.log.read_text()
+        assert got["PYTHONMALLOC"] == "malloc" and got[HUGEPAGE_SWITCH] == "1"  # untouched
+    finally:
+        proc.kill()

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from xce_controller import hookspecs
 from xce_controller.settings import SECTION
+from xcecore.config import Config
 from xcecore.hookspecs import HookAdder, hookimpl
 from xcecore.records import ConfigSection
-from xcecore.role import Role, RoleSpec
+from xcecore.role import Role, RoleSpec, reexec
 
 if TYPE_CHECKING:
     from xce_controller.election import Election
@@ -74,22 +75,23 @@ def _wants_huge_pages(switch: str | None, state_dir: str | None) -> bool:
     return size >= HUGEPAGE_AUTO_BYTES
 
 
-def heap_on_huge_pages(state_dir: str | None = None) -> None:
-    """Re-execute this process (same pid, argv and environment) with its heap on transparent
-    huge pages, once, before it has done anything: Python's objects from glibc's malloc
-    (``PYTHONMALLOC=malloc``), which madvises its memory for huge pages
-    (``glibc.malloc.hugetlb=1``, glibc >= 2.35, THP ``always`` or ``madvise``) -- from one
-    arena (``glibc.malloc.arena_max=1``): the arenas of other threads (the jobs load on one)
-    are not madvised, and held 90 % of a primary's 1.3 GB.
+def huge_page_env(state_dir: str | None = None) -> dict[str, str] | None:
+    """The environment to execute this process again with, so that its heap is on transparent
+    huge pages: Python's objects from glibc's malloc (``PYTHONMALLOC=malloc``), which madvises
+    its memory for huge pages (``glibc.malloc.hugetlb=1``, glibc >= 2.35, THP ``always`` or
+    ``madvise``) -- from one arena (``glibc.malloc.arena_max=1``): the arenas of other threads
+    (the jobs load on one) are not madvised, and held 90 % of a primary's 1.3 GB. None: not
+    wanted, unavailable, or done (this process started with it: the switch says ``applied``,
+    or an operator's unit set ``PYTHONMALLOC=malloc`` and the tunable itself).
 
     Why: the kernel releases a SIGKILLed process's ``flock`` and sockets only after it has
     torn down its memory, page by page. For a process holding ~1 GB (a primary with
     1,000,000 jobs) that took 0.4-1.6 s on a loaded 2-core machine -- the standbys wait for
     the lock and the clients for the connection's end all that time -- and 20-50 ms with
-    2 MiB pages (docs/operator.md, "Large clusters"). The price: a second interpreter start,
-    ~9 % more memory per object than pymalloc, and slower full collections; so it is the
-    default only for a large file store (``state_dir``'s ``state.db``, see
-    :data:`HUGEPAGE_SWITCH`), and nothing where it is unavailable or done.
+    2 MiB pages (docs/operator.md, "Large clusters"). The price: a second interpreter start
+    (asked before the role's imports: :attr:`~xcecore.role.RoleSpec.exec_env`), ~9 % more
+    memory per object than pymalloc, and slower full collections; so it is the default only
+    for a large file store (``state_dir``'s ``state.db``, see :data:`HUGEPAGE_SWITCH`).
     """
     import os
     import platform
@@ -102,25 +104,40 @@ def heap_on_huge_pages(state_dir: str | None = None) -> None:
     tunables = env.get("GLIBC_TUNABLES", "")
     # Once: the new process says "applied" (glibc may rewrite GLIBC_TUNABLES as it reads it).
     if not _wants_huge_pages(env.get(HUGEPAGE_SWITCH), state_dir) or sys.platform != "linux":
-        return
+        return None
+    if env.get("PYTHONMALLOC") == "malloc" and "glibc.malloc.hugetlb=1" in tunables:
+        return None  # started so (a service unit's environment): nothing to gain
     lib, version = platform.libc_ver()
     try:
         thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
         glibc = tuple(int(x) for x in version.split(".")[:2])
     except (OSError, ValueError):
-        return
+        return None
     if lib != "glibc" or glibc < (2, 35) or not ("[always]" in thp or "[madvise]" in thp):
-        return
-    new = {**env, HUGEPAGE_SWITCH: "applied", "PYTHONMALLOC": "malloc",
-           "GLIBC_TUNABLES": ":".join(filter(None, (tunables, HUGEPAGE_ENV["GLIBC_TUNABLES"])))}
+        return None
     why = (f"{HUGEPAGE_SWITCH}=1" if env.get(HUGEPAGE_SWITCH) == "1" else
            f"its store holds {HUGEPAGE_AUTO_BYTES >> 20} MiB or more; {HUGEPAGE_SWITCH}=0 to keep pymalloc")
     logger.info("controller: re-executing itself with its heap on transparent huge pages "
                 "(PYTHONMALLOC=malloc, glibc.malloc.hugetlb=1, one arena; {}), so that a SIGKILL "
                 "releases its lock within milliseconds", why)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, new)
+    return {HUGEPAGE_SWITCH: "applied", "PYTHONMALLOC": "malloc",
+            "GLIBC_TUNABLES": ":".join(filter(None, (tunables, HUGEPAGE_ENV["GLIBC_TUNABLES"])))}
+
+
+def heap_on_huge_pages(state_dir: str | None = None) -> None:
+    """Execute this process again with :func:`huge_page_env`, when it says so (``python -m
+    xce_controller``, before it has done anything)."""
+    env = huge_page_env(state_dir)
+    if env:
+        reexec(env)
+
+
+def role_exec_env(config: Config) -> dict[str, str] | None:
+    """The role's :attr:`~xcecore.role.RoleSpec.exec_env`: :func:`huge_page_env` of its
+    ``[controller] state_dir`` (none configured: nothing; the role's start says what is
+    missing)."""
+    state_dir = config.section("controller").get("state_dir")
+    return huge_page_env(str(state_dir)) if state_dir else None
 
 
 def tune_memory() -> None:
@@ -162,8 +179,7 @@ class ControllerRole(Role):
         from xce_controller.settings import ControllerSettings, settings_from_config
 
         ctx = self.ctx
-        read = settings_from_config(ctx.config, ctx.auth)
-        heap_on_huge_pages(read.state_dir)  # before anything else: it may execute the process again
+        read = settings_from_config(ctx.config, ctx.auth)  # (huge pages: role_exec_env, before)
 
         import anyio
         import anyio.abc
@@ -227,7 +243,8 @@ def xce_addhooks(pluginmanager: HookAdder) -> None:
 def xce_roles() -> Iterable[RoleSpec]:
     """The ``controller`` role (a server: it gets no client)."""
     return [RoleSpec("controller", ControllerRole,
-                     "controller candidate: cluster state, primary/standby HA", client=False)]
+                     "controller candidate: cluster state, primary/standby HA", client=False,
+                     exec_env=role_exec_env)]
 
 
 @hookimpl
