@@ -744,13 +744,58 @@ async def _kill_trials(bench: BenchCluster, cfg: Any, trials: int,
             acked = await _first_write_after(client, f"after-{trial}")
             firsts.append((acked - t_kill) * 1000)
             st = await client.call("status")
-            promotions.append(st.get("promotion", {}))
+            promotion = st.get("promotion", {})
+            phases = _failover_phases(bench, old, t_kill, acked)
+            if "first_keyed_commit_ms" in promotion and "promoted_to_ack_ms" in phases:
+                # Of promoted -> ack: the new primary's commit of the write (as it saw it).
+                phases["promoted_to_commit_ms"] = float(promotion["first_keyed_commit_ms"])
+            promotions.append({**promotion, "phases": phases})
             log(PART, f"failover, {size:,} jobs: first write {firsts[-1]:.1f} ms, "
                       f"promotion {json.dumps(st.get('promotion', {}))}")
             marks[old] = victim.text().count("standby: loaded")
             bench.cluster.start_candidate(old)
             await anyio.to_thread.run_sync(bench.cluster.wait_state, old, "standby", 120.0)
     return firsts, promotions
+
+
+PROMOTED = "acquired the state-dir lock; promoted to primary"
+
+
+def _promoted_at(text: str, after: float, near: float) -> tuple[float, float] | None:
+    """(lock acquired, promoted) epochs of the first promotion line after ``after``: the line
+    is logged once promoted and says how long the promotion took ("in X ms")."""
+    for line in text.splitlines():
+        if PROMOTED not in line:
+            continue
+        times = log_times(line, PROMOTED, near)
+        if not times or times[0] < after - 0.002:  # (the log's millisecond resolution)
+            continue
+        took = float(line.rsplit(" in ", 1)[1].split(" ms")[0])
+        return times[0] - took / 1000, times[0]
+    return None
+
+
+def _failover_phases(bench: BenchCluster, old: int, t_kill: float, acked: float) -> dict[str, float]:
+    """Where a failover's time went, from the new primary's log: SIGKILL -> it acquired the
+    lock (the kernel's teardown of the old primary, then the standby's wake-up), the
+    promotion itself, promoted -> the client's write acknowledged (its reconnection, the
+    resent write's commit)."""
+    for i, proc in bench.cluster.candidates.items():
+        if i == old:
+            continue
+        got = _promoted_at(proc.text(), t_kill, t_kill)
+        if got is not None:
+            lock, promoted = got
+            return {"kill_to_lock_ms": (lock - t_kill) * 1000,
+                    "promotion_ms": (promoted - lock) * 1000,
+                    "promoted_to_ack_ms": (acked - promoted) * 1000}
+    return {}
+
+
+def _phase_stats(rows: list[dict[str, float]]) -> dict[str, Any]:
+    """``stats`` of each phase over the trials that logged it."""
+    names = sorted({k for r in rows for k in r})
+    return {k: stats(r[k] for r in rows if k in r) for k in names}
 
 
 @measurement
@@ -772,6 +817,7 @@ def ctl_failover(args: argparse.Namespace) -> dict[str, Any]:
                 "promotion_ms": stats(float(p.get("ms", 0)) for p in promotions),
                 "promotion_how": sorted({str(p.get("how")) for p in promotions}),
                 "changes_caught_up_max": max(int(p.get("changes", 0)) for p in promotions),
+                "phases_ms": _phase_stats([p["phases"] for p in promotions]),
                 "targets_ms": {"p50": 100.0, "p99": 300.0},
                 "huge_pages": os.environ.get("XCE_CONTROLLER_HUGEPAGES") == "1",
                 "rss_per_job_loaded_b": round(statistics.median(rss) * 1024 * 1024 / size),
@@ -792,6 +838,35 @@ def _ack_after_start(bench: BenchCluster, cfg: Any, started: float) -> float:
     return time.time() - started
 
 
+def _restart_phases(text: str, started: float, acked: float) -> dict[str, float]:
+    """Where a lone restart's time went, from the candidate's log (lines after ``started``):
+    the interpreter's start and imports up to its decision to execute itself again onto huge
+    pages (if it did), the second start up to the role's start, the role's imports and set-up
+    up to listening, waiting for and taking the lock, the promotion (cold: the head), and
+    promoted -> the client's write acknowledged (its connection back-off, the first commit)."""
+    def first(needle: str, after: float) -> float | None:
+        return next((t for t in log_times(text, needle, started) if t >= after - 0.002), None)
+
+    out: dict[str, float] = {}
+    at = started
+    reexec = first("re-executing itself", started)
+    if reexec is not None:
+        out["start_to_reexec_ms"] = (reexec - started) * 1000
+        at = reexec
+    role = first("starting role", at)
+    cand = first("candidate started", role or at)
+    got = _promoted_at(text, cand or at, started)
+    if role is None or cand is None or got is None:
+        return out
+    lock, promoted = got
+    out["to_role_start_ms"] = (role - at) * 1000
+    out["role_start_to_listening_ms"] = (cand - role) * 1000
+    out["listening_to_lock_ms"] = (lock - cand) * 1000
+    out["promotion_ms"] = (promoted - lock) * 1000
+    out["promoted_to_ack_ms"] = (acked - promoted) * 1000
+    return out
+
+
 @measurement
 def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
     """A lone controller with N jobs: restart -> first acknowledged write, and -> all loaded."""
@@ -802,6 +877,7 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
         firsts: list[float] = []
         loads: list[float] = []
         teardowns: list[float] = []
+        phases: list[dict[str, float]] = []
         try:
             cfg = bench.client_config("cli@bench-restart")
             for _ in range(args.trials):
@@ -818,6 +894,7 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
                 bench.cluster.start_candidate(0)
                 firsts.append(_ack_after_start(bench, cfg, started) * 1000)
                 proc = _proc_of(bench, 0)
+                phases.append(_restart_phases(proc.text(), started, started + firsts[-1] / 1000))
                 deadline = time.monotonic() + 600
                 while proc.text().count("idempotency keys in") <= seen and time.monotonic() < deadline:
                     time.sleep(0.02)
@@ -826,6 +903,7 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
                           f"{loads[-1]:.0f} ms")
             out[str(size)] = {"first_write_ms": stats(firsts), "all_loaded_ms_upper_bound": stats(loads),
                               "kill_to_reaped_ms": stats(teardowns),
+                              "phases_ms": _phase_stats(phases),
                               "target_ms": 3000.0,
                               "huge_pages": os.environ.get("XCE_CONTROLLER_HUGEPAGES") == "1"}
         finally:

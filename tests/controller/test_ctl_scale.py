@@ -155,13 +155,19 @@ async def test_a_cold_primary_serves_writes_then_every_job(tmp_path):
         del ctl
     async with running(tmp_path) as ctl:
         cli = await RawClient.connect(ctl.address, "apiserver@x")
+        assert "first_keyed_commit_ms" not in ctl.promotion  # no client write yet
         new = (await cli.ok("jobsubmit", {"command": "true", "user": "u"}))["jobid"]
         assert new > max(jobids), "ids continue from the store's"
+        await cli.ok("jobsubmit", {"command": "true", "user": "u"}, rid="cli:first")
+        first = ctl.promotion["first_keyed_commit_ms"]  # the first write with a key, committed
+        assert 0 <= first < 60_000
+        await cli.ok("jobsubmit", {"command": "true", "user": "u"}, rid="cli:second")
+        assert ctl.promotion["first_keyed_commit_ms"] == first  # the first one's, kept
         with anyio.fail_after(30):
             while ctl.loading is not None:
                 await anyio.sleep(0.01)
         listed = [j["jobid"] for j in await cli.jobs({"owner": "u"})]
-        assert listed == [*jobids, new]
+        assert listed[:len(jobids) + 1] == [*jobids, new] and len(listed) == len(jobids) + 3
         assert ctl.promotion["how"] == "cold"
         await cli.aclose()
 

@@ -621,6 +621,10 @@ class Controller:
             return
         t = time.time()
         self.commits.observe(batch)
+        if "first_keyed_commit_ms" not in self.promotion and any(w.rid for w in batch):
+            # A failover's first client write, as the primary saw it (status "promotion"):
+            # how much of the client's wait was this primary's, how much its reconnection.
+            self.promotion["first_keyed_commit_ms"] = (t - self.since) * 1000
         recent = self._recent if self._lookups else None
         for w in batch:
             if w.rev:
