@@ -792,6 +792,12 @@ def _failover_phases(bench: BenchCluster, old: int, t_kill: float, acked: float)
     return {}
 
 
+def _heap() -> str:
+    """The candidates' heap, as ``--huge-pages`` / ``--pymalloc`` / neither chose it."""
+    return {"1": "huge pages", "0": "pymalloc"}.get(os.environ.get("XCE_CONTROLLER_HUGEPAGES", ""),
+                                                   "default (huge pages from a 64 MiB store)")
+
+
 def _phase_stats(rows: list[dict[str, float]]) -> dict[str, Any]:
     """``stats`` of each phase over the trials that logged it."""
     names = sorted({k for r in rows for k in r})
@@ -820,6 +826,7 @@ def ctl_failover(args: argparse.Namespace) -> dict[str, Any]:
                 "phases_ms": _phase_stats([p["phases"] for p in promotions]),
                 "targets_ms": {"p50": 100.0, "p99": 300.0},
                 "huge_pages": os.environ.get("XCE_CONTROLLER_HUGEPAGES") == "1",
+                "heap": _heap(),
                 "rss_per_job_loaded_b": round(statistics.median(rss) * 1024 * 1024 / size),
             }
         finally:
@@ -828,14 +835,19 @@ def ctl_failover(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _ack_after_start(bench: BenchCluster, cfg: Any, started: float) -> float:
-    """Seconds from ``started`` to the first acknowledged submission (retried until then)."""
+def _ack_after_start(bench: BenchCluster, cfg: Any, started: float,
+                     promotion: dict[str, Any] | None = None) -> float:
+    """Seconds from ``started`` to the first acknowledged submission (retried until then);
+    ``promotion``: filled with the primary's ``status`` ``promotion`` after it."""
     from xcecore.client import SyncClient
 
     with SyncClient.open(cfg, role="cli") as cli:
         cli.call("jobsubmit", {"command": "true", "queue": PARKED_QUEUE,
                                "name": "after-restart"})
-    return time.time() - started
+        took = time.time() - started
+        if promotion is not None:
+            promotion.update(cli.call("status").get("promotion", {}))
+    return took
 
 
 def _restart_phases(text: str, started: float, acked: float) -> dict[str, float]:
@@ -892,9 +904,14 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
                 seen = proc.text().count("idempotency keys in")
                 started = time.time()
                 bench.cluster.start_candidate(0)
-                firsts.append(_ack_after_start(bench, cfg, started) * 1000)
+                promotion: dict[str, Any] = {}
+                firsts.append(_ack_after_start(bench, cfg, started, promotion) * 1000)
                 proc = _proc_of(bench, 0)
                 phases.append(_restart_phases(proc.text(), started, started + firsts[-1] / 1000))
+                if "first_keyed_commit_ms" in promotion and "promoted_to_ack_ms" in phases[-1]:
+                    # Of promoted -> ack: the primary's commit of the write (as it saw it);
+                    # the rest is the client's connection back-off and round trips.
+                    phases[-1]["promoted_to_commit_ms"] = float(promotion["first_keyed_commit_ms"])
                 deadline = time.monotonic() + 600
                 while proc.text().count("idempotency keys in") <= seen and time.monotonic() < deadline:
                     time.sleep(0.02)
@@ -905,7 +922,8 @@ def ctl_restart(args: argparse.Namespace) -> dict[str, Any]:
                               "kill_to_reaped_ms": stats(teardowns),
                               "phases_ms": _phase_stats(phases),
                               "target_ms": 3000.0,
-                              "huge_pages": os.environ.get("XCE_CONTROLLER_HUGEPAGES") == "1"}
+                              "huge_pages": os.environ.get("XCE_CONTROLLER_HUGEPAGES") == "1",
+                              "heap": _heap()}
         finally:
             bench.close()
             shutil.rmtree(root, ignore_errors=True)

@@ -604,8 +604,43 @@ SCALE_VALUES: list[tuple[str, str, str, str]] = [
 
 
 HEAPS = {"hugepages": ", candidates with XCE_CONTROLLER_HUGEPAGES=1 (heap on huge pages)",
-         "pymalloc": ", candidates with XCE_CONTROLLER_HUGEPAGES=0 (pymalloc heap)"}
+         "pymalloc": ", candidates with XCE_CONTROLLER_HUGEPAGES=0 (pymalloc heap)",
+         "default": ", the default heap (huge pages: the store holds 64 MiB or more)"}
 """The label of a measurement run with ``--huge-pages`` / ``--pymalloc`` (NAME_hugepages...)."""
+
+
+PHASES = {
+    "kill_to_lock_ms": "SIGKILL -> a standby holds the lock (the old primary's teardown, its wake-up)",
+    "start_to_reexec_ms": "process start -> re-executing onto huge pages (1st interpreter)",
+    "to_role_start_ms": "interpreter start (the 2nd, if re-executed) -> the role starts",
+    "role_start_to_listening_ms": "role start -> listening (the controller's imports, set-up)",
+    "listening_to_lock_ms": "listening -> holds the lock",
+    "promotion_ms": "the promotion (lock -> primary)",
+    "promoted_to_commit_ms": "promoted -> the client's write committed (as the primary saw it)",
+    "promoted_to_ack_ms": "promoted -> the client's write acknowledged",
+}
+"""The phases of ctl_failover / ctl_restart (``phases_ms``, from the candidates' logs)."""
+
+
+def scale_phases(res: dict[str, Any]) -> list[str]:
+    """Where a failover's and a restart's time goes, phase by phase (``phases_ms``)."""
+    rows = []
+    for name in sorted(res):
+        if not name.startswith(("ctl_failover", "ctl_restart")):
+            continue
+        for size, v in sorted(res[name].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            phases = v.get("phases_ms") if isinstance(v, dict) else None
+            for key, label in PHASES.items():
+                st = (phases or {}).get(key)
+                if isinstance(st, dict) and st.get("n"):
+                    rows.append(f"| {name} | {int(size):,} | {label} | {fmt(st.get('p50'), 1)} | "
+                                f"{fmt(st.get('max'), 1)} | {st['n']} |")
+    if not rows:
+        return []
+    return ["", "Where the time goes (`phases_ms`: timestamps of the candidates' log lines and of "
+            "the client; the promotion's own figure from its log line):", "",
+            "| measurement | size | phase | p50 (ms) | max (ms) | n |", "|---|---|---|---|---|---|",
+            *rows]
 
 
 def scale_section(d: dict[str, Any] | None) -> list[str]:
@@ -630,6 +665,8 @@ def scale_section(d: dict[str, Any] | None) -> list[str]:
                 how = HEAPS.get(name.rsplit("_", 1)[-1], "")
                 if not how and v.get("huge_pages"):
                     how = HEAPS["hugepages"]
+                if not how and str(v.get("heap", "")).startswith("default") and int(size) >= 1_000_000:
+                    how = HEAPS["default"]
                 lines.append(f"| {int(size):,} | {label}{how} | " + " | ".join(cells)
                              + f" | {st.get('n', 0)} | {aim} |")
     lines += ["", "| size | measure | value | aim |", "|---|---|---|---|"]
@@ -637,6 +674,7 @@ def scale_section(d: dict[str, Any] | None) -> list[str]:
         for size, v in sorted(res.get(name, {}).items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
             if isinstance(v, dict) and key in v:
                 lines.append(f"| {int(size):,} | {label} | {fmt(v[key], 0)} | {aim} |")
+    lines += scale_phases(res)
     members = {k: v for k, v in res.items() if not k.startswith("ctl_")}
     if members:
         lines += ["", "Members (medians; every figure of `results/scale.json`):", "",

@@ -156,8 +156,11 @@ async def run_role_async(spec: RoleSpec, ctx: RoleContext) -> None:
                 role = build_role(spec, ctx)
                 from xcecore import metrics
 
-                await outer.start(partial(metrics.run, ctx.identity, spec.name,
-                                          ctx.config.section("metrics"), ctx.metrics, role))
+                section = ctx.config.section("metrics")
+                if metrics.exporter_port(section, spec.name) is not None:
+                    # (only then: ctx.metrics imports prometheus_client, ~0.1 s of a start)
+                    await outer.start(partial(metrics.run, ctx.identity, spec.name, section,
+                                              ctx.metrics, role))
                 if not spec.client:
                     await role.main()
                     return
