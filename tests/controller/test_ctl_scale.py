@@ -330,6 +330,7 @@ def test_xce_run_executes_again_before_the_role_starts(tmp_path):
     again onto huge pages before it logs that the role starts: the first interpreter does no
     more than load the config; the second one starts the role, once, and is the primary."""
     from xce_controller.plugin import HUGEPAGE_SWITCH
+
     from xcecore.testing.cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path / "cluster", 1)
@@ -366,3 +367,16 @@ def test_a_candidate_started_on_huge_pages_does_not_execute_again(tmp_path):
         assert got["PYTHONMALLOC"] == "malloc" and got[HUGEPAGE_SWITCH] == "1"  # untouched
     finally:
         proc.kill()
+
+
+def test_build_validators_builds_every_op_s_validator():
+    """What a standby runs on a thread while it stands by: every op's validator (and the
+    delegated ops') is built after it, so a promotion's first requests find them built."""
+    from xce_controller.ops import SCHEMAS, build_validators
+    from xcecore.schema.delegated import compile_delegated
+
+    delegated = compile_delegated()
+    assert all(s._adapter is None for s in delegated.values())  # built on first use only
+    build_validators(delegated)
+    assert all(s._adapter is not None for s in (*SCHEMAS.values(), *delegated.values()))
+    assert SCHEMAS["jobsubmit"].required == {"command"}

@@ -40,6 +40,7 @@ from loguru import logger
 from xce_controller import members, sync
 from xce_controller.authz import Policy
 from xce_controller.changes import ChangeRing, VolatileLog
+from xce_controller.delegate import SCHEMAS as DELEGATED_SCHEMAS
 from xce_controller.delegate import Delegates
 from xce_controller.election import Election, FileLockElection
 from xce_controller.events import EventLog, row_key
@@ -47,7 +48,7 @@ from xce_controller.framing import FrameReader
 from xce_controller.isolation import check_encodable, label, request_id
 from xce_controller.jobs import Job
 from xce_controller.metrics import CommitStats
-from xce_controller.ops import OPS, WORKER, Caller, OpSpec, check_call, now
+from xce_controller.ops import OPS, WORKER, Caller, OpSpec, build_validators, check_call, now
 from xce_controller.pushes import (
     ErrorFrame,
     Fanout,
@@ -238,6 +239,9 @@ class Controller:
                     "; ".join(f"{r}: {', '.join(sorted(o))}" for r, o in sorted(pol.grants.items()))
                     or "none")
                 task_status.started(self)
+                # Build the ops' validators while standing by (on a thread: the loop serves
+                # meanwhile), so a promotion's first requests do not pay for them.
+                tg.start_soon(anyio.to_thread.run_sync, self._build_validators)
                 # Import SQLite now, while standing by, so promotion does not pay for it.
                 await anyio.to_thread.run_sync(importlib.import_module, "sqlite3")
                 self._store = self._store_factory(self.settings.state_dir)
@@ -251,6 +255,10 @@ class Controller:
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
                 await self._cleanup()
+
+    @staticmethod
+    def _build_validators() -> None:
+        build_validators(DELEGATED_SCHEMAS)
 
     async def _accept_loop(self, sock: socket.socket, tg: anyio.abc.TaskGroup) -> None:
         """Accept every pending connection at each wake-up, a task for each.
