@@ -373,6 +373,7 @@ def test_build_validators_builds_every_op_s_validator():
     """What a standby runs on a thread while it stands by: every op's validator (and the
     delegated ops') is built after it, so a promotion's first requests find them built."""
     from xce_controller.ops import SCHEMAS, build_validators
+
     from xcecore.schema.delegated import compile_delegated
 
     delegated = compile_delegated()
