@@ -11,6 +11,7 @@ op, its kind (read, write, volatile) and its joins live in the controller's op t
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, with_config
@@ -679,6 +680,12 @@ OP_ARGS: dict[str, Any] = {
 ``Annotated`` one with a validator)."""
 
 
+_BUILDING = threading.Lock()
+"""One validator is built at a time: a controller builds them on a thread while it stands by
+and any it still lacks on first use on its loop (pydantic does not promise that building
+the same type on two threads at once is safe)."""
+
+
 class ArgsSchema:
     """One op's compiled validator: ``check(args)`` returns the validated arguments or raises
     :class:`~xcecore.wire.RemoteError` (INVALID naming the argument and the limit).
@@ -702,17 +709,24 @@ class ArgsSchema:
     @property
     def adapter(self) -> TypeAdapter[dict[str, Any]]:
         """The op's pydantic validator (built once, on first use)."""
-        if self._adapter is None:
-            self._adapter = TypeAdapter(self.model)
-        return self._adapter
+        adapter = self._adapter
+        if adapter is None:
+            with _BUILDING:
+                adapter = self._adapter
+                if adapter is None:
+                    adapter = self._adapter = TypeAdapter(self.model)
+        return adapter
 
     @property
     def required(self) -> frozenset[str]:
         """The arguments the op requires."""
-        if self._required is None:
-            # (not __required_keys__: under postponed annotations typing cannot see NotRequired)
-            self._required = frozenset(self.adapter.json_schema().get("required", ()))
-        return self._required
+        required = self._required
+        if required is None:
+            adapter = self.adapter
+            with _BUILDING:
+                # (not __required_keys__: under postponed annotations typing cannot see NotRequired)
+                required = self._required = frozenset(adapter.json_schema().get("required", ()))
+        return required
 
     def check(self, args: dict[str, Any]) -> dict[str, Any]:
         """Validate ``args`` (a decoded JSON object)."""
