@@ -62,6 +62,7 @@ from xce_worker.containment import (
     EndedGroup,
     JobGroup,
     Limits,
+    Usage,
 )
 from xce_worker.containment.binding import DevicePool
 from xce_worker.deadlines import Deadlines
@@ -79,12 +80,52 @@ from xcecore.jobspec import ExitReason, describe_exit
 
 PostFn = Callable[[str, str, dict[str, Any]], None]
 
-__all__ = ["JobError", "ProcessManager", "RunningJob", "shell_status"]
+__all__ = ["JobError", "ProcessManager", "RunningJob", "create_time", "end_group", "is_int",
+           "read_status", "same_process", "shell_status", "wait_gone"]
 
 
 def shell_status(returncode: int) -> int:
     """A Popen return code as a shell would say it: 128+N for death by signal N."""
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def end_group(group: JobGroup, rusage: Any, hname: str, what: str) -> tuple[Usage, bool]:
+    """The end of a job's or task's group once its wrapper ended: kill what it left behind
+    (as Slurm does), read the final usage (``rusage``: the wrapper's ``wait4`` figures, None
+    for one re-adopted after a restart) and whether the kernel OOM-killed in it, and remove
+    the group. ``what`` names its owner in the log ("job 7", "task 1 of job 7"). Never
+    raises for the group's own errors: the usage is then not final, which is logged."""
+    try:
+        if group.pids():
+            group.kill()
+            group.wait_empty(5.0)
+        usage = group.final_usage(rusage)
+        oom = group.oom_killed()
+        if not group.destroy():
+            logger.warning("worker {}: {}'s group {} could not be removed (a process is "
+                           "stuck); the next start cleans it", hname, what, group.name)
+        return usage, oom
+    except OSError as exc:
+        logger.error("worker {}: {}'s group {}: {}; its usage is not final", hname, what,
+                     group.name, exc)
+        return group.final_usage(rusage), False
+
+
+def wait_gone(pid: int, done: threading.Event) -> None:
+    """Wait until process ``pid`` (not our child: re-adopted after a restart) has ended, or
+    ``done`` is set; polled, as only the parent can wait for a process's end."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        while not done.is_set():
+            try:
+                proc.wait(timeout=0.5)
+                return
+            except psutil.TimeoutExpired:
+                continue
+    except psutil.Error:
+        return
 
 
 @dataclass
@@ -148,7 +189,7 @@ class ProcessManager:
         as ``fail`` with the reason, and logged.
         """
         jobid, attempt = job.get("jobid"), job.get("attempt") or 0
-        if not _is_int(jobid) or not _is_int(attempt):
+        if not is_int(jobid) or not is_int(attempt):
             logger.error("worker {}: dispatch without a valid job id and attempt ignored: "
                          "{:.200}", self.hname, repr(job))
             return False
@@ -309,7 +350,7 @@ class ProcessManager:
             self._write_info(rj, started, *devices)
             # The run record and the start report: one journal write, one fsync.
             self.journal.record_run(spec.jobid, spec.attempt, popen.pid,
-                                    _create_time(popen.pid), str(status),
+                                    create_time(popen.pid), str(status),
                                     note={"jobid": spec.jobid, "event": "start",
                                           "pid": popen.pid, "attempt": spec.attempt,
                                           "time": round(started, 6),
@@ -457,28 +498,14 @@ class ProcessManager:
             _, wstatus, rusage = os.wait4(rj.pid, 0)
         except ChildProcessError:  # reaped by another waiter in this process: ask its file
             rj.popen.returncode = 0
-            self._finished(rj, _read_status(rj.status_file), None, time.time())
+            self._finished(rj, read_status(rj.status_file), None, time.time())
             return
         ended = time.time()
         rj.popen.returncode = os.waitstatus_to_exitcode(wstatus)
         self._finished(rj, shell_status(rj.popen.returncode), rusage, ended)
 
     def _finished(self, rj: RunningJob, status: int | None, rusage: Any, ended: float) -> None:
-        group = rj.group
-        try:
-            if group.pids():  # what the job left behind ends with it
-                group.kill()
-                group.wait_empty(5.0)
-            usage = group.final_usage(rusage)
-            oom = group.oom_killed()
-            if not group.destroy():
-                logger.warning("worker {}: job {}'s group {} could not be removed (a process "
-                               "is stuck); the next start cleans it", self.hname, rj.jobid,
-                               group.name)
-        except OSError as exc:
-            logger.error("worker {}: job {}'s group {}: {}; its usage is not final",
-                         self.hname, rj.jobid, group.name, exc)
-            usage, oom = group.final_usage(rusage), False
+        usage, oom = end_group(rj.group, rusage, self.hname, f"job {rj.jobid}")
         self._release(rj.key)
         self._info_path(rj.key).unlink(missing_ok=True)
         with self._lock:
@@ -627,7 +654,7 @@ class ProcessManager:
             status_file = Path(entry.status_file or self.jobs_dir / "none")
             info = self._read_info(key)
             group = self.containment.adopt(key, entry.pid) or EndedGroup(key)
-            alive = entry.pid is not None and _same_process(entry.pid, entry.create_time)
+            alive = entry.pid is not None and same_process(entry.pid, entry.create_time)
             rj = RunningJob(entry.jobid, entry.attempt, entry.pid or 0, status_file, group,
                             mem_limit=info.get("mem_limit"))
             if alive:
@@ -647,7 +674,7 @@ class ProcessManager:
             else:
                 logger.info("worker {}: job {} (attempt {}) ended while the worker was down",
                             self.hname, entry.jobid, entry.attempt)
-                self._finished(rj, _read_status(status_file), None, time.time())
+                self._finished(rj, read_status(status_file), None, time.time())
         with self._lock:
             keep = {rj.key for rj in self.running.values()}
         removed = self.containment.cleanup_stale(keep)
@@ -656,19 +683,8 @@ class ProcessManager:
                         self.hname, len(removed), ", ".join(removed))
 
     def _watch_adopted(self, rj: RunningJob) -> None:
-        import psutil
-
-        try:
-            proc = psutil.Process(rj.pid)
-            while not rj.done.is_set():
-                try:
-                    proc.wait(timeout=0.5)
-                    break
-                except psutil.TimeoutExpired:
-                    continue
-        except psutil.Error:
-            pass
-        self._finished(rj, _read_status(rj.status_file), None, time.time())
+        wait_gone(rj.pid, rj.done)
+        self._finished(rj, read_status(rj.status_file), None, time.time())
 
     # ------------------------------------------------------------------ usage
     def sample_jobs(self) -> None:
@@ -714,7 +730,8 @@ class ProcessManager:
         self.containment.close()
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
+def is_int(value: Any) -> TypeGuard[int]:
+    """An int that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -766,7 +783,8 @@ def _await_command(rj: RunningJob, timeout: float = 1.0) -> None:
         return
 
 
-def _create_time(pid: int) -> float | None:
+def create_time(pid: int) -> float | None:
+    """The process start time of ``pid`` (psutil's), None if it is gone."""
     import psutil
 
     try:
@@ -775,7 +793,7 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
-def _same_process(pid: int, create_time: float | None) -> bool:
+def same_process(pid: int, create_time: float | None) -> bool:
     """True if ``pid`` still names the process the journal recorded (not a reused pid)."""
     import psutil
 
@@ -788,7 +806,7 @@ def _same_process(pid: int, create_time: float | None) -> bool:
         return False
 
 
-def _read_status(path: Path) -> int | None:
+def read_status(path: Path) -> int | None:
     """The exit status the job's wrapper recorded, or None if it recorded none."""
     try:
         return int(path.read_text().strip())

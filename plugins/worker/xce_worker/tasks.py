@@ -34,7 +34,7 @@ from loguru import logger
 
 from xce_worker.containment import ContainmentError, Limits
 from xce_worker.jobstart import NO_FILES_STATUS, JobError, JobSpec, job_env, output_paths
-from xce_worker.procman import ProcessManager, RunningJob, shell_status
+from xce_worker.procman import ProcessManager, RunningJob, end_group, shell_status
 from xcecore.protocol import ACTIVE
 
 TaskKey = tuple[int, int, int]  # (jobid, attempt, task)
@@ -182,18 +182,12 @@ class TaskRunner:
         _, wstatus, rusage = os.wait4(rt.pid, 0)
         ended = time.time()
         rt.popen.returncode = os.waitstatus_to_exitcode(wstatus)
-        code = shell_status(rt.popen.returncode)
-        group = rt.group
-        try:
-            if group.pids():  # what the task left behind ends with it
-                group.kill()
-                group.wait_empty(5.0)
-            usage = group.final_usage(rusage)
-            group.destroy()
-        except OSError as exc:
-            logger.error("worker {}: task {} of job {}: group {}: {}", self.hname, rt.task,
-                         rt.jobid, group.name, exc)
-            usage = group.final_usage(rusage)
+        self._ended(rt, shell_status(rt.popen.returncode), rusage, ended)
+
+    def _ended(self, rt: RunningTask, code: int, rusage: Any, ended: float) -> None:
+        """The task's wrapper ended with ``code`` (shell-style): end its group, forget it,
+        report how it ended."""
+        usage, _ = end_group(rt.group, rusage, self.hname, f"task {rt.task} of job {rt.jobid}")
         self.pm.timers.cancel(f"kill:{rt.key}")
         with self._lock:
             self.running.pop((rt.jobid, rt.attempt, rt.task), None)
