@@ -3,11 +3,14 @@ cgroups: a job record listing a task for this host starts it once, in a group of
 under the job's key, with the job's environment and ``XCE_TASKID``; its reports; the job's
 end kills it; a task the controller shows RUN that this worker does not run is reported
 failed; and rank 0 gets ``XCE_HOSTFILE`` and ``XCE_TASK_SECRET`` (whose SHA-256 its start
-report carries)."""
+report carries); a restarted worker reports the tasks that ended while it was down
+(re-adoption of running ones: ``tests/e2e/test_e2e_parallel_jobs.py``)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,3 +133,27 @@ def test_rank0_gets_a_host_file_and_a_task_secret_whose_hash_it_reports(tmp_path
 def _freezer(rt: Any) -> str:
     """The task's cgroup1 freezer state."""
     return (rt.group.dirs["freezer"] / "freezer.state").read_text().strip()  # type: ignore[no-any-return]
+
+
+def test_adoption_reports_a_task_that_ended_while_the_worker_was_down(tmp_path: Path) -> None:
+    """A task record whose process is gone: its end is reported with the status its wrapper
+    recorded (or failed when none), its files removed; an unreadable record is removed."""
+    with runner_on(tmp_path) as runner:
+        pm = runner.pm
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # a pid that no longer runs
+        for n, status in ((1, "5\n"), (2, "")):
+            (pm.jobs_dir / f"12.0.t{n}.status").write_text(status)
+            (pm.jobs_dir / f"12.0.t{n}.json").write_text(json.dumps(
+                {"jobid": 12, "attempt": 0, "task": n, "pid": gone.pid, "ct": 1.0,
+                 "status": str(pm.jobs_dir / f"12.0.t{n}.status")}))
+        (pm.jobs_dir / "13.0.t1.json").write_text('{"jobid": "x"}')
+        assert runner.adopt() == set() and not runner.running
+        ends = {n["task"]: n for n in notes(pm, 12)}
+        assert ends[1]["event"] == "task_finish" and ends[1]["exit_status"] == 5, ends
+        assert ends[2]["event"] == "task_fail" and "exit status is unknown" in ends[2]["reason"]
+        assert not list(pm.jobs_dir.glob("1[23].0.t*"))
+        # the controller still shows them RUN: not reported again as failed by a restart
+        runner.job(parallel(12, [task(1, "true", state="RUN"), task(2, "true", state="RUN")],
+                            tmp_path / "out"))
+        assert len(notes(pm, 12)) == 2

@@ -4,7 +4,7 @@ The role object exists before the worker connects: it answers the join attribute
 the pushes that arrive right after the join. Its parts (journal, process manager, monitors,
 push handler, notifier) are built when the runtime asks for the monitors, right after the
 first join and before main; building them opens the journal and re-adopts the jobs a previous
-run of this worker left behind before any push is handled, so a job is never started twice.
+run of this worker left behind (and their tasks) before any push is handled, so a job is never started twice.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class Worker:
         logger.info("worker {}: state dir {}; {} spooled report(s), {} job(s) from a previous "
                     "run", s.hname, s.state_dir, len(self.journal.pending()),
                     len(self.journal.active()))
-        self.procman.adopt()
+        # Tasks first: the jobs' re-adoption removes every group that nothing re-adopted.
+        self.procman.adopt(keep=self.pushes.tasks.adopt())
         self.last_answer = time.monotonic()  # the join was the last answer (metrics)
 
     def monitors(self) -> list[Monitor]:

@@ -47,7 +47,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -645,10 +645,11 @@ class ProcessManager:
         self.timers.after(f"kill:{rj.key}", self.kill_grace, escalate)
 
     # ------------------------------------------------------------------ restart
-    def adopt(self) -> None:
+    def adopt(self, keep: Iterable[str] = ()) -> None:
         """After a restart: watch the journal's jobs that still run, report those that are
         gone (with the status their wrapper recorded, if any), then remove every group of
-        this worker that no running job owns."""
+        this worker that no running job owns and that is not in ``keep`` (the groups of the
+        re-adopted tasks, :meth:`xce_worker.tasks.TaskRunner.adopt`)."""
         for entry in self.journal.active():
             key = f"{entry.jobid}.{entry.attempt}"
             status_file = Path(entry.status_file or self.jobs_dir / "none")
@@ -676,8 +677,8 @@ class ProcessManager:
                             self.hname, entry.jobid, entry.attempt)
                 self._finished(rj, read_status(status_file), None, time.time())
         with self._lock:
-            keep = {rj.key for rj in self.running.values()}
-        removed = self.containment.cleanup_stale(keep)
+            kept = {rj.key for rj in self.running.values()} | set(keep)
+        removed = self.containment.cleanup_stale(kept)
         if removed:
             logger.info("worker {}: removed {} stale job group(s) of a previous run: {}",
                         self.hname, len(removed), ", ".join(removed))

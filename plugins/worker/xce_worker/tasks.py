@@ -15,26 +15,44 @@ with the exit status and the final usage (added to the job's), ``task_fail`` whe
 start. When the job ends (its record leaves this worker's replica, or is no longer active)
 or the controller's sync no longer lists it, its tasks here are killed (SIGTERM, SIGKILL after
 ``kill_grace``) and report how they ended; stopping or resuming the job stops or resumes
-them too. Tasks are not re-adopted after a worker restart:
-the restarted worker's clean-up removes their groups, and it reports a task the controller
-shows RUN here that it does not run as failed.
+them too.
+
+A worker that restarts while tasks run re-adopts them, as it does its jobs: each running
+task has ``<jobid>.<attempt>.t<task>.json`` beside its status file (pid, process start time,
+status file), read at start before any push; a task still running (the same process, not a
+reused pid) is watched, killed with its job and reported as before, its group kept and its
+final usage read from it; one that ended meanwhile is reported with the status its wrapper
+recorded. A task the controller shows RUN here that this worker does not run (its record
+was lost) is reported failed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from loguru import logger
 
-from xce_worker.containment import ContainmentError, Limits
+from xce_worker.containment import ContainmentError, EndedGroup, Limits
 from xce_worker.jobstart import NO_FILES_STATUS, JobError, JobSpec, job_env, output_paths
-from xce_worker.procman import ProcessManager, RunningJob, end_group, shell_status
+from xce_worker.procman import (
+    ProcessManager,
+    RunningJob,
+    create_time,
+    end_group,
+    is_int,
+    read_status,
+    same_process,
+    shell_status,
+    wait_gone,
+)
 from xcecore.protocol import ACTIVE
 
 TaskKey = tuple[int, int, int]  # (jobid, attempt, task)
@@ -89,10 +107,10 @@ class TaskRunner:
                 command = commands[launch] if isinstance(launch, int) and \
                     0 <= launch < len(commands) else None
                 self._start(job, command, n)
-            elif rec.get("state") == "RUN":  # started by this host's worker before a restart
+            elif rec.get("state") == "RUN":  # started here before a restart, not re-adopted
                 seen.add(n)
                 self._report(jobid, attempt, n, "task_fail", reason=f"the worker on {self.hname} "
-                             "restarted while the task ran; it was ended")
+                             "restarted and does not run the task (its record was lost)")
 
     def gone(self, jobid: int) -> None:
         """The job ended (or is no longer allocated here): kill its tasks here."""
@@ -171,6 +189,7 @@ class TaskRunner:
         rt = RunningTask(spec.jobid, spec.attempt, popen.pid, status, group, popen, task=n)
         with self._lock:
             self.running[(spec.jobid, spec.attempt, n)] = rt
+        self._write_info(rt)
         self._report(spec.jobid, spec.attempt, n, "task_start", pid=popen.pid)
         threading.Thread(target=self._wait, args=(rt,), daemon=True,
                          name=f"xce-task-{spec.jobid}.{n}").start()
@@ -184,23 +203,86 @@ class TaskRunner:
         rt.popen.returncode = os.waitstatus_to_exitcode(wstatus)
         self._ended(rt, shell_status(rt.popen.returncode), rusage, ended)
 
-    def _ended(self, rt: RunningTask, code: int, rusage: Any, ended: float) -> None:
-        """The task's wrapper ended with ``code`` (shell-style): end its group, forget it,
-        report how it ended."""
+    def _watch_adopted(self, rt: RunningTask) -> None:
+        wait_gone(rt.pid, rt.done)
+        self._ended(rt, read_status(rt.status_file), None, time.time())
+
+    def _ended(self, rt: RunningTask, code: int | None, rusage: Any, ended: float) -> None:
+        """The task's wrapper ended (``code``: its shell-style status, None if unknown):
+        end its group, forget it, report how it ended."""
         usage, _ = end_group(rt.group, rusage, self.hname, f"task {rt.task} of job {rt.jobid}")
         self.pm.timers.cancel(f"kill:{rt.key}")
+        self._info_path(rt.key).unlink(missing_ok=True)
         with self._lock:
             self.running.pop((rt.jobid, rt.attempt, rt.task), None)
         rt.done.set()
         Path(rt.status_file).unlink(missing_ok=True)
+        if code is None and rt.cause is None:
+            self._report(rt.jobid, rt.attempt, rt.task, "task_fail", time_=ended,
+                         reason=f"the worker on {self.hname} restarted while the task ran; its "
+                         "exit status is unknown", usage=usage.report())
+            return
         if code == NO_FILES_STATUS and rt.cause is None:
             self._report(rt.jobid, rt.attempt, rt.task, "task_fail", time_=ended,
                          reason=f"the job's files cannot be opened by its user on {self.hname}")
             return
+        code = code if code is not None else 128 + signal.SIGKILL
         logger.info("worker {}: task {} of job {} finished with exit status {}{}", self.hname,
                     rt.task, rt.jobid, code, " (killed)" if rt.cause else "")
         self._report(rt.jobid, rt.attempt, rt.task, "task_finish", time_=ended,
                      exit_status=code, usage=usage.report())
+
+    # ------------------------------------------------------------------ restart
+    def _info_path(self, key: str) -> Path:
+        return self.pm.jobs_dir / f"{key}.json"
+
+    def _write_info(self, rt: RunningTask) -> None:
+        """What re-adoption needs (``<jobid>.<attempt>.t<task>.json``; not fsynced, as for a
+        job: a machine crash ends the task anyway, a worker crash leaves it in the page
+        cache). A task whose file cannot be written runs on, but a restart ends it."""
+        info = {"jobid": rt.jobid, "attempt": rt.attempt, "task": rt.task, "pid": rt.pid,
+                "ct": create_time(rt.pid), "status": str(rt.status_file)}
+        try:
+            self._info_path(rt.key).write_bytes(orjson.dumps(info))
+        except OSError as exc:
+            logger.warning("worker {}: task {} of job {}: cannot record it for re-adoption "
+                           "({}); a worker restart ends it", self.hname, rt.task, rt.jobid, exc)
+
+    def adopt(self) -> set[str]:
+        """After a restart, before any push: re-adopt the tasks a previous run of this worker
+        started that still run (watched, killed and reported as if started by this run),
+        report those that ended meanwhile; the keys of the groups to keep."""
+        kept: set[str] = set()
+        for path in sorted(self.pm.jobs_dir.glob("*.t*.json")):
+            try:
+                info = orjson.loads(path.read_bytes())
+                jobid, attempt, n, pid = (info[k] for k in ("jobid", "attempt", "task", "pid"))
+                if not all(is_int(v) for v in (jobid, attempt, n, pid)):
+                    raise ValueError("not integers")
+            except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                logger.error("worker {}: task record {} unreadable ({}); removed", self.hname,
+                             path.name, exc)
+                path.unlink(missing_ok=True)
+                continue
+            key = f"{jobid}.{attempt}.t{n}"
+            group = self.pm.containment.adopt(key, pid) or EndedGroup(key)
+            status = Path(str(info.get("status") or self.pm.jobs_dir / f"{key}.status"))
+            rt = RunningTask(jobid, attempt, pid, status, group, task=n)
+            with self._lock:
+                self._seen.setdefault((jobid, attempt), set()).add(n)
+            if same_process(pid, info.get("ct")):
+                with self._lock:
+                    self.running[(jobid, attempt, n)] = rt
+                kept.add(key)
+                logger.info("worker {}: re-adopted task {} of job {} (pid {}, group {}) after a "
+                            "restart", self.hname, n, jobid, pid, group.name)
+                threading.Thread(target=self._watch_adopted, args=(rt,), daemon=True,
+                                 name=f"xce-task-{jobid}.{n}").start()
+            else:
+                logger.info("worker {}: task {} of job {} ended while the worker was down",
+                            self.hname, n, jobid)
+                self._ended(rt, read_status(status), None, time.time())
+        return kept
 
     def _report(self, jobid: int, attempt: int, n: int, event: str,
                 time_: float | None = None, **more: Any) -> None:
@@ -212,7 +294,8 @@ class TaskRunner:
                                 **more})
 
     def shutdown(self, keep: bool, timeout: float) -> None:
-        """On worker stop: kill the tasks (unless ``keep``: left running) and wait."""
+        """On worker stop: kill the tasks (unless ``keep``: left running, for the next start
+        to re-adopt) and wait."""
         with self._lock:
             tasks = list(self.running.values())
         if keep or not tasks:
