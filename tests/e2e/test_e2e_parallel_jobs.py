@@ -1,6 +1,10 @@
 """Parallel jobs over two real workers on loopback (issue 22): everything real -- one
-controller candidate, two workers (hosts ``p1``, ``p2``), the tasks' processes and cgroups.
+controller candidate, two workers (hosts ``p1``, ``p2``), the scheduler, the ``xce`` command,
+the tasks' processes and cgroups.
 
+- the scheduler places ``xce submit -n 4 -R "span[ptile=2]"`` over both hosts; rank 0 (on
+  the first host) reads ``XCE_HOSTFILE`` (both hosts, two slots each) and launches tasks on
+  the other host; the job ends DONE with its tasks listed and their usage in the job's;
 - a worker SIGKILLed while a task of a job runs on it, and started again, re-adopts the task
   (listed RUN with the same pid, not failed); the job's end kills it there and it reports
   its end with its usage; no process or group of it is left.
@@ -8,7 +12,9 @@ controller candidate, two workers (hosts ``p1``, ``p2``), the tasks' processes a
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +68,57 @@ def groups_left(tmp: Path, hname: str, key: str) -> list[Path]:
     """The cgroup directories named for ``key`` the worker of ``hname`` made, if any."""
     bases = (tmp / hname / "cgroups").read_text().split()
     return [p for b in bases for p in Path(b).glob(f"*{key}*")]
+
+
+RANK0 = r'''
+import json, os, subprocess, sys
+with open(os.environ["XCE_HOSTFILE"]) as fh:
+    slots = fh.read().split()
+me = os.environ["XCE_HOSTS"].split()[0]
+others = [h for h in slots if h != me]
+launch = subprocess.run([sys.executable, "-m", "xcecore", "task", "launch", *others, "--",
+                         "sh", "-c", 'echo "task $XCE_TASKID on $XCE_TASK_HOST"'],
+                        capture_output=True, text=True)
+print(json.dumps({"slots": slots, "first": me, "rc": launch.returncode,
+                  "out": sorted(launch.stdout.split("\n")), "err": launch.stderr}), flush=True)
+sys.exit(launch.returncode)
+'''
+
+
+def test_the_scheduler_places_a_span_ptile_job_over_two_hosts_and_its_tasks_run_there(
+        xce_cluster: Callable[..., LocalCluster], xce_client: Callable[..., SyncClient],
+        tmp_path: Path) -> None:
+    cl = xce_cluster(1)
+    for h in ("p1", "p2"):
+        start_worker(cl, tmp_path, h)
+    cl.start_role("scheduler")
+    c = xce_client(cl, "cli")
+    wait_for(lambda: two_hosts(c), 30, what="two workers joined")
+    rank0, out = tmp_path / "rank0.py", tmp_path / "span.out"
+    rank0.write_text(RANK0)
+    got = subprocess.run([PY, "-m", "xcecore", "--config", str(cl.config_path), "submit",
+                          "--json", "-n", "4", "-R", "span[ptile=2]", "-o", str(out), "--",
+                          PY, str(rank0)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **job_env(cl)}, check=False)
+    assert got.returncode == 0, got.stderr
+    jobid = int(json.loads(got.stdout)["jobid"])
+    rec = wait_for(lambda: ended(c, jobid), 90, what="the span[ptile=2] job's end")
+    text = out.read_text()
+    assert rec["state"] == "DONE", (rec, text)
+    # placed by the scheduler: two slots on each host
+    assert sorted((a["host"], a["ntasks"]) for a in rec["alloc"]) == [("p1", 2), ("p2", 2)], rec
+    result = json.loads(next(line for line in text.splitlines() if line.startswith("{")))
+    first = result["first"]
+    other = "p2" if first == "p1" else "p1"
+    assert first == rec["alloc"][0]["host"]
+    assert result["slots"] == [first, first, other, other], result  # XCE_HOSTFILE: a line a slot
+    assert result["rc"] == 0, result
+    listed = tasks_of(rec)
+    assert [(t["task"], t["host"], t["state"], t["exit_status"]) for t in listed] == \
+        [(1, other, "DONE", 0), (2, other, "DONE", 0)], listed
+    assert all(t["pid"] and "cputime" in t["usage"] for t in listed), listed  # accounted
+    assert "cputime" in rec["usage"]
+    assert f"task 1 on {other}" in text and f"task 2 on {other}" in text, text
 
 
 def test_a_restarted_worker_re_adopts_its_running_task_and_kills_it_with_the_job(
