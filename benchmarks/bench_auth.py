@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import log, meta, stats, write_result
+from benchkit import US, log, meta, stats, timed, write_result
 
 from xcecore import auth, wire
 from xcecore.auth.key import KeyAuth
@@ -51,14 +51,7 @@ PART = "auth"
 
 def per_call_us(fn: Callable[[], Any], runs: int) -> dict[str, float]:
     """Microseconds of each of ``runs`` calls of ``fn`` (after 20 warm-up calls)."""
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return stats(times, 1)
+    return timed(fn, runs, unit=US, warmup=20, digits=1)
 
 
 def credential(munged: Munged, runs: int) -> dict[str, Any]:
@@ -209,13 +202,8 @@ def cli_jobs(cluster: LocalCluster, runs: int) -> dict[str, float]:
     xce = shutil.which("xce") or str(Path(sys.executable).parent / "xce")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["XCE_CONFIG"] = str(cluster.config_path)
-    subprocess.run([xce, "jobs"], env=env, capture_output=True, check=True)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run([xce, "jobs"], env=env, capture_output=True, check=True)
-        times.append((time.perf_counter() - t0) * 1000)
-    return stats(times, 1)
+    return timed(lambda: subprocess.run([xce, "jobs"], env=env, capture_output=True, check=True),
+                 runs, warmup=1, digits=1)
 
 
 def main(argv: list[str] | None = None) -> int:

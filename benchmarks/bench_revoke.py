@@ -29,21 +29,24 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import BENCH_PASSWORD, BENCH_USER, cluster_extra, log, meta, stats, write_result
+from benchkit import (
+    BENCH_PASSWORD,
+    BENCH_USER,
+    US,
+    cluster_extra,
+    log,
+    meta,
+    stats,
+    timed,
+    write_result,
+)
 
 PART = "revoke"
 
 
 def per_call_us(fn: Any, runs: int) -> dict[str, float]:
     """Microseconds per call of ``fn``, each of ``runs`` timed alone (after a warm-up)."""
-    for _ in range(200):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return stats(times)
+    return timed(fn, runs, unit=US, warmup=200)
 
 
 def check_part(checks: int, listed: int) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def rest_part(runs: int) -> dict[str, Any]:
     import httpx
     from xce_apiserver.auth import write_token_key
 
-    from xcecore.testing.cluster import LocalCluster, wait_for
+    from xcecore.testing.cluster import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="xce-bench-revoke-") as tmp:
         root = Path(tmp)
@@ -81,16 +84,9 @@ def rest_part(runs: int) -> dict[str, Any]:
         cl = LocalCluster(root / "cluster", 1, extra_config=cluster_extra(root, api=True, hash_iterations=1000))
         try:
             cl.start(60)
-            bases = []
-            for name in ("web1", "web2"):
-                port_file = root / f"{name}.port"
-                cl.start_role("apiserver", f'apiserver.port_file="{port_file}"',
-                              f'apiserver.token_key_file="{key}"', f'apiserver.hname="{name}"',
-                              name=name)
-                wait_for(lambda p=port_file: p.exists() and p.read_text().strip(), 60, what=name)
-                base = f"http://127.0.0.1:{int(port_file.read_text())}/xce/v1"
-                wait_for(lambda b=base: httpx.get(f"{b}/readyz").status_code == 200, 60, what=name)
-                bases.append(base)
+            bases = [cl.start_apiserver(root / f"{name}.port", f'apiserver.token_key_file="{key}"',
+                                        f'apiserver.hname="{name}"', name=name, timeout=60)[1]
+                     + "/xce/v1" for name in ("web1", "web2")]
             one, two = (httpx.Client(base_url=b, timeout=10) for b in bases)
 
             def logon() -> str:
@@ -102,12 +98,10 @@ def rest_part(runs: int) -> dict[str, Any]:
             hdr = {"Authorization": f"Bearer {live}"}
 
             def get_ms(n: int) -> dict[str, float]:
-                times = []
-                for _ in range(n):
-                    t0 = time.perf_counter()
+                def get() -> None:
                     assert one.get("/jobs", params={"limit": 1}, headers=hdr).status_code == 200
-                    times.append((time.perf_counter() - t0) * 1e3)
-                return stats(times)
+
+                return timed(get, n)
 
             get_before = get_ms(runs)
             logout, seen = [], []

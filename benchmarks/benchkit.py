@@ -14,7 +14,7 @@ import resource
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,23 @@ def stats(values: Iterable[float], digits: int = 3) -> dict[str, float]:
            "p90": percentile(xs, 90), "p99": percentile(xs, 99), "max": max(xs),
            "mean": sum(xs) / len(xs)}
     return {k: (v if k == "n" else round(v, digits)) for k, v in out.items()}
+
+
+MS, US = 1e3, 1e6  # the unit of :func:`timed`'s figures: milliseconds, microseconds
+
+
+def timed(fn: Callable[[], Any], runs: int, *, unit: float = MS, warmup: int = 0,
+          digits: int = 3) -> dict[str, float]:
+    """:func:`stats` of ``runs`` calls of ``fn``, each timed alone, in ``unit`` (:data:`MS`
+    or :data:`US`), after ``warmup`` calls that are not timed."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * unit)
+    return stats(times, digits)
 
 
 def command_line() -> str:
