@@ -30,17 +30,10 @@ USERS = (f'[{{name = "alice", password_hash = "{_hash("pw", iterations=1000)}", 
 
 
 def start_api(cl: LocalCluster, tmp: Path, name: str, *extra: str) -> tuple[Proc, str]:
-    port_file = tmp / f"{name}.port"
-    port_file.unlink(missing_ok=True)
-    proc = cl.start_role("apiserver", 'apiserver.listen="127.0.0.1:0"',
-                         f'apiserver.port_file="{port_file}"', f"apiserver.users={USERS}",
-                         f'apiserver.hname="{name}"', *extra, name=name)
-    wait_for(lambda: (port_file.exists() and port_file.read_text().strip()) or not proc.alive(),
-             30, what=f"{name}'s port file")
-    assert proc.alive(), proc.text()
-    base = f"http://127.0.0.1:{int(port_file.read_text())}/xce/v1"
-    wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 200, 30, what=f"{name} ready")
-    return proc, base
+    """API server ``name`` (host name too) with alice and bob: ``(process, its /xce/v1 URL)``."""
+    proc, base = cl.start_apiserver(tmp / f"{name}.port", f"apiserver.users={USERS}",
+                                    f'apiserver.hname="{name}"', *extra, name=name)
+    return proc, f"{base}/xce/v1"
 
 
 def logon(base: str, user: str = "alice", password: str = "pw") -> httpx.Response:
