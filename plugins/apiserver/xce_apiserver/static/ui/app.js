@@ -129,6 +129,33 @@ function refetchSoon(what, fn, delay = MANY_REFETCH) {
   ui.refetchAt[what] = setTimeout(() => { ui.refetchAt[what] = null; fn(); }, delay);
 }
 
+function burst(d, what, load) {
+  // A "many changed" message (a burst too large to send item by item): re-fetch the panel
+  // soon, once; true if ``d`` was one.
+  if (d.many === undefined) return false;
+  refetchSoon(what, load);
+  return true;
+}
+
+function fillRows(body, rows, items, key, rowOf) {
+  // A panel's rows, from a fetched list: each kept by its key for in-place updates.
+  body.replaceChildren(); rows.clear();
+  for (const item of items) { const tr = rowOf(item); rows.set(item[key], tr); body.append(tr); }
+}
+
+function onKeyed(d, what, rows, key, rowOf, load) {
+  // A change of a panel keyed by name (hosts, queues): a shown row is replaced in place; a
+  // new or removed one, or a burst, re-fetches the panel.
+  if (burst(d, what, load)) return;
+  let fresh = (d.removed || []).length > 0;
+  for (const item of d.items) {
+    const old = rows.get(item[key]);
+    if (!old) { fresh = true; continue; }
+    const tr = rowOf(item); old.replaceWith(tr); rows.set(item[key], tr);
+  }
+  if (fresh) load();
+}
+
 // Cluster: the candidates come from one status call, made on load and whenever the
 // stream says the API server follows another controller.
 async function loadStatus(attempt = 0) {
@@ -193,41 +220,23 @@ function hostRow(h) {
 
 async function loadHosts() {
   const env = await api("GET", "/hosts");
-  const body = $("hosts"); body.replaceChildren(); ui.hosts.clear();
-  for (const h of env.data) { const tr = hostRow(h); ui.hosts.set(h.hostName, tr); body.append(tr); }
+  fillRows($("hosts"), ui.hosts, env.data, "hostName", hostRow);
   $("hosts-note").textContent = env.data.length ? "" : "no hosts have joined";
 }
 
-function onHosts(d) {
-  if (d.many !== undefined) { refetchSoon("hosts", loadHosts); return; }
-  let fresh = (d.removed || []).length > 0;
-  for (const h of d.items) {
-    const old = ui.hosts.get(h.hostName);
-    if (!old) { fresh = true; continue; }
-    const tr = hostRow(h); old.replaceWith(tr); ui.hosts.set(h.hostName, tr);
-  }
-  if (fresh) loadHosts();
-}
+function onHosts(d) { onKeyed(d, "hosts", ui.hosts, "hostName", hostRow, loadHosts); }
 
 // Queues
 function queueRow(q) { return row([q.name, q.priority, q.status, q.description || ""]); }
 
 async function loadQueues() {
   const env = await api("GET", "/queues");
-  const body = $("queues"); body.replaceChildren(); ui.queues.clear();
-  for (const q of env.data) { const tr = queueRow(q); ui.queues.set(q.name, tr); body.append(tr); }
+  fillRows($("queues"), ui.queues, env.data, "name", queueRow);
 }
 
 function onQueues(d) {
   if (ui.eventsAvailable) refetchSoon("events", () => loadEvents(false), 500);  // a queue event
-  if (d.many !== undefined) { refetchSoon("queues", loadQueues); return; }
-  let fresh = (d.removed || []).length > 0;
-  for (const q of d.items) {
-    const old = ui.queues.get(q.name);
-    if (!old) { fresh = true; continue; }
-    const tr = queueRow(q); old.replaceWith(tr); ui.queues.set(q.name, tr);
-  }
-  if (fresh) loadQueues();
+  onKeyed(d, "queues", ui.queues, "name", queueRow, loadQueues);
 }
 
 // Jobs: pages by cursor, filtered on the server.
@@ -275,8 +284,7 @@ async function loadJobsPage() {
   const cursor = ui.jobCursors[ui.jobCursors.length - 1];
   if (cursor) q.set("cursor", cursor);
   const env = await api("GET", "/jobs?" + q.toString());
-  const body = $("jobs"); body.replaceChildren(); ui.jobs.clear();
-  for (const j of env.data) { const tr = jobRow(j); ui.jobs.set(j.jobid, tr); body.append(tr); }
+  fillRows($("jobs"), ui.jobs, env.data, "jobid", jobRow);
   ui.jobNext = env.next;
   $("jobs-page").textContent = `page ${ui.jobCursors.length}` + (env.data.length ? "" : " (no jobs)");
   $("jobs-next").disabled = !env.next;
@@ -284,8 +292,7 @@ async function loadJobsPage() {
 }
 
 function onJobs(d) {
-  if (d.many !== undefined) {
-    refetchSoon("jobs", loadJobs);
+  if (burst(d, "jobs", loadJobs)) {
     if (ui.detail !== null) refetchSoon("detail", () => showJob(ui.detail));
     return;
   }
