@@ -88,22 +88,7 @@ def credential(munged: Munged, runs: int) -> dict[str, Any]:
 
 def one_handshake(port: int, method: auth.AuthMethod) -> None:
     """Connect, read the hello, answer, read the verdict (which must be ok)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        dec = wire.FrameDecoder()
-
-        def read() -> dict[str, Any]:
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise ConnectionError("closed")
-                for msg in dec.feed(chunk):
-                    return dict(msg)
-
-        hello = read()
-        s.sendall(wire.encode(auth.client_answer(method, "bench@b", hello)))
-        verdict = read()
-        if not verdict.get("ok"):
-            raise RuntimeError(f"handshake refused: {verdict}")
+    timed_handshake(port, method)
 
 
 PHASES = ("connect + hello", "client credential (answer)", "server verdict (verify)", "whole")
