@@ -243,19 +243,6 @@ def controllers(state_dir: Path, log_dir: Path, n: int, expect: str = "primary")
             p.kill()
 
 
-@asynccontextmanager
-async def candidates(tmp_path: Path, n: int) -> AsyncIterator[tuple[list[Proc], str]]:
-    """``n`` candidate processes on one state dir (``tmp_path/state``, their logs in
-    ``tmp_path/logs``), every one answering the handshake: ``(procs, the primary's
-    address)``; all killed on exit."""
-    logs = tmp_path / "logs"
-    logs.mkdir(exist_ok=True)
-    with controllers(tmp_path / "state", logs, n) as procs:
-        for p in procs:
-            wait_listening(p.address)
-        yield procs, await find_primary([p.address for p in procs])
-
-
 def wait_listening(address: str, timeout: float = 15, state: str | None = None) -> None:
     """Wait until the candidate at ``address`` completes a handshake (as ``state``, if given).
 

@@ -11,7 +11,7 @@ import time
 
 import anyio
 import pytest
-from ctl_testlib import RawClient, candidates, find_primary, running
+from ctl_testlib import RawClient, controllers, find_primary, running, wait_listening
 from xce_controller.events import PAGE_MAX, EventLog
 
 pytestmark = pytest.mark.anyio
@@ -43,8 +43,13 @@ async def _wait_event(c: RawClient, timeout: float = 10, **match: object) -> dic
 
 
 async def test_failover_records_promotion_and_keeps_earlier_events(tmp_path):
-    async with candidates(tmp_path, 2) as (procs, first):
+    state_dir, logs = tmp_path / "state", tmp_path / "logs"
+    logs.mkdir()
+    with controllers(state_dir, logs, 2) as procs:
         addresses = [p.address for p in procs]
+        for a in addresses:
+            wait_listening(a)
+        first = await find_primary(addresses)
         c = await RawClient.connect(first)
         promo = await _wait_event(c, kind="promotion", primary=first)
         assert promo["how"] in ("hot", "cold") and isinstance(promo["takeover_ms"], float)

@@ -7,22 +7,20 @@ import pwd
 
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
-from ctl_testlib import (
-    RawClient,
-    candidates,
-    controllers,
-    find_primary,
-    handshake_state,
-    wait_listening,
-)
+from ctl_testlib import RawClient, controllers, find_primary, handshake_state, wait_listening
 
 pytestmark = pytest.mark.anyio
 OWNER = pwd.getpwuid(os.geteuid()).pw_name  # under auth = "key" every caller is the owner
 
 
 async def test_three_candidates_failover(tmp_path):
-    async with candidates(tmp_path, 3) as (procs, primary):
+    state_dir, logs = tmp_path / "state", tmp_path / "logs"
+    logs.mkdir()
+    with controllers(state_dir, logs, 3) as procs:
         addresses = [p.address for p in procs]
+        for a in addresses:
+            wait_listening(a)
+        primary = await find_primary(addresses)
         assert primary == procs[0].address  # started first, took the lock
         for standby in addresses[1:]:
             hs = await handshake_state(standby)
@@ -63,8 +61,11 @@ async def test_three_candidates_failover(tmp_path):
 
 
 async def test_candidate_on_held_state_dir_is_standby(tmp_path):
-    async with candidates(tmp_path, 1) as (_, primary):
-        with controllers(tmp_path / "state", tmp_path / "logs", 1, expect="standby") as late:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with controllers(tmp_path / "state", logs, 1) as procs:
+        primary = await find_primary([procs[0].address])
+        with controllers(tmp_path / "state", logs, 1, expect="standby") as late:
             wait_listening(late[0].address)
             hs = await handshake_state(late[0].address)
             assert hs == {"ok": True, "server": late[0].address, "state": "standby", "primary": primary,
@@ -82,8 +83,12 @@ async def test_standby_names_the_primary_in_its_hello(tmp_path):
     from xcecore.candidates import parse_address
     from xcecore.client.link import open_link
 
-    async with candidates(tmp_path, 2) as (procs, primary):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with controllers(tmp_path / "state", logs, 2) as procs:
+        primary = await find_primary([p.address for p in procs])
         standby = next(p for p in procs if p.address != primary)
+        wait_listening(standby.address)
         host, _, port = standby.address.rpartition(":")
         async with await anyio.connect_tcp(host, int(port)) as raw:
             hello = await wire.read_message(BufferedByteReceiveStream(raw))
