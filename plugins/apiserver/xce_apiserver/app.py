@@ -14,11 +14,10 @@ refuse, and none ends in a 5xx.
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import anyio
-import anyio.lowlevel
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
@@ -46,6 +45,7 @@ from xce_apiserver.history import history_router
 from xce_apiserver.hosts import client_job, evaluator_host, lsf_host
 from xce_apiserver.idempotency import HEADER as IDEMPOTENCY_HEADER
 from xce_apiserver.idempotency import Idempotent, Memory, parse_key
+from xce_apiserver.listing import Filters, WriteGate, WritesFirst, page_body, stream_body
 from xce_apiserver.store import Store
 from xce_apiserver.throttle import Throttle
 from xce_apiserver.ui import mount_ui, ui_router
@@ -62,10 +62,6 @@ MAX_JOBIDS = 10_000
 
 MAX_PAGE = 1000
 """The most jobs one page of ``GET /jobs`` may ask for (``limit``)."""
-
-STREAM_CHUNK = 500
-"""Jobs serialized at a time when ``GET /jobs`` lists everything (no ``limit``): the event
-loop serves other requests between two chunks."""
 
 __all__ = ["PREFIX", "ApiError", "EnvelopeResponse", "HostSelector", "create_app", "envelope", "ok",
            "raw_ok", "remote_to_api"]
@@ -192,43 +188,6 @@ class HostSelector:
         return b"".join(parts), len(matches)
 
 
-def raw_page(data_json: bytes, count: int, after: int | None) -> Response:
-    """A page envelope around already-serialized jobs, with the next page's cursor."""
-    cursor = b"null" if after is None else b'"' + str(after).encode() + b'"'
-    body = (b'{"code":200,"msg":"ok","data":' + data_json + b',"count":' + str(count).encode()
-            + b',"next":' + cursor + b"}")
-    return Response(body, media_type="application/json")
-
-
-def _jobs_json(jobs: list[dict[str, Any]], keep: list[str] | None) -> bytes:
-    jobs = [client_job(j) for j in jobs]
-    if keep is not None:
-        jobs = [{k: j.get(k) for k in keep} for j in jobs]
-    return _dumps(jobs)
-
-
-async def _all_jobs(store: Store, after: int, states: list[str] | None, user: str | None,
-                    queue: str | None, keep: list[str] | None,
-                    array: int | None = None) -> AsyncIterator[bytes]:
-    """Every matching job as one envelope, produced a bounded chunk at a time (the loop runs
-    other requests between chunks), in job id order from a cursor: a job that matches
-    throughout appears exactly once however the jobs change meanwhile."""
-    yield b'{"code":200,"msg":"ok","data":['
-    count = 0
-    while True:
-        page = store.page_jobs(after=after, limit=STREAM_CHUNK, states=states, user=user, queue=queue,
-                               array=array)
-        if page.jobs:
-            body = _jobs_json(page.jobs, keep)[1:-1]
-            yield (b"," + body) if count else body
-            count += len(page.jobs)
-        if page.next is None:
-            break
-        after = page.next
-        await anyio.lowlevel.checkpoint()
-    yield b'],"count":' + str(count).encode() + b',"next":null}'
-
-
 def raw_ok(data_json: bytes, count: int) -> Response:
     """A success envelope around ``data_json``, already-serialized JSON of ``count`` items."""
     body = b'{"code":200,"msg":"ok","data":' + data_json + b',"count":' + str(count).encode() + b"}"
@@ -306,6 +265,9 @@ def create_app(
     )
     mount_docs(app, PREFIX, f"{PREFIX}/openapi.json", "xce")
     app.add_middleware(BodyLimit, max_bytes=max_body)
+    gate = WriteGate()  # listings give way to the writes in flight (xce_apiserver.listing)
+    app.add_middleware(WritesFirst, gate=gate)
+    app.state.write_gate = gate
     if access_log:
         app.add_middleware(AccessLog)
     selector = HostSelector(store, evaluator_factory)
@@ -501,12 +463,12 @@ def create_app(
         states = [x.strip().upper() for x in state.split(",") if x.strip()] if state else None
         keep = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
         after = int(cursor) if cursor is not None else 0
+        filters = Filters(states, user, queue, array, keep)
         if limit is None:
-            return StreamingResponse(_all_jobs(store, after, states, user, queue, keep, array),
+            return StreamingResponse(stream_body(store, gate, after, filters),
                                      media_type="application/json")
-        page = store.page_jobs(after=after, limit=limit, states=states, user=user, queue=queue,
-                               array=array)
-        return raw_page(_jobs_json(page.jobs, keep), len(page.jobs), page.next)
+        return Response(await page_body(store, gate, after, filters, limit),
+                        media_type="application/json")
 
     @app.get(f"{PREFIX}/jobs/{{jobids:jobids}}", response_model=m.Envelope[list[m.Job]], tags=["jobs"],
              responses=_responses(*READ, 404))

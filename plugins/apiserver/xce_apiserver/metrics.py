@@ -108,4 +108,13 @@ def families(role: Any) -> list[Any]:
     dropped = CounterMetricFamily("xce_apiserver_stream_dropped", "event streams dropped "
                                   "because the client did not read")
     dropped.add_metric([], float(hub.dropped))
-    return [requests, latency, breaker, jobs, streams, sent, dropped]
+    lag = role.lag  # xce_apiserver.looplag
+    with lag.lock:
+        lag_hist = HistogramMetricFamily(
+            "xce_apiserver_loop_lag_seconds", "how late a ticker task woke (asked every "
+            f"{lag.tick * 1000:g} ms): how long the event loop was busy elsewhere")
+        lag_hist.add_metric([], lag.hist.cumulative(), sum_value=lag.hist.total)
+    worst = GaugeMetricFamily("xce_apiserver_loop_lag_recent_max_seconds", "the worst loop lag "
+                              f"of the last {lag.window:g} to {2 * lag.window:g} seconds")
+    worst.add_metric([], lag.recent_worst())
+    return [requests, latency, breaker, jobs, streams, sent, dropped, lag_hist, worst]

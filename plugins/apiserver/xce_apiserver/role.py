@@ -53,6 +53,7 @@ async def run(role: ApiServerRole) -> None:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(end_streams)
+            tg.start_soon(role.lag.run)
             await serve(app, sock, ctx.stop, ssl=ssl)
             tg.cancel_scope.cancel()
     finally:

@@ -14,6 +14,7 @@ from loguru import logger
 
 from xce_apiserver.backend import REJOIN_POINTS
 from xce_apiserver.health import BackendHealth
+from xce_apiserver.looplag import LoopLag
 from xce_apiserver.metrics import RequestStats
 from xce_apiserver.store import Store
 from xcecore.candidates import Candidate
@@ -31,6 +32,7 @@ class ApiServerRole(Role):
         self.store = Store(name=ctx.identity)
         self.health = BackendHealth(grace=float(ctx.section["failover_grace"]))
         self.requests = RequestStats()
+        self.lag = LoopLag()  # the event loop's stalls (xce_apiserver_loop_lag_*)
 
     def join_attributes(self) -> dict[str, Any]:
         """The address its REST API listens on, for operators reading ``status``."""
