@@ -25,9 +25,12 @@ Members (branch ``scale-members``):
   simulated hosts, a real scheduler and controller: activation -> the last job RUN (target
   <= 2 s), and the picker's CPU per full cycle (its status file); ``--in-state N``: with N
   parked jobs in state besides (the 10,000 wait in queue ``normal``, inactive meanwhile).
-- ``apiserver``: a real API server with N jobs: ``GET /jobs?limit=100`` latency (p50 <= 10 ms
-  at 1,000,000); ``POST /jobs`` per second with 16 requests in flight (>= 2,000); ``POST /jobs``
-  p50 alone and while another client pages through every job (<= 1.2x).
+- ``apiserver``: a real API server with N jobs (``--sizes 0,...``: 0 is an empty cluster):
+  ``GET /jobs?limit=100`` latency (p50 <= 10 ms at 1,000,000); ``POST /jobs`` per second with
+  16 requests in flight (>= 2,000) and the CPU each costs the API server, the primary and a
+  standby; ``POST /jobs`` p50 alone and while another client pages through every job
+  (<= 1.2x); the API server's event-loop stalls meanwhile (its ``/metrics`` loop-lag
+  histogram, scraped before and after each phase).
 - ``cli_jobs``: ``xce jobs`` (the caller's unfinished jobs, first page) wall time with N
   jobs in state (<= 150 ms at 1,000,000).
 
@@ -85,6 +88,7 @@ from benchkit import (
     log_times,
     logon,
     meta,
+    percentile,
     quiet_logs,
     stats,
 )
@@ -563,7 +567,46 @@ async def _pager(http: RawHttp, stop: asyncio.Event, pages: list[int]) -> None:
         w.close()
 
 
-async def _api_figures(http: RawHttp, quick: bool) -> dict[str, Any]:
+class LoopLagScrape:
+    """The API server's loop-lag histogram (``xce_apiserver_loop_lag_seconds`` on its
+    ``/metrics``): two scrapes give a window's ticks by bucket, its worst bucket and p99."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+
+    def scrape(self) -> dict[str, float]:
+        import re
+        import urllib.request
+
+        with urllib.request.urlopen(self.url, timeout=30) as r:
+            text = r.read().decode()
+        return {m.group(1): float(m.group(2)) for m in re.finditer(
+            r'^xce_apiserver_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
+
+    @staticmethod
+    def window(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+        """Ticks in the window, the upper bound of its worst non-empty bucket and of the
+        bucket holding its 99th percentile (ms), and the ticks later than 5 and 20 ms."""
+        diff = [(k, after[k] - before.get(k, 0.0)) for k in after]  # cumulative, by bound
+        total = diff[-1][1] if diff else 0.0
+        worst = p99 = None
+        prev = 0.0
+        for bound, cum in diff:
+            if cum > prev:
+                worst = bound
+            if p99 is None and total and cum >= 0.99 * total:
+                p99 = bound
+            prev = cum
+        def ms(b: str | None) -> float | str | None:
+            return b if b in (None, "+Inf") else round(float(b) * 1000, 2)
+        def later(bound: str) -> float:
+            return total - dict(diff).get(bound, 0.0)
+        return {"ticks": int(total), "worst_le_ms": ms(worst), "p99_le_ms": ms(p99),
+                "ticks_over_5ms": int(later("0.005")), "ticks_over_20ms": int(later("0.02"))}
+
+
+async def _api_figures(http: RawHttp, quick: bool, lag: LoopLagScrape,
+                       pids: dict[str, int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     r, w = await http.connect()
     lat = []
@@ -578,47 +621,80 @@ async def _api_figures(http: RawHttp, quick: bool) -> dict[str, Any]:
     for _ in range(50 if quick else 300):  # a page from the middle of the listing
         t0 = time.perf_counter()
         status, body = await http.roundtrip(
-            r, w, http.request("GET", f"/xce/v1/jobs?limit=100&user={BULK_USER}&state=PEND&cursor={cursor}"))
+            r, w, http.request("GET", "/xce/v1/jobs?limit=100&user=" + BULK_USER + "&state=PEND"
+                               + (f"&cursor={cursor}" if cursor else "")))
         lat2.append((time.perf_counter() - t0) * 1000)
     w.close()
     out["get_jobs_limit100_ms"] = stats(lat)
     out["get_jobs_limit100_filtered_ms"] = stats(lat2)
     n = 2_000 if quick else 8_000
     rates, p50s = [], []
+    cpu0 = {k: _cpu_seconds(p) for k, p in pids.items()}
+    posted = 0
     for _ in range(1 if quick else 3):
         lat3: list[float] = []
         took = await _posts(http, n, 16, lat3)
+        posted += len(lat3)
         rates.append(len(lat3) / took)
         p50s.append(statistics.median(lat3) * 1000)
     out["post_jobs_16_in_flight_per_s"] = stats(rates, 0)
     out["post_jobs_16_in_flight_p50_ms"] = stats(p50s)
+    # CPU per POST of the API server and of the primary (and of one standby, which follows)
+    for k, p in pids.items():
+        out[f"{k}_cpu_ms_per_post"] = round((_cpu_seconds(p) - cpu0[k]) * 1000 / posted, 3)
     # One client posting alone, then the same while another pages through every job.
+    posts = 400 if quick else 1000
     alone: list[float] = []
-    await _posts(http, 400 if quick else 1000, 1, alone)
+    before = lag.scrape()
+    await _posts(http, posts, 1, alone)
+    out["loop_lag_posting_alone"] = lag.window(before, lag.scrape())
     stop, pages = asyncio.Event(), []
     pager = asyncio.create_task(_pager(http, stop, pages))
     await asyncio.sleep(0.5)
     busy: list[float] = []
-    await _posts(http, 400 if quick else 1000, 1, busy)
+    before = lag.scrape()
+    t0 = time.perf_counter()
+    await _posts(http, posts, 1, busy)
+    took = time.perf_counter() - t0
+    out["loop_lag_while_paging"] = lag.window(before, lag.scrape())
     stop.set()
     await pager
     a, b = statistics.median(alone) * 1000, statistics.median(busy) * 1000
     out["post_jobs_p50_alone_ms"] = round(a, 3)
     out["post_jobs_p50_while_paging_ms"] = round(b, 3)
+    out["post_jobs_p99_alone_ms"] = round(percentile(alone, 99) * 1000, 3)
+    out["post_jobs_p99_while_paging_ms"] = round(percentile(busy, 99) * 1000, 3)
     out["while_paging_ratio"] = round(b / a, 2)
     out["pages_read_meanwhile"] = len(pages)
+    out["jobs_paged_per_s_meanwhile"] = round(sum(pages) / (took + 0.5))
     return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @measurement
 def apiserver(args: argparse.Namespace) -> dict[str, Any]:
-    """A real API server with N jobs: page latency, POST throughput, POST while paging."""
+    """A real API server with N jobs (0: an empty cluster): page latency, POST throughput
+    and CPU per POST, POST while paging, the event loop's stalls meanwhile."""
     out: dict[str, Any] = {}
     for size in args.sizes:
         root = Path(tempfile.mkdtemp(prefix=f"xce-scale-api-{size}-"))
-        bench = loaded_cluster(size, root)
+        if size:
+            bench = loaded_cluster(size, root)
+        else:  # the same cluster with nothing in state
+            bench = BenchCluster(root, candidates=3, api=True, hash_iterations=1000,
+                                 controller=SHARED_MACHINE)
+            bench.cluster.start(600)
         try:
-            bench.start_role("apiserver")
+            mport = _free_port()
+            bench.roles["apiserver"] = bench.cluster.start_role(
+                "apiserver", f"metrics.ports={{apiserver={mport}}}")
             url = bench.api_url(120)
             import httpx
 
@@ -629,9 +705,12 @@ def apiserver(args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(0.2)
             port = int(url.split(":")[2].split("/")[0])
             http = RawHttp("127.0.0.1", port, logon(url))
-            out[str(size)] = asyncio.run(_api_figures(http, args.quick))
+            pids = {"apiserver": bench.roles["apiserver"].pid,
+                    "primary": bench.cluster.candidates[0].pid,
+                    "standby": bench.cluster.candidates[1].pid}
+            out[str(size)] = asyncio.run(_api_figures(http, args.quick, LoopLagScrape(mport), pids))
             out[str(size)]["rss_mib"] = _rss_mib(bench.roles["apiserver"].pid)
-            log(PART, f"apiserver, {size:,} jobs: {json.dumps(out[str(size)])[:400]}")
+            log(PART, f"apiserver, {size:,} jobs: {json.dumps(out[str(size)])[:600]}")
         finally:
             bench.close()
             shutil.rmtree(root, ignore_errors=True)

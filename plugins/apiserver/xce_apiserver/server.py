@@ -9,6 +9,7 @@ SIGTERM/SIGINT and stops the server through ``stop`` or cancellation.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 from collections.abc import Generator, Mapping
@@ -57,6 +58,54 @@ def write_port_file(path: str, port: int) -> None:
     tmp.replace(target)
 
 
+_DISCONNECT_NAMES = frozenset({"ClientDisconnect", "ClientDisconnected", "ClosedResourceError",
+                               "BrokenResourceError", "EndOfStream"})
+"""Exceptions (by class name: starlette's, uvicorn's, anyio's) that mean the client went away."""
+
+
+def _dropped_client(exc: BaseException | None) -> bool:
+    """True when ``exc`` (or what it was raised from) says the client's connection is gone."""
+    for _ in range(6):
+        if exc is None:
+            return False
+        if isinstance(exc, ConnectionError) or type(exc).__name__ in _DISCONNECT_NAMES:
+            return True
+        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            return all(_dropped_client(e) for e in exc.exceptions)
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class DroppedClientFilter(logging.Filter):
+    """On uvicorn's error logger: a response that failed because its client went away (an
+    event stream a browser closed, a reader that hung up) is one INFO line, not an ERROR with
+    a traceback; every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        info = record.exc_info
+        if record.levelno >= logging.ERROR and info and _dropped_client(info[1]):
+            exc = info[1]
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = ("apiserver: a client went away before its response "
+                                       "ended (%s); nothing to do"), (type(exc).__name__,)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+
+
+def route_uvicorn_logs() -> None:
+    """Send uvicorn's loggers to the root logger (loguru's handler: component and time stamp
+    on every line) without handlers of their own, through :class:`DroppedClientFilter`."""
+    for name in UVICORN_LOGGERS:
+        log = logging.getLogger(name)
+        log.handlers = []
+        log.propagate = True
+        if not any(isinstance(f, DroppedClientFilter) for f in log.filters):
+            log.addFilter(DroppedClientFilter())
+
+
 def _http_impl() -> str:
     """httptools (C, llhttp) when installed, as uvicorn's "auto" would pick; else h11."""
     try:
@@ -87,6 +136,8 @@ async def serve(app: Any, sock: socket.socket, stop: StopEvent, *,
     """Serve ``app`` on ``sock`` until ``stop`` is set or this task is cancelled; over TLS
     with ``ssl`` (:func:`ssl_options`)."""
     import uvicorn
+
+    route_uvicorn_logs()
 
     class _Server(uvicorn.Server):
         @contextlib.contextmanager
