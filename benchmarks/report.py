@@ -603,6 +603,26 @@ SCALE_VALUES: list[tuple[str, str, str, str]] = [
 ]
 
 
+API_ROWS: list[tuple[str, str, str, int]] = [
+    ("get_jobs_limit100_ms", "`GET /jobs?limit=100` p50 (ms)", "≤ 10 at 1M", 2),
+    ("get_jobs_limit100_filtered_ms", "`GET /jobs?limit=100&user=..&state=PEND` mid-listing p50 (ms)", "", 2),
+    ("post_jobs_16_in_flight_per_s", "`POST /jobs` per second, 16 in flight", "≥ 2,000", 0),
+    ("post_jobs_16_in_flight_p50_ms", "`POST /jobs` p50 with 16 in flight (ms)", "", 2),
+    ("apiserver_cpu_ms_per_post", "API server CPU per POST (ms)", "", 3),
+    ("primary_cpu_ms_per_post", "primary controller CPU per POST (ms)", "", 3),
+    ("standby_cpu_ms_per_post", "one hot standby's CPU per POST (ms)", "", 3),
+    ("post_jobs_p50_alone_ms", "`POST /jobs` p50, one client alone (ms)", "", 2),
+    ("post_jobs_p50_while_paging_ms", "`POST /jobs` p50 while another client pages (ms)", "", 2),
+    ("while_paging_ratio", "while paging / alone (p50)", "≤ 1.2", 2),
+    ("post_jobs_p99_while_paging_ms", "`POST /jobs` p99 while another client pages (ms)", "", 2),
+    ("loop_lag_posting_alone", "loop lag posting alone: worst bucket (≤ ms)", "", 1),
+    ("loop_lag_while_paging", "loop lag while paging: worst bucket (≤ ms)", "small", 1),
+    ("jobs_paged_per_s_meanwhile", "jobs the pager read per second meanwhile", "", 0),
+    ("rss_mib", "API server RSS (MiB)", "", 0),
+]
+"""The ``apiserver`` measurement's rows: key, label, aim, digits (a distribution: its p50)."""
+
+
 HEAPS = {"hugepages": ", candidates with XCE_CONTROLLER_HUGEPAGES=1 (heap on huge pages)",
          "pymalloc": ", candidates with XCE_CONTROLLER_HUGEPAGES=0 (pymalloc heap)",
          "default": ", the default heap (huge pages: the store holds 64 MiB or more)"}
@@ -675,7 +695,19 @@ def scale_section(d: dict[str, Any] | None) -> list[str]:
             if isinstance(v, dict) and key in v:
                 lines.append(f"| {int(size):,} | {label} | {fmt(v[key], 0)} | {aim} |")
     lines += scale_phases(res)
-    members = {k: v for k, v in res.items() if not k.startswith("ctl_")}
+    api = res.get("apiserver") or {}
+    if api:
+        lines += ["", "API server (`--only apiserver`; size 0: an empty cluster; medians of the "
+                  "repeated runs; loop lag: the API server's 2 ms ticker, how late it woke):", "",
+                  "| size | measure | value | aim |", "|---|---|---|---|"]
+        for size, v in sorted(api.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            for key, label, aim, digits in API_ROWS:
+                got = v.get(key) if isinstance(v, dict) else None
+                if isinstance(got, dict):
+                    got = got.get("p50", got.get("worst_le_ms"))
+                if got is not None:
+                    lines.append(f"| {int(size):,} | {label} | {fmt(got, digits)} | {aim} |")
+    members = {k: v for k, v in res.items() if not k.startswith("ctl_") and k != "apiserver"}
     if members:
         lines += ["", "Members (medians; every figure of `results/scale.json`):", "",
                   "| measurement | figure | value |", "|---|---|---|"]
