@@ -20,6 +20,7 @@ per process; the controller's table is what makes retries safe.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import secrets
 import threading
 import time
@@ -49,6 +50,17 @@ def parse_key(raw: str) -> str:
         raise ApiError(422, f"invalid request: header.{HEADER}: {problem}",
                        [{"field": f"header.{HEADER}", "message": problem}])
     return key
+
+
+_PREFIX = secrets.token_urlsafe(12)  # this process's: made keys never meet another's
+_made = itertools.count(1)
+
+
+def made_key() -> str:
+    """A key for a request that came without one: unique across processes and restarts (a
+    random prefix of this process, then a counter) and cheaper than random bytes per request.
+    It need not be secret: a key only ever answers its own user's requests (:func:`rid_for`)."""
+    return f"{_PREFIX}.{next(_made):x}"
 
 
 def rid_for(user: str, op: str, key: str, part: int | None = None) -> str:
@@ -153,7 +165,7 @@ class Idempotent:
     def __init__(self, memory: Memory, key: str | None, method: str, path: str, body: bytes) -> None:
         self.memory = memory
         self.supplied = key is not None
-        self.key = key if key is not None else secrets.token_urlsafe(18)
+        self.key = key if key is not None else made_key()
         self.fp = fingerprint(method, path, body) if self.supplied else b""
 
     def rid(self, user: str, op: str, part: int | None = None) -> str:
