@@ -269,15 +269,20 @@ async def test_cluster_status_names_the_candidates(api: Api) -> None:
 def test_stream_metrics_count_streams_messages_and_drops() -> None:
     from types import SimpleNamespace
 
+    from xce_apiserver.looplag import LoopLag
     from xce_apiserver.metrics import RequestStats, families
 
     api = Api()
     hub = api.store.hub
     hub.open("alice")
     hub.sent, hub.dropped = 7, 2
+    lag = LoopLag()
+    lag.observe(0.004, 100.0)
     role = SimpleNamespace(requests=RequestStats(), ctx=SimpleNamespace(client=None),
-                           health=api.health, store=api.store)
+                           health=api.health, store=api.store, lag=lag)
     got = {s.name: s.value for fam in families(role) for s in fam.samples}
+    assert got["xce_apiserver_loop_lag_seconds_count"] == 1.0
+    assert got["xce_apiserver_loop_lag_recent_max_seconds"] == 0.004
     assert got["xce_apiserver_streams"] == 1.0
     assert got["xce_apiserver_stream_messages_total"] == 7.0
     assert got["xce_apiserver_stream_dropped_total"] == 2.0
