@@ -100,6 +100,24 @@ def test_the_primary_lost_a_standby_takes_over(setup: EtcdBed, fault: str) -> No
     assert text.count("standby: loaded") == 1 and "promoted to primary (hot standby" in text, told
 
 
+def test_the_primary_keeps_the_raft_leader_off_its_host(setup: EtcdBed) -> None:
+    """After its promotion, and again after the raft leader came back to its host's member,
+    the primary moves raft leadership to another member (so losing its host costs one TTL)."""
+    s = setup
+    primary = s.cluster.wait_primary(30)
+    wait_for(lambda: s.etcd_leader() != primary, 30, what="the raft leader off the primary's host")
+    proc = s.cluster.candidates[primary]
+    moved = proc.text().count("moved raft leadership")
+    s.move_etcd_leader(primary)  # by hand: the primary's next check moves it off again
+    wait_for(lambda: proc.text().count("moved raft leadership") > moved, 30,
+             what="the primary's move of the raft leader")
+    wait_for(lambda: s.etcd_leader() != primary, 30, what="the raft leader off the primary's host")
+    assert s.cluster.primary() == primary  # a move costs no failover
+    for i, p in s.cluster.candidates.items():  # the standbys never move it
+        if i != primary:
+            assert "moved raft leadership" not in p.text()
+
+
 @pytest.mark.parametrize("which", ["etcd_leader", "etcd_follower", "standby_host"])
 def test_losing_an_etcd_member_or_a_standby_keeps_the_primary(setup: EtcdBed, which: str) -> None:
     s = setup

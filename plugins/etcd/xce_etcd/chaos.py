@@ -21,6 +21,7 @@ from typing import Any
 
 from loguru import logger
 
+from xce_etcd.client import EtcdClient
 from xce_etcd.testing import EtcdCluster, MultiHostCluster, etcd_config
 from xcecore.testing import netns
 from xcecore.testing.checker import OK, History, Verdict, check, promotions_in_logs
@@ -78,6 +79,25 @@ class EtcdBed:
             if found is not None:
                 return found
         raise RuntimeError("no etcd member says it leads")
+
+    def move_etcd_leader(self, to: int) -> None:
+        """Hand raft leadership to member ``to`` (asked of the current leader, from its host)."""
+        lead = self.etcd_leader()
+        if lead == to:
+            return
+        src, dst = self.etcd.members[lead], self.etcd.members[to]
+        with netns.entered(self.hosts[to].netns):
+            c = EtcdClient([dst.url], timeout=2.0)
+            try:
+                target = c.status()["header"]["member_id"]
+            finally:
+                c.close()
+        with netns.entered(self.hosts[lead].netns):
+            c = EtcdClient([src.url], timeout=2.0)
+            try:
+                c.post("/v3/maintenance/transfer-leadership", {"targetID": str(target)}, 5.0)
+            finally:
+                c.close()
 
     def ensure_running(self) -> None:
         """Restart what died on every host that is up and not frozen (members keep their data)."""

@@ -52,6 +52,7 @@ from xce_etcd.client import (
     put_op,
     range_op,
 )
+from xce_etcd.placement import LeaderPlacement
 from xce_etcd.settings import EtcdSettings
 
 POLL = 0.02  # seconds between two campaigns of a waiting standby
@@ -92,6 +93,10 @@ class EtcdElection:
         self._mutex = threading.Lock()
         self._keeper = threading.Thread(target=self._keep, name="xce-etcd-lease", daemon=True)
         self._keeper.start()
+        # While primary: keep etcd's raft leader off this host (xce_etcd.placement)
+        self.placement = LeaderPlacement(settings, advertise,
+                                         lambda: self._held and self._lost is None)
+        self.placement.start()
 
     # -- the lease ---------------------------------------------------------------------------
 
@@ -223,6 +228,7 @@ class EtcdElection:
             self._leader = self.advertise
         logger.info("controller {}: etcd: won the election (leader key revision {}, lease {:x}, "
                     "TTL {} s)", self.advertise, revision, self.lease, self.granted_ttl)
+        self.placement.nudge()
 
     def try_acquire(self) -> bool:
         """Campaign once (if the lease is granted already); never blocks for long."""
@@ -282,6 +288,7 @@ class EtcdElection:
         """Stop renewing and revoke the lease (the leader key and registration go with it)."""
         self._abandoned.set()
         self._stop.set()
+        self.placement.stop()
         if threading.current_thread() is not self._keeper:  # its request ends within its timeout
             self._keeper.join(self.settings.lease_ttl)
         with self._mutex:

@@ -33,6 +33,7 @@ class EtcdSettings:
     cert_file: str | None = None
     key_file: str | None = None
     transport: str = "grpc"
+    local_member: str = "auto"
 
     @property
     def grant_ttl(self) -> int:
@@ -66,6 +67,11 @@ def check_etcd_section(section: dict[str, Any]) -> None:
             raise ValueError(f"etcd.{key} must be >= 16, got {section[key]!r}")
     if section.get("transport", "grpc") not in ("grpc", "gateway"):
         raise ValueError(f"etcd.transport must be \"grpc\" or \"gateway\", got {section['transport']!r}")
+    local = section.get("local_member", "auto")
+    if local not in ("auto", "none") and (not isinstance(endpoints, list) or local.rstrip("/") not in
+                                          (e.rstrip("/") for e in endpoints)):
+        raise ValueError(f"etcd.local_member must be \"auto\", \"none\" or one of etcd.endpoints, "
+                         f"got {local!r}")
     if bool(section.get("cert_file")) != bool(section.get("key_file")):
         raise ValueError("etcd.cert_file and etcd.key_file go together (client certificate)")
 
@@ -93,6 +99,10 @@ SECTION = ConfigSection(
         "transport": Field((str,), "grpc", "how the store's write transactions go to etcd: "
                            "\"grpc\" (etcd's gRPC API) or \"gateway\" (its JSON gateway, as "
                            "everything else)"),
+        "local_member": Field((str,), "auto", "the etcd member on this candidate's host (one of "
+                              "endpoints): a primary moves raft leadership off it, so losing its "
+                              "host costs one lease TTL; \"auto\": the endpoint whose host is "
+                              "the candidate's advertised host; \"none\": off"),
     },
     "the etcd backend of the controller ([controller] backend = \"etcd\")",
     check=check_etcd_section,
@@ -110,4 +120,5 @@ def settings_from(section: Mapping[str, Any]) -> EtcdSettings:
         request_timeout=float(section["request_timeout"]), max_txn_ops=int(section["max_txn_ops"]),
         max_request_bytes=int(section["max_request_bytes"]), ca_file=section.get("ca_file"),
         cert_file=section.get("cert_file"), key_file=section.get("key_file"),
-        transport=str(section.get("transport", "grpc")))
+        transport=str(section.get("transport", "grpc")),
+        local_member=str(section.get("local_member", "auto")))
