@@ -7,11 +7,22 @@ Run from the repository root::
     python benchmarks/bench_failover.py --auth munge [--kills 50]     (as root: runs a munged)
     python benchmarks/bench_failover.py --tls [--kills 50]
     python benchmarks/bench_failover.py --backend etcd [--fault kill|stop] [--kills 30]
+    python benchmarks/bench_failover.py --backend etcd --fault poweroff|freeze [--kills 12]  (root)
 
 ``--backend etcd`` runs the candidates on the etcd backend (plugins/etcd) over a real
 three-member etcd on loopback (the tuned flags of the operator's guide, lease TTL 1 s);
 there a stopped primary is not fenced by a signal: its lease expires and a standby wins the
 election (the stopped process is then SIGKILLed by the benchmark before its restart).
+
+``--backend etcd --fault poweroff|freeze`` runs on the fault test bed instead (as root:
+``xce_etcd.chaos``'s three hosts, each an etcd member and a candidate, two recorded writers on
+a client host): the primary's whole host is powered off (its links and every process on it,
+etcd member included) or frozen (every process SIGSTOPped), held 1-2.5 s, undone, and the
+next fault follows once a write was acknowledged after it. Per fault: ``first_write`` (the
+fault -> the first acknowledged write issued after it, the same method), ``promotion`` (the
+fault -> the next "promoted to primary" line of a candidate's log) and whether etcd's raft
+leader was on the primary's host when it struck (the primary moves it off, xce_etcd.placement).
+Writes ``failover-poweroff-etcd.json`` / ``failover-freeze-etcd.json``.
 
 ``--fault kill`` (the default) SIGKILLs the primary; ``--fault stop`` SIGSTOPs it instead (a
 hung primary: it keeps the state-directory lock until a standby sees its heartbeat stop for
@@ -326,13 +337,63 @@ def plot(records: list[dict[str, Any]], path: Path, fault: str = "kill", hung_ms
     return True
 
 
+BED_FAULTS = {"poweroff": "power-off-primary-host", "freeze": "freeze-primary-host"}
+"""--fault on the fault test bed (etcd backend): the xce_etcd.chaos fault kind of each."""
+
+
+def run_bed_faults(part: str, fault: str, faults: int, seed: int, keep: bool) -> int:
+    """``--backend etcd --fault poweroff|freeze``: ``faults`` of one kind on the fault test bed."""
+    from xce_etcd import chaos
+
+    from xcecore.testing.faultbed import FaultBed
+
+    quiet_logs("ERROR")
+    root = Path(tempfile.mkdtemp(prefix="xce-bench-failover-bed-"))
+    load_at_start = round(os.getloadavg()[0], 2)
+    try:
+        with FaultBed(root / "bed") as bed:
+            verdict, recs = chaos.run(bed, root, seed=seed, faults=faults, kinds=[BED_FAULTS[fault]])
+            promos = [t for t, _addr in promotions_in_logs(
+                sorted((root / "cluster").glob("controller*.log")))]
+    except BaseException:
+        keep = True
+        raise
+    finally:
+        if keep:
+            log(part, f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    records = []
+    for r in recs:
+        after = [t - r.start for t in promos if t >= r.start]
+        records.append({**r.as_dict(), "first_write": r.outage,
+                        "promotion": min(after) if after else None,
+                        "raft_leader_on_primary_host": r.detail == chaos.RAFT_LEADER_HERE})
+    summary = {"first_write_ms": stats([r["first_write"] * 1e3 for r in records
+                                        if r["first_write"] is not None], 1),
+               "promotion_ms": stats([r["promotion"] * 1e3 for r in records
+                                      if r["promotion"] is not None], 1),
+               "raft_leader_on_primary_host": sum(r["raft_leader_on_primary_host"] for r in records),
+               "recovered": sum(1 for r in records if r["recovered"])}
+    write_result(part, {**meta(), "fault": fault, "backend": "etcd", "bed": True, "kills": faults,
+                        "seed": seed, "loadavg_1min_at_start": load_at_start,
+                        "loadavg_1min_at_end": round(os.getloadavg()[0], 2),
+                        "checker": verdict.as_dict(), "summary": summary, "records": records})
+    fw, pr = summary["first_write_ms"], summary["promotion_ms"]
+    log(part, f"first write p50 {fw.get('p50')} ms p99 {fw.get('p99')}; promotion p50 "
+              f"{pr.get('p50')} ms p99 {pr.get('p99')}; raft leader on the primary's host at "
+              f"{summary['raft_leader_on_primary_host']} of {len(records)} faults; {verdict.summary()}")
+    return 0 if verdict.ok and summary["recovered"] == len(records) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the failover benchmark."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=50, help="faults of the primary (default 50)")
     ap.add_argument("--quick", action="store_true", help="5 faults")
-    ap.add_argument("--fault", choices=("kill", "stop"), default="kill",
-                    help="kill: SIGKILL the primary; stop: SIGSTOP it (hung; fenced by a standby)")
+    ap.add_argument("--fault", choices=("kill", "stop", *BED_FAULTS), default="kill",
+                    help="kill: SIGKILL the primary; stop: SIGSTOP it (hung; fenced by a standby); "
+                         "poweroff, freeze: the primary's host on the fault test bed (--backend etcd)")
     ap.add_argument("--hung-timeout", type=float, default=2.0, help="[controller] hung_timeout")
     ap.add_argument("--liveness", type=float, default=None,
                     help="the writer's [client] liveness_timeout (default: the cluster's 1.5 s)")
@@ -358,8 +419,12 @@ def main(argv: list[str] | None = None) -> int:
         part += f"-{args.tag}"
     if args.backend != "file":
         part += f"-{args.backend}"
-    quiet_logs()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    if args.fault in BED_FAULTS:
+        if args.backend != "etcd":
+            ap.error(f"--fault {args.fault} needs --backend etcd (the fault test bed's hosts)")
+        return run_bed_faults(part, args.fault, kills, seed, args.keep)
+    quiet_logs()
     root = Path(tempfile.mkdtemp(prefix="xce-bench-failover-"))
     load_at_start = round(os.getloadavg()[0], 2)
     munged = None

@@ -175,6 +175,16 @@ FAULTS: dict[str, Callable[[EtcdBed], tuple[str, Undo]]] = {
 }
 
 
+RAFT_LEADER_HERE = "the etcd raft leader was on the primary's host"
+
+
+def _raft_leader_with_primary(eb: EtcdBed) -> bool:
+    try:
+        return eb.etcd_leader() == eb.primary()
+    except RuntimeError:  # no member says it leads (an election): not on the primary's host
+        return False
+
+
 def _wait_write_after(eb: EtcdBed, history: History, t: float, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -213,8 +223,11 @@ def run(bed: FaultBed, root: Path, *, seed: int, faults: int, kinds: list[str] |
                     rng.shuffle(bag)
                 kind = bag.pop()
                 hold = rng.uniform(1.0, 2.5)
+                lead_here = kind.endswith("primary-host") and _raft_leader_with_primary(eb)
                 target, undo = FAULTS[kind](eb)
                 rec = FaultRecord(kind, target, time.time())
+                if lead_here:  # the primary's placement check had not moved it yet
+                    rec.detail = RAFT_LEADER_HERE
                 records.append(rec)
                 logger.info("etcd nemesis: {} on {}, for {:.1f} s", kind, target, hold)
                 time.sleep(max(0.0, rec.start + hold - time.time()))  # the fault's duration
