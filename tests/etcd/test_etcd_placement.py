@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from xce_etcd.client import EtcdClient
 from xce_etcd.placement import AUTO, NONE, LeaderPlacement, MemberStatus, local_endpoint, move_target
 from xce_etcd.settings import EtcdSettings, check_etcd_section, settings_from
 from xce_etcd.testing import EtcdCluster
@@ -64,3 +65,25 @@ def test_a_check_moves_leadership_off_the_local_member(
         assert placement.moves == 1
     finally:
         placement.stop()
+
+
+def test_a_client_asks_its_preferred_member_first(etcd_factory: Callable[..., EtcdCluster]) -> None:
+    etcd = etcd_factory(["127.0.0.1"] * 3, client_port=24800, peer_port=24801)
+    etcd.start()
+    ids = []
+    for m in etcd.members:
+        one = EtcdClient([m.url])
+        try:
+            ids.append(one.status()["header"]["member_id"])
+        finally:
+            one.close()
+    c = etcd.client(transport="grpc")
+    try:
+        for i in (2, 1):
+            c.prefer(etcd.members[i].url + "/")
+            assert c.status()["header"]["member_id"] == ids[i]
+            assert c.grpc is not None and c.grpc.endpoints[c.grpc._stub()[1]] == etcd.members[i].url
+        etcd.kill(etcd.members[1])  # gone: the next endpoint answers
+        assert c.status()["header"]["member_id"] == ids[2]
+    finally:
+        c.close()

@@ -91,11 +91,15 @@ class EtcdElection:
         self._abandoned = threading.Event()
         self._stop = threading.Event()
         self._mutex = threading.Lock()
-        self._keeper = threading.Thread(target=self._keep, name="xce-etcd-lease", daemon=True)
-        self._keeper.start()
-        # While primary: keep etcd's raft leader off this host (xce_etcd.placement)
+        # While primary: keep etcd's raft leader off this host (xce_etcd.placement); and ask
+        # this host's member first, so that another host's loss costs no request a timeout
+        # (a standby's polls, a primary's keep-alives and writes)
         self.placement = LeaderPlacement(settings, advertise,
                                          lambda: self._held and self._lost is None)
+        if self.placement.local is not None:
+            client.prefer(self.placement.local)
+        self._keeper = threading.Thread(target=self._keep, name="xce-etcd-lease", daemon=True)
+        self._keeper.start()
         self.placement.start()
 
     # -- the lease ---------------------------------------------------------------------------

@@ -196,6 +196,15 @@ class GrpcTxn:
                 self._call = self._channel.unary_unary("/etcdserverpb.KV/Txn")
             return self._call, self._index
 
+    def prefer(self, index: int) -> None:
+        """The next call goes to endpoint ``index`` (a new channel if it is another)."""
+        with self._lock:
+            if self._index != index:
+                if self._channel is not None:
+                    self._channel.close()
+                self._channel = self._call = None
+                self._index = index
+
     def _next(self, index: int) -> None:
         """After a failure on endpoint ``index``: the next call goes to the next endpoint."""
         with self._lock:
