@@ -111,3 +111,45 @@ def test_tls_with_a_client_certificate_on_both_transports(tmp_path, etcd_factory
         assert check.get(b"/tls/no") is None
     finally:
         check.close()
+
+
+def test_a_watch_response_decodes_to_the_gateways_events() -> None:
+    from xce_etcd.client import Compacted, Event
+    from xce_etcd.grpcwire import decode_watch, encode_watch_create
+
+    assert fields(encode_watch_create(b"/a", b"/b", 7)) == [(1, b"\x0a\x02/a\x12\x02/b\x18\x07")]
+    kv = field_bytes(1, b"/a/k") + field_int(2, 3) + field_int(3, 9) + field_bytes(5, b"v")
+    put = field_bytes(11, field_bytes(2, kv))
+    delete = field_bytes(11, field_int(1, 1) + field_bytes(2, field_bytes(1, b"/a/x") + field_int(3, 10)))
+    header = field_bytes(1, field_int(3, 10))
+    assert decode_watch(header + field_int(3, 1)) == []  # the creation
+    assert decode_watch(header + put + delete) == [Event(b"/a/k", b"v", 9, False),
+                                                   Event(b"/a/x", b"", 10, True)]
+    with pytest.raises(Compacted) as info:
+        decode_watch(field_int(4, 1) + field_int(5, 42))
+    assert info.value.compact_revision == 42
+    with pytest.raises(OutcomeUnknown, match="cancelled the watch: gone"):
+        decode_watch(field_int(4, 1) + field_bytes(6, b"gone"))
+
+
+def test_a_grpc_watch_delivers_in_order_and_says_when_it_is_silent(etcd_one: EtcdCluster) -> None:
+    gw = etcd_one.client()
+    rpc = EtcdClient(etcd_one.endpoints, timeout=2, transport="grpc")
+    try:
+        first = gw.put(b"/w/a", b"1")
+        gw.put(b"/w/b", b"2")
+        gw.txn([], [delete_op(b"/w/a")])
+        got: list[tuple[bytes, bytes, bool]] = []
+
+        def follow() -> None:
+            for events in rpc.watch(b"/w/", b"/w0", first, 0.5):
+                got.extend((e.key, e.value, e.deleted) for e in events)
+
+        t0 = time.monotonic()
+        with pytest.raises(OutcomeUnknown, match="silent for 0.5 s"):
+            follow()
+        assert got == [(b"/w/a", b"1", False), (b"/w/b", b"2", False), (b"/w/a", b"", True)]
+        assert time.monotonic() - t0 < 10
+    finally:
+        rpc.close()
+        gw.close()
