@@ -303,10 +303,8 @@ def update(i: int, state: str, rev: int) -> Write:
     return Write([("jobs", i, j.row(), j._spec)], rev=rev)
 
 
-@pytest.mark.parametrize("transport", ["grpc", "gateway"])
-def test_a_standby_follows_with_a_watch_and_catches_up_to_its_campaign(etcd_one: EtcdCluster,
-                                                                        transport: str) -> None:
-    with candidate(etcd_one, "a") as a, candidate(etcd_one, "b", transport=transport) as b:
+def test_a_standby_follows_with_a_watch_and_catches_up_to_its_campaign(etcd_one: EtcdCluster) -> None:
+    with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
         win(a)
         primary = EtcdStore(a.client, a.settings, a)
         primary.open()
@@ -346,9 +344,8 @@ def test_a_standby_follows_with_a_watch_and_catches_up_to_its_campaign(etcd_one:
         standby.close()
 
 
-@pytest.mark.parametrize("transport", ["grpc", "gateway"])
-def test_a_standby_behind_the_compaction_reloads(etcd_one: EtcdCluster, transport: str) -> None:
-    with candidate(etcd_one, "a") as a, candidate(etcd_one, "b", transport=transport) as b:
+def test_a_standby_behind_the_compaction_reloads(etcd_one: EtcdCluster) -> None:
+    with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
         win(a)
         primary = EtcdStore(a.client, a.settings, a)
         primary.open()

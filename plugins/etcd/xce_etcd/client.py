@@ -333,12 +333,7 @@ class EtcdClient:
         (an empty list for the creation), in revision order, until the stream breaks or is
         silent for ``idle`` s (OutcomeUnknown), or etcd compacted ``start`` away
         (:class:`Compacted`). On the endpoint that last answered, or the next ones that take
-        the connection; the caller re-watches from the revision after the last event.
-        Over gRPC when the client has that transport (the standbys' decoding of every event:
-        protobuf instead of the gateway's JSON and base64, and no second hop in etcd)."""
-        if self.grpc is not None:
-            yield from self.grpc.watch(key, range_end, start, idle)
-            return
+        the connection; the caller re-watches from the revision after the last event."""
         body = {"create_request": {"key": b64(key), "range_end": b64(range_end),
                                    "start_revision": str(start)}}
         timeout = httpx.Timeout(self.timeout, read=idle)

@@ -1,5 +1,4 @@
-"""etcd's ``KV/Txn`` and ``Watch`` over gRPC (``grpcio``): the store's write transactions and
-the standbys' watches.
+"""etcd's ``KV/Txn`` over gRPC (``grpcio``), for the store's write transactions.
 
 Why: through the JSON gateway every request is parsed from JSON by etcd, sent again over a
 second, internal gRPC connection, and its answer turned back into JSON (bytes fields in
@@ -25,12 +24,10 @@ from __future__ import annotations
 
 import base64
 import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from xce_etcd.client import Compacted, EtcdError, Event, OutcomeUnknown
+from xce_etcd.client import EtcdError, OutcomeUnknown
 
 _MAX_MESSAGE = 64 * 1024 * 1024
 _RESULT = {"EQUAL": 0, "GREATER": 1, "LESS": 2, "NOT_EQUAL": 3}
@@ -156,48 +153,6 @@ def decode_txn(data: bytes) -> tuple[bool, int]:
     return succeeded, revision
 
 
-def encode_watch_create(key: bytes, range_end: bytes, start: int) -> bytes:
-    """A ``WatchRequest`` whose ``create_request`` watches ``[key, range_end)`` from ``start``."""
-    return field_bytes(1, field_bytes(1, key) + field_bytes(2, range_end) + field_int(3, start))
-
-
-def decode_watch(data: bytes) -> list[Event]:
-    """The events of one ``WatchResponse`` (raises :class:`~xce_etcd.client.Compacted` for a
-    compaction's cancellation, OutcomeUnknown for any other), as the gateway's
-    :func:`~xce_etcd.client.events_of` gives them."""
-    canceled, compact, reason = False, 0, b""
-    out: list[Event] = []
-    for number, value in fields(data):
-        if number == 11 and isinstance(value, bytes):  # mvccpb.Event
-            gone, kv = False, b""
-            for n, v in fields(value):
-                if n == 1:
-                    gone = v == 1  # the event type: PUT = 0 (omitted), DELETE = 1
-                elif n == 2 and isinstance(v, bytes):
-                    kv = v
-            key = val = b""
-            mod = 0
-            for n, v in fields(kv):  # mvccpb.KeyValue
-                if n == 1 and isinstance(v, bytes):
-                    key = v
-                elif n == 3 and isinstance(v, int):
-                    mod = v
-                elif n == 5 and isinstance(v, bytes):
-                    val = v
-            out.append(Event(key, val, mod, gone))
-        elif number == 4:
-            canceled = bool(value)
-        elif number == 5 and isinstance(value, int):
-            compact = value
-        elif number == 6 and isinstance(value, bytes):
-            reason = value
-    if canceled:
-        if compact:
-            raise Compacted(compact)
-        raise OutcomeUnknown(f"etcd cancelled the watch: {reason.decode(errors='replace') or '?'}")
-    return out
-
-
 # -- the transport --------------------------------------------------------------------------------
 
 class GrpcTxn:
@@ -227,7 +182,6 @@ class GrpcTxn:
         self._index = 0
         self._channel: Any = None
         self._call: Any = None
-        self._watch: Any = None
         self.requests = 0  # for tests and benchmarks
 
     def _stub(self) -> tuple[Any, int]:
@@ -240,7 +194,6 @@ class GrpcTxn:
                                  if self._tls[self._index] and self._creds is not None
                                  else self._grpc.insecure_channel(target, options))
                 self._call = self._channel.unary_unary("/etcdserverpb.KV/Txn")
-                self._watch = self._channel.stream_stream("/etcdserverpb.Watch/Watch")
             return self._call, self._index
 
     def prefer(self, index: int) -> None:
@@ -249,7 +202,7 @@ class GrpcTxn:
             if self._index != index:
                 if self._channel is not None:
                     self._channel.close()
-                self._channel = self._call = self._watch = None
+                self._channel = self._call = None
                 self._index = index
 
     def _next(self, index: int) -> None:
@@ -258,7 +211,7 @@ class GrpcTxn:
             if self._index == index:
                 if self._channel is not None:
                     self._channel.close()
-                self._channel = self._call = self._watch = None
+                self._channel = self._call = None
                 self._index = (index + 1) % len(self.endpoints)
 
     def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
@@ -287,60 +240,9 @@ class GrpcTxn:
             raise OutcomeUnknown(f"{self.endpoints[index]} (gRPC): an answer that is not a "
                                  f"TxnResponse ({exc})") from None
 
-    def watch(self, key: bytes, range_end: bytes, start: int, idle: float) -> Iterator[list[Event]]:
-        """``Watch`` ``[key, range_end)`` from revision ``start`` on one bidirectional stream:
-        :meth:`xce_etcd.client.EtcdClient.watch`'s contract (each response's events, an empty
-        list for the creation; OutcomeUnknown when the stream breaks or is silent for ``idle``
-        s, then the next call goes to the next endpoint; Compacted)."""
-        self._stub()
-        with self._lock:
-            stream, index = self._watch, self._index
-        done = threading.Event()
-        last = [time.monotonic()]
-        silent = threading.Event()
-
-        def requests() -> Iterator[bytes]:
-            yield encode_watch_create(key, range_end, start)
-            done.wait()  # keep the stream open (a half-close could end the watch)
-
-        try:
-            call = stream(iter(requests()))
-        except ValueError as exc:  # the channel was closed by another thread's _next
-            self._next(index)
-            raise OutcomeUnknown(f"{self.endpoints[index]} (gRPC): {exc}") from None
-
-        def watchdog() -> None:
-            while not done.wait(max(0.0, last[0] + idle - time.monotonic())):
-                if time.monotonic() - last[0] >= idle:
-                    silent.set()
-                    call.cancel()
-                    return
-
-        threading.Thread(target=watchdog, name="xce-etcd-watchdog", daemon=True).start()
-        try:
-            for message in call:
-                last[0] = time.monotonic()
-                yield decode_watch(message)
-            raise OutcomeUnknown(f"{self.endpoints[index]} (gRPC): the watch stream ended")
-        except self._grpc.RpcError as exc:
-            if silent.is_set():
-                raise OutcomeUnknown(f"{self.endpoints[index]} (gRPC): watch: silent for "
-                                     f"{idle:g} s") from None
-            self._next(index)
-            code = exc.code() if hasattr(exc, "code") else None
-            details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
-            raise OutcomeUnknown(f"{self.endpoints[index]} (gRPC): watch: "
-                                 f"{code.name if code is not None else '?'}: {details}") from None
-        except ValueError as exc:  # not a WatchResponse
-            raise OutcomeUnknown(f"{self.endpoints[index]} (gRPC): watch: an answer that is not "
-                                 f"a WatchResponse ({exc})") from None
-        finally:
-            done.set()
-            call.cancel()
-
     def close(self) -> None:
         """Close the channel."""
         with self._lock:
             if self._channel is not None:
                 self._channel.close()
-            self._channel = self._call = self._watch = None
+            self._channel = self._call = None
