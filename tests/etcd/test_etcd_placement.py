@@ -20,6 +20,8 @@ EPS = ("http://10.0.0.1:2379", "http://10.0.0.2:2379/", "http://10.0.0.3:2379")
 
 def test_the_local_member_is_derived_from_the_advertised_host() -> None:
     assert local_endpoint(AUTO, EPS, "10.0.0.2:7600") == "http://10.0.0.2:2379"
+    assert local_endpoint(AUTO, ("https://Ctl1.example.org:2379",), "ctl1.EXAMPLE.org:7600") == \
+        "https://Ctl1.example.org:2379"
     assert local_endpoint(AUTO, EPS, "10.0.0.9:7600") is None  # etcd elsewhere
     assert local_endpoint(AUTO, EPS, "not an address") is None
     one_host = ("http://127.0.0.1:1", "http://127.0.0.1:2")

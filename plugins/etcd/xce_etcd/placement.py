@@ -81,7 +81,7 @@ def local_endpoint(spec: str, endpoints: tuple[str, ...], advertise: str) -> str
         host = parse_address(advertise).host
     except CandidateError:
         return None
-    here = [e.rstrip("/") for e in endpoints if urlsplit(e).hostname == host]
+    here = [e.rstrip("/") for e in endpoints if urlsplit(e).hostname == host.lower()]
     return here[0] if len(here) == 1 else None  # several: one host runs them all, no gain
 
 
