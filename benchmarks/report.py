@@ -808,10 +808,14 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
                   "every candidate sends its etcd requests to its own host's member first. So losing "
                   "the primary's host no longer costs an etcd election plus the lease renewal a new "
                   "raft leader gives every lease (the chaos rows of earlier runs: power-off p50 3.3 s, "
-                  "freeze 2.5 s): the promotion takes what a SIGKILL's takes. What the first write "
+                  "freeze 2.5 s): the promotion's median is a SIGKILL's. What the first write "
                   "adds over the promotion is the client's, as for SIGSTOP above: a host that is gone "
                   "or frozen says nothing, so the client gives up on its connection after its "
-                  "`[client] liveness_timeout` (1.5 s).", ""]
+                  "`[client] liveness_timeout` (1.5 s). Not explained yet: the tail of the "
+                  "freezes measured at load average 11-15, where a standby won only 3-7 s after the "
+                  "fault, after the thaw, with the raft leader elsewhere (a CPU-starved etcd "
+                  "electing leaders, each renewing every lease, is the suspect; a quiet re-run "
+                  "tells).", ""]
     if tp is not None:
         lines += [f"Throughput, source: {provenance(tp)}.", "",
                   "| measure | median /s | min-max | runs | aim |", "|---|---|---|---|---|"]
