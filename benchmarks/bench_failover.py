@@ -18,7 +18,9 @@ election (the stopped process is then SIGKILLed by the benchmark before its rest
 ``xce_etcd.chaos``'s three hosts, each an etcd member and a candidate, two recorded writers on
 a client host): the primary's whole host is powered off (its links and every process on it,
 etcd member included) or frozen (every process SIGSTOPped), held 1-2.5 s, undone, and the
-next fault follows once a write was acknowledged after it. Per fault: ``first_write`` (the
+next fault follows once a write was acknowledged after it and every candidate is up again (a
+primary woken from a freeze gives its role up and is restarted, which takes seconds on a
+loaded machine: a fault meanwhile would find no standby). Per fault: ``first_write`` (the
 fault -> the first acknowledged write issued after it, the same method), ``promotion`` (the
 fault -> the next "promoted to primary" line of a candidate's log) and whether etcd's raft
 leader was on the primary's host when it struck (the primary moves it off, xce_etcd.placement).
@@ -352,7 +354,8 @@ def run_bed_faults(part: str, fault: str, faults: int, seed: int, keep: bool) ->
     load_at_start = round(os.getloadavg()[0], 2)
     try:
         with FaultBed(root / "bed") as bed:
-            verdict, recs = chaos.run(bed, root, seed=seed, faults=faults, kinds=[BED_FAULTS[fault]])
+            verdict, recs = chaos.run(bed, root, seed=seed, faults=faults, kinds=[BED_FAULTS[fault]],
+                                      settle=True)
             promos = [t for t, _addr in promotions_in_logs(
                 sorted((root / "cluster").glob("controller*.log")))]
     except BaseException:

@@ -740,7 +740,8 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
     lines = ["## 15. The etcd backend (`--backend etcd`, `bench_etcd.py`)", "",
              "Three controller candidates on the etcd backend (`plugins/etcd`: lease election with a "
              "fencing token, state in etcd, lease TTL 1 s) over a real three-member etcd 3.4 started "
-             "with `--heartbeat-interval=100 --election-timeout=600` (docs/operator.md). The peers' "
+             "with `--heartbeat-interval=100 --election-timeout=600` (and, since session 6, "
+             "`--pre-vote`; docs/operator.md). The peers' "
              "figures are BENCHMARKS.md's. Compare with sections 1, 3 and 10 (the file backend). "
              "The standbys are hot (an etcd watch; a promotion catches up to its campaign's "
              "revision, no reload). Measured on the shared 2-core machine while other engineers' "
@@ -811,11 +812,11 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
                   "freeze 2.5 s): the promotion's median is a SIGKILL's. What the first write "
                   "adds over the promotion is the client's, as for SIGSTOP above: a host that is gone "
                   "or frozen says nothing, so the client gives up on its connection after its "
-                  "`[client] liveness_timeout` (1.5 s). Not explained yet: the tail of the "
-                  "freezes measured at load average 11-15, where a standby won only 3-7 s after the "
-                  "fault, after the thaw, with the raft leader elsewhere (a CPU-starved etcd "
-                  "electing leaders, each renewing every lease, is the suspect; a quiet re-run "
-                  "tells).", ""]
+                  "`[client] liveness_timeout` (1.5 s). The benchmark waits before each fault until "
+                  "every candidate is up again: a primary woken from a freeze gives its role up and "
+                  "is restarted, which took 6 s at load average 12, and the first freeze runs, which "
+                  "did not wait, had a p99 of 7 s from faults that found no standby up. The "
+                  "power-off p99 is one fault whose promotion took 3.8 s, not examined yet.", ""]
     if tp is not None:
         lines += [f"Throughput, source: {provenance(tp)}.", "",
                   "| measure | median /s | min-max | runs | aim |", "|---|---|---|---|---|"]

@@ -196,9 +196,26 @@ def _wait_write_after(eb: EtcdBed, history: History, t: float, timeout: float) -
     return False
 
 
+def _wait_settled(eb: EtcdBed, timeout: float) -> None:
+    """Wait until every candidate answers (one primary, the others standbys): a candidate that
+    gave its role up after a fault restarts in seconds on a loaded machine, and a fault of
+    the primary while no standby is up measures that restart, not a failover."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        eb.ensure_running()
+        states = [eb.cluster.state_of(i) for i in range(len(eb.hosts))]
+        if states.count("primary") == 1 and states.count("standby") == len(states) - 1:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"the candidates did not settle (one primary, standbys) in {timeout:g} s")
+
+
 def run(bed: FaultBed, root: Path, *, seed: int, faults: int, kinds: list[str] | None = None,
-        writers: int = 2, recover_timeout: float = 30.0) -> tuple[Verdict, list[FaultRecord]]:
-    """A whole seeded run (module docstring): the checker's verdict and every fault's record."""
+        writers: int = 2, recover_timeout: float = 30.0, settle: bool = False
+        ) -> tuple[Verdict, list[FaultRecord]]:
+    """A whole seeded run (module docstring): the checker's verdict and every fault's record.
+    ``settle``: before each fault, wait until every candidate is up again (a failover
+    benchmark's pacing; the nemesis's default does not wait)."""
     unknown = sorted(set(kinds or ()) - set(FAULTS))
     if unknown:
         raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
@@ -223,6 +240,8 @@ def run(bed: FaultBed, root: Path, *, seed: int, faults: int, kinds: list[str] |
                     rng.shuffle(bag)
                 kind = bag.pop()
                 hold = rng.uniform(1.0, 2.5)
+                if settle:
+                    _wait_settled(eb, 90.0)
                 lead_here = kind.endswith("primary-host") and _raft_leader_with_primary(eb)
                 target, undo = FAULTS[kind](eb)
                 rec = FaultRecord(kind, target, time.time())
