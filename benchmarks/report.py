@@ -740,8 +740,7 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
     lines = ["## 15. The etcd backend (`--backend etcd`, `bench_etcd.py`)", "",
              "Three controller candidates on the etcd backend (`plugins/etcd`: lease election with a "
              "fencing token, state in etcd, lease TTL 1 s) over a real three-member etcd 3.4 started "
-             "with `--heartbeat-interval=100 --election-timeout=600` (and, since session 6, "
-             "`--pre-vote`; docs/operator.md). The peers' "
+             "with `--heartbeat-interval=100 --election-timeout=600` (docs/operator.md). The peers' "
              "figures are BENCHMARKS.md's. Compare with sections 1, 3 and 10 (the file backend). "
              "The standbys are hot (an etcd watch; a promotion catches up to its campaign's "
              "revision, no reload). Measured on the shared 2-core machine while other engineers' "

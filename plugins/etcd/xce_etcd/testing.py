@@ -23,10 +23,8 @@ from typing import Any
 from xce_etcd.client import EtcdClient, EtcdUnavailable, OutcomeUnknown
 from xcecore.testing.cluster import LocalCluster, Proc, probe
 
-TUNING = ("--heartbeat-interval=100", "--election-timeout=600", "--pre-vote")
-"""etcd's raft timing for a 1 s lease (its minimum lease TTL is 1.5 election timeouts), and
-pre-vote (off by default in etcd 3.4): a member back from a freeze or a partition does not
-depose a working raft leader, whose successor would renew every lease, a dead primary's too."""
+TUNING = ("--heartbeat-interval=100", "--election-timeout=600")
+"""etcd's raft timing for a 1 s lease: its minimum lease TTL is 1.5 election timeouts."""
 LIMITS = ("--max-txn-ops=16384", f"--max-request-bytes={9 * 1024 * 1024}")
 """At least the backend's defaults ([etcd] max_txn_ops, max_request_bytes)."""
 
