@@ -21,10 +21,13 @@ Nothing here imports anything heavy or names a role.
 from __future__ import annotations
 
 import re
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-from xcecore.jobenv import EnvMode, EnvOption
+from xcecore.jobenv import EnvOption
 from xcecore.schema.limits import MEM_LIMIT_MAX, RUN_LIMIT_MAX
+
+if TYPE_CHECKING:
+    from xcecore.jobenv import EnvMode
 
 MEM_UNITS: Final[dict[str, int]] = {
     "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from xcecore import __version__, hookspecs
-from xcecore.entrypoints import EntryPoint, scan
+from xcecore.entrypoints import ENV_MODULES, ENV_NO_AUTOLOAD, ENV_PLUGINS, PLUGIN_GROUP, EntryPoint, scan
 
 if TYPE_CHECKING:  # imported where used: `xce --help` imports this module for its names only
     import click
@@ -33,11 +33,8 @@ if TYPE_CHECKING:  # imported where used: `xce --help` imports this module for i
     from xcecore.records import ConfigSection
     from xcecore.role import RoleSpec
 
-ENTRY_POINT_GROUP = "xce.plugins"
-ENV_NO_AUTOLOAD = "XCE_DISABLE_PLUGIN_AUTOLOAD"
-ENV_PLUGINS = "XCE_PLUGINS"
+ENTRY_POINT_GROUP = PLUGIN_GROUP
 ENV_TRACE = "XCE_TRACE_HOOKS"
-ENV_MODULES = "XCE_PLUGIN_MODULES"
 
 # Built-in plugins: name -> module. They are plugins like any other, so a site can block one
 # (``disable = ["resreq"]``) and register its own replacement.

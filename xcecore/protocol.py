@@ -10,11 +10,23 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Final, Literal
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type checkers honour it)
+if TYPE_CHECKING:
+    # Type checkers only: importing ``typing`` (and with it its classes) costs a one-shot
+    # command ~7 ms of its ~50. Runtime code (pydantic) takes :data:`xcecore.schema.types.JobState`.
+    from typing import Final, Literal
+
+    JobState = Literal["PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "UNKWN", "DONE", "EXIT"]
+    OpName = Literal[
+        "join", "hello", "heartbeat", "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
+        "set_pend_reason", "clear_reason", "update_resvals", "notify_job", "update_jusage", "resval",
+        "clusterconf", "jobinfo", "hostinfo", "queueinfo", "status", "shutdown", "reconfig", "outcome",
+        "events", "task_launch", "task_block", "revoke_token", "revoke_tokens",
+    ]
 
 # -- job states --------------------------------------------------------------------------------
 
-JobState = Literal["PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "UNKWN", "DONE", "EXIT"]
 JOB_STATES: Final[tuple[JobState, ...]] = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "UNKWN",
                                            "DONE", "EXIT")
 PENDING: Final = frozenset({"PEND", "PSUSP"})
@@ -28,12 +40,6 @@ UNFINISHED: Final = PENDING | ACTIVE
 
 # -- ops ---------------------------------------------------------------------------------------
 
-OpName = Literal[
-    "join", "hello", "heartbeat", "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
-    "set_pend_reason", "clear_reason", "update_resvals", "notify_job", "update_jusage", "resval",
-    "clusterconf", "jobinfo", "hostinfo", "queueinfo", "status", "shutdown", "reconfig", "outcome",
-    "events", "task_launch", "task_block", "revoke_token", "revoke_tokens",
-]
 OP_NAMES: Final[tuple[OpName, ...]] = (
     "join", "hello", "heartbeat", "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
     "set_pend_reason", "clear_reason", "update_resvals", "notify_job", "update_jusage", "resval",

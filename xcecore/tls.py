@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
 if TYPE_CHECKING:
     import socket
     import ssl
+    from typing import Any
 
     from anyio.abc import ByteStream
     from anyio.streams.tls import TLSStream
 
-KeySpec = tuple[tuple[type, ...], Any, str]
+KeySpec = tuple[tuple[type, ...], "Any", str]
 
 TLS_KEYS: dict[str, KeySpec] = {
     "ca": ((str,), None, "PEM file of the cluster CA; set, every connection to a controller "

@@ -17,13 +17,27 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import TYPE_CHECKING, Any, Protocol
 
 from xcecore.protocol import ErrorCode as ErrorCode  # the vocabulary lives in protocol
 from xcecore.schema.limits import CONTROL, RID_MAX, WIRE, find_violation
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
 if TYPE_CHECKING:
+    from typing import Any, Protocol
+
     import orjson
+
+    class _Receiver(Protocol):
+        async def receive_exactly(self, nbytes: int) -> bytes: ...
+
+    class _Sender(Protocol):
+        async def send(self, item: bytes) -> None: ...
+
+    class HasFileno(Protocol):
+        """A socket, or the wrapper asyncio hands out for one."""
+
+        def fileno(self) -> int: ...
+
 else:
 
     class _LazyOrjson:
@@ -129,14 +143,6 @@ def check_size(size: int, max_frame: int) -> None:
         raise WireError("empty frame")
 
 
-class _Receiver(Protocol):
-    async def receive_exactly(self, nbytes: int) -> bytes: ...
-
-
-class _Sender(Protocol):
-    async def send(self, item: bytes) -> None: ...
-
-
 async def read_message(stream: _Receiver, max_frame: int = DEFAULT_MAX_FRAME) -> dict[str, Any]:
     """Read one message from a buffered byte stream (``anyio.streams.buffered``).
 
@@ -145,12 +151,6 @@ async def read_message(stream: _Receiver, max_frame: int = DEFAULT_MAX_FRAME) ->
     (size,) = _LEN.unpack(await stream.receive_exactly(4))
     check_size(size, max_frame)
     return decode_body(await stream.receive_exactly(size))
-
-
-class HasFileno(Protocol):
-    """A socket, or the wrapper asyncio hands out for one."""
-
-    def fileno(self) -> int: ...
 
 
 def write_now(sock: HasFileno | None, data: bytes) -> int:

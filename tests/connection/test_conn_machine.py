@@ -104,10 +104,10 @@ def test_lost_link_effects():
 def test_walk_follows_a_listed_redirect_once_and_logs_every_failure():
     w = Walk([A, B, C], (A, B, C), allow_unlisted=False, name=NAME)
     assert next(w) == A
-    level, line = w.failed(A, Dialed(None, "h3:3", "is a standby; primary is h3:3"))
+    level, line = w.failed(A, Dialed("h3:3", "is a standby; primary is h3:3"))
     assert (level, line) == ("WARNING", f"{NAME}: candidate h1:1 is a standby, following redirect to h3:3")
     assert next(w) == C  # the redirect first
-    level, line = w.failed(C, Dialed(None, "h1:1", "is a standby; primary is h1:1"))
+    level, line = w.failed(C, Dialed("h1:1", "is a standby; primary is h1:1"))
     assert "already tried in this pass; going on" in line
     assert next(w) == B and list(w) == []  # C is not tried twice
     assert str(w.last_error) == "h3:3 is a standby; primary is h1:1"
@@ -116,16 +116,16 @@ def test_walk_follows_a_listed_redirect_once_and_logs_every_failure():
 def test_walk_refuses_unlisted_and_malformed_redirects_unless_allowed():
     w = Walk([A], (A,), allow_unlisted=False, name=NAME)
     next(w)
-    _, line = w.failed(A, Dialed(None, "h9:9", "is a standby; primary is h9:9"))
+    _, line = w.failed(A, Dialed("h9:9", "is a standby; primary is h9:9"))
     assert "not a listed candidate" in line and "allow_unlisted_redirect" in line
     assert str(w.last_error) == "h1:1 redirected to unlisted h9:9" and list(w) == []
     w = Walk([A], (A,), allow_unlisted=True, name=NAME)
     next(w)
-    w.failed(A, Dialed(None, "h9:9", "x"))
+    w.failed(A, Dialed("h9:9", "x"))
     assert list(w) == [Candidate("h9", 9)]
     w = Walk([A], (A,), allow_unlisted=True, name=NAME)
     next(w)
-    _, line = w.failed(A, Dialed(None, "nonsense", "x"))
+    _, line = w.failed(A, Dialed("nonsense", "x"))
     assert "malformed address" in line and list(w) == []
 
 
@@ -133,10 +133,10 @@ def test_walk_keeps_refusals_for_the_machine_and_reports_busy_candidates():
     w = Walk([A, B], (A, B), allow_unlisted=False, name=NAME)
     next(w)
     words = "authentication failed: credential expired"
-    level, _ = w.failed(A, Dialed(None, None, f"refused the handshake: {words}", refused=words))
+    level, _ = w.failed(A, Dialed(None, f"refused the handshake: {words}", refused=words))
     assert level == "DEBUG" and w.refused == (A, words)  # the machine logs it, once
     next(w)
-    level, line = w.failed(B, Dialed(None, None, "did not answer within 0.5 s", timed_out=True))
+    level, line = w.failed(B, Dialed(None, "did not answer within 0.5 s", timed_out=True))
     assert level == "WARNING" and line.endswith("did not answer within 0.5 s; trying the next candidate")
     assert w.timed_out
     m = machine(A, B)
@@ -161,14 +161,14 @@ def test_blocking_driver_returns_the_first_link():
     lines: list[tuple[str, str]] = []
     dials: list[Candidate] = []
 
-    def dial(c: Candidate) -> Dialed[str]:
+    def dial(c: Candidate) -> str | Dialed:
         dials.append(c)
-        return Dialed("link-b") if c == B else Dialed(None, None, "refused")
+        return "link-b" if c == B else Dialed(None, "refused")
 
     pass_ = Walk([A, B, C], (A, B, C), allow_unlisted=False, name=NAME)
     assert walk(pass_, dial, lambda *x: lines.append(x)) == "link-b"
     assert dials == [A, B] and len(lines) == 1
-    assert walk(Walk([A], (A,), allow_unlisted=False, name=NAME), lambda c: Dialed(None, None, "x"),
+    assert walk(Walk([A], (A,), allow_unlisted=False, name=NAME), lambda c: Dialed(None, "x"),
                 lambda *x: None) is None
 
 
@@ -507,14 +507,14 @@ def test_walk_records_and_levels():
     w = Walk([A, B], (A, B), allow_unlisted=False, name=NAME)
     assert w.last_error is None and w.timed_out is False
     assert next(w) == A
-    level, line = w.failed(A, Dialed(None, "h9:9", "x"))
+    level, line = w.failed(A, Dialed("h9:9", "x"))
     assert level == "WARNING" and line.endswith(
         "(set cluster.allow_unlisted_redirect = true to follow such redirects)")
     w2 = Walk([A, B], (A, B), allow_unlisted=False, name=NAME)
     next(w2)
-    w2.failed(A, Dialed(None, "h2:2", "x"))
+    w2.failed(A, Dialed("h2:2", "x"))
     next(w2)
-    assert w2.failed(B, Dialed(None, "h2:2", "x"))[0] == "WARNING"  # already tried
+    assert w2.failed(B, Dialed("h2:2", "x"))[0] == "WARNING"  # already tried
 
 
 def test_async_driver_dials_in_order_and_logs_failures():
@@ -523,9 +523,9 @@ def test_async_driver_dials_in_order_and_logs_failures():
     lines: list[tuple[str, str]] = []
     dials: list[Candidate] = []
 
-    async def dial(c: Candidate) -> Dialed[str]:
+    async def dial(c: Candidate) -> str | Dialed:
         dials.append(c)
-        return Dialed("link") if c == C else Dialed(None, None, f"refused {c.port}")
+        return "link" if c == C else Dialed(None, f"refused {c.port}")
 
     from xcecore.client.dialer import walk_async
 
@@ -535,7 +535,7 @@ def test_async_driver_dials_in_order_and_logs_failures():
     assert lines == [("WARNING", f"{NAME}: candidate h1:1 refused 1; trying the next candidate"),
                      ("WARNING", f"{NAME}: candidate h2:2 refused 2; trying the next candidate")]
     blocking: list[tuple[str, str]] = []
-    walk(Walk([A], (A,), allow_unlisted=False, name=NAME), lambda c: Dialed(None, None, "nope"),
+    walk(Walk([A], (A,), allow_unlisted=False, name=NAME), lambda c: Dialed(None, "nope"),
          lambda *x: blocking.append(x))
     assert blocking == [("WARNING", f"{NAME}: candidate h1:1 nope; trying the next candidate")]
 
@@ -620,7 +620,7 @@ def test_walk_ends_at_a_takeover_promise_and_the_next_pass_waits_for_that_standb
     m.lost = A
     w = m.start_pass()
     assert next(w) == B
-    level, line = w.failed(B, Dialed(None, None, "is a standby taking over ... in 420 ms", takeover=0.42))
+    level, line = w.failed(B, Dialed(None, "is a standby taking over ... in 420 ms", takeover=0.42))
     assert level == "DEBUG" and line.endswith("waiting for it (not dialing the hung primary)")
     assert list(w) == [] and w.takeover == (B, 0.42)
     m.pass_over(w)
@@ -654,7 +654,7 @@ def test_a_takeover_wait_is_bounded_both_ways(promised: float, waited: float):
 def test_a_promise_and_a_redirect_in_one_pass_follow_the_redirect():
     w = Walk([B, C], (A, B, C), allow_unlisted=False, name=NAME)
     next(w)
-    w.failed(B, Dialed(None, "h3:3", "is a standby; primary is h3:3", takeover=0.2))
+    w.failed(B, Dialed("h3:3", "is a standby; primary is h3:3", takeover=0.2))
     assert w.takeover is None and next(w) == C
 
 
@@ -665,7 +665,7 @@ def test_heartbeats_wait_for_a_promised_takeover_too():
     assert m.beat_delay(quick, True, 0.2) == pytest.approx(0.02)  # down: quick draws
     w = Walk([B], (A, B, C), allow_unlisted=False, name=NAME)
     next(w)
-    w.failed(B, Dialed(None, None, "taking over", takeover=0.15))
+    w.failed(B, Dialed(None, "taking over", takeover=0.15))
     m.pass_over(w)
     assert m.beat_delay(quick, True, 0.2) == pytest.approx(0.15) and quick.failures == 1
     assert next(m.start_pass()) == B  # the heartbeat's pass starts at the promising standby

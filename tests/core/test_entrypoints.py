@@ -67,8 +67,8 @@ def fake_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, A
     root = tmp_path / "site"
     state: dict[str, Any] = {"dir": dist(root, "xce_fake", "1.0", "[xce.plugins]\nfake = m\n"),
                              "built": 0, "root": root}
-    monkeypatch.setattr(plugins_mod, "installed_plugins",
-                        lambda: {e.name: e for e in scan("xce.plugins", [str(state["root"])])})
+    monkeypatch.setattr(cli_plugins, "installed_entry_points",
+                        lambda: scan("xce.plugins", [str(state["root"])]))
 
     class Cmd:
         def get_short_help_str(self, limit: int) -> str:

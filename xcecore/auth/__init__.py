@@ -32,9 +32,12 @@ commands pay only for the module of the configured method. A client's ONE creden
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
 
 from xcecore import wire
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
+if TYPE_CHECKING:
+    from typing import Any
 
 BUILTIN: dict[str, str] = {"key": "xcecore.auth.key", "munge": "xcecore.auth.munge"}
 """Built-in methods: name -> module (whose ``make(settings)`` builds the method)."""
@@ -72,23 +75,67 @@ class AuthFailed(Exception):
         return {"code": "AUTH", "reason": self.reason, "message": str(self)}
 
 
-class Verified(NamedTuple):
-    """What a method proves about the caller: its uid and gid."""
-
-    uid: int
-    gid: int
+# The two records below are tuples with named fields, written out: ``typing.NamedTuple``
+# would make every one-shot command import ``typing`` (~7 ms of its start-up).
 
 
-class Identity(NamedTuple):
+class Verified(tuple[int, int]):
+    """What a method proves about the caller: its uid and gid (a ``(uid, gid)`` tuple)."""
+
+    __slots__ = ()
+
+    def __new__(cls, uid: int, gid: int) -> Verified:
+        return super().__new__(cls, (uid, gid))
+
+    @property
+    def uid(self) -> int:
+        return self[0]
+
+    @property
+    def gid(self) -> int:
+        return self[1]
+
+    def __repr__(self) -> str:
+        return f"Verified(uid={self[0]!r}, gid={self[1]!r})"
+
+
+class Identity(tuple[int, int, str, str, str, str]):
     """An authenticated caller: ``uid``/``gid`` (proven by ``method``), ``user`` (the server's
-    own name for that uid), and the ``role`` and ``host`` it claimed in ``role@host``."""
+    own name for that uid), and the ``role`` and ``host`` it claimed in ``role@host``
+    (a ``(uid, gid, user, role, host, method)`` tuple)."""
 
-    uid: int
-    gid: int
-    user: str
-    role: str
-    host: str
-    method: str
+    __slots__ = ()
+
+    def __new__(cls, uid: int, gid: int, user: str, role: str, host: str, method: str) -> Identity:
+        return super().__new__(cls, (uid, gid, user, role, host, method))
+
+    @property
+    def uid(self) -> int:
+        return self[0]
+
+    @property
+    def gid(self) -> int:
+        return self[1]
+
+    @property
+    def user(self) -> str:
+        return self[2]
+
+    @property
+    def role(self) -> str:
+        return self[3]
+
+    @property
+    def host(self) -> str:
+        return self[4]
+
+    @property
+    def method(self) -> str:
+        return self[5]
+
+    def __repr__(self) -> str:
+        return (f"Identity(uid={self[0]!r}, gid={self[1]!r}, user={self[2]!r}, role={self[3]!r}, "
+                f"host={self[4]!r}, method={self[5]!r})")
 
     @property
     def sender(self) -> str:

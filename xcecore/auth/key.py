@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from xcecore.auth import AuthError, AuthFailed, AuthMethod, AuthSettings, Verified
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
+if TYPE_CHECKING:
+    from typing import Any
 
 _INNER = bytes(x ^ 0x36 for x in range(256))
 _OUTER = bytes(x ^ 0x5C for x in range(256))
 
 
-def _sha256() -> Any:
+def sha256_constructor() -> Any:
     """SHA-256's constructor: CPython's built-in one where it has it (``_sha2`` from 3.12,
     ``_sha256`` before), since ``hashlib`` initialises OpenSSL on import -- a few ms of every
     one-shot command's start-up -- and else ``hashlib``'s."""
@@ -40,9 +43,9 @@ def _sha256() -> Any:
 
 def compute_mac(key: bytes | None, challenge: str, sender: str) -> str:
     """HMAC-SHA256 (RFC 2104) of ``challenge + sender`` under ``key`` (hex); an empty key
-    when keyless. Written out over :func:`_sha256` rather than through :mod:`hmac`, which
+    when keyless. Written out over :func:`sha256_constructor` rather than through :mod:`hmac`, which
     imports :mod:`hashlib` (tests compare it with :func:`hmac.new`)."""
-    sha256 = _sha256()
+    sha256 = sha256_constructor()
     k = key or b""
     if len(k) > 64:
         k = sha256(k).digest()

@@ -27,17 +27,13 @@ import sys
 from xcecore.cli.options import GLOBAL_HELP, Options, UsageError, parse_global
 from xcecore.cli.spec import COMMANDS, ArgError, HelpRequested, help_text, parse, usage
 
-BUILTIN_MODULES = ("xcecore.cli.commands", "xcecore.cli.core")
 COMMAND_GROUP = "xce.commands"
 """The entry-point group of plugins' one-shot commands (``NAME = module``)."""
 
 
 def _builtins() -> None:
     """Register every built-in command (cheap modules: no heavy imports at their top)."""
-    import importlib
-
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
+    from xcecore.cli import commands, core  # noqa: F401  # importing them registers them
 
 
 def _one_shot(name: str | None) -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from xcecore.cli.session import (
     CommandError,
@@ -27,6 +26,10 @@ from xcecore.cli.session import (
 )
 from xcecore.cli.spec import Parsed, arg, command
 from xcecore.protocol import JOB_STATES, UNFINISHED
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
+if TYPE_CHECKING:
+    from typing import Any
 
 JSON = arg("--json", dest="as_json", action="store_true", help="stable machine-readable output")
 

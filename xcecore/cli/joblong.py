@@ -9,7 +9,10 @@ Imports nothing heavy (the one-shot commands load it).
 from __future__ import annotations
 
 import time
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
+if TYPE_CHECKING:
+    from typing import Any
 
 MB = 1 << 20
 

@@ -15,11 +15,13 @@ import os
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, Any
 
 from xcecore.cli.options import Options
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
 if TYPE_CHECKING:
+    from typing import Any
+
     from xcecore.client.oneshot import OneShotClient
     from xcecore.config import Config
     from xcecore.plugins import PluginManager

@@ -24,12 +24,14 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
 from xcecore.cli.session import CommandError
 from xcecore.cli.spec import ArgError, Parsed
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
 if TYPE_CHECKING:
+    from typing import Any
+
     from xcecore.jobenv import EnvOption
 
 SCRIPT_HEAD = 1 << 20

@@ -28,8 +28,6 @@ OneShotClient`` -- a command's whole client -- loads no anyio or loguru.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from xcecore.client.errors import (
     AuthenticationFailed,
     BackendUnavailable,
@@ -39,7 +37,10 @@ from xcecore.client.errors import (
 )
 from xcecore.client.settings import ClientConfig, client_config
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
 if TYPE_CHECKING:
+    from typing import Any
+
     from xcecore.client.asyncclient import Client, ClientHooks
     from xcecore.client.blocking import SyncClient
     from xcecore.client.oneshot import OneShotClient

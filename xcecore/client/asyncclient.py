@@ -613,18 +613,18 @@ class Client:
         finally:
             self.machine.pass_over(walk)
 
-    async def _dial(self, cand: Candidate) -> Dialed[Link]:
+    async def _dial(self, cand: Candidate) -> Link | Dialed:
         """Dial ``cand``: its link if primary, else why not (and where a standby points)."""
         cfg = self.config
         opened = await open_link(cand, sender=cfg.sender, auth=cfg.auth,
                                  connect_timeout=cfg.connect_timeout, max_frame=cfg.max_frame,
                                  backend=self._backend, tls=cfg.tls)
         if opened.stream is None:
-            return Dialed(None, opened.redirect, opened.failure, opened.timed_out, opened.refused,
+            return Dialed(opened.redirect, opened.failure, opened.timed_out, opened.refused,
                           opened.takeover)
-        return Dialed(Link(cand, opened.stream, max_frame=cfg.max_frame,
-                           liveness_timeout=cfg.liveness_timeout, on_push=self._on_push,
-                           on_lost=self._drop))
+        return Link(cand, opened.stream, max_frame=cfg.max_frame,
+                    liveness_timeout=cfg.liveness_timeout, on_push=self._on_push,
+                    on_lost=self._drop)
 
     # ------------------------------------------------------------------ a live connection
     def _install(self, conn: Link) -> None:

@@ -17,20 +17,23 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
 
 from xcecore.candidates import Candidate, CandidateError, parse_address
-from xcecore.schema.verdict import takeover_of
+from xcecore.schema.limits import takeover_of
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
 if TYPE_CHECKING:
+    from typing import Any, Literal, TypeVar
+
     from xcecore.auth import AuthMethod
+
+    HandshakeKind = Literal["primary", "redirect", "no_primary", "denied", "invalid"]
+    L = TypeVar("L")
 
 # ------------------------------------------------------------------------- handshake
 
-HandshakeKind = Literal["primary", "redirect", "no_primary", "denied", "invalid"]
 
-
-class Handshake(NamedTuple):
+class Handshake(tuple["HandshakeKind", "str | None", "str | None", str, "float | None"]):
     """What a server's handshake status tells the client to do.
 
     ``primary``: stay. ``redirect``: go to ``primary`` at once. ``no_primary``: a standby that
@@ -38,13 +41,40 @@ class Handshake(NamedTuple):
     a primary that stopped beating and expects to take over in ``takeover`` seconds, so wait
     for it (:class:`Walk`). ``denied``: the server refused us (``message``). ``invalid``: the
     status is not what the protocol says.
+
+    A ``(kind, server, primary, message, takeover)`` tuple with named fields, written out:
+    ``typing.NamedTuple`` would make the one-shot commands import ``typing``.
     """
 
-    kind: HandshakeKind
-    server: str | None = None
-    primary: str | None = None
-    message: str = ""
-    takeover: float | None = None
+    __slots__ = ()
+
+    def __new__(cls, kind: HandshakeKind, server: str | None = None, primary: str | None = None,
+                message: str = "", takeover: float | None = None) -> Handshake:
+        return super().__new__(cls, (kind, server, primary, message, takeover))
+
+    @property
+    def kind(self) -> HandshakeKind:
+        return self[0]
+
+    @property
+    def server(self) -> str | None:
+        return self[1]
+
+    @property
+    def primary(self) -> str | None:
+        return self[2]
+
+    @property
+    def message(self) -> str:
+        return self[3]
+
+    @property
+    def takeover(self) -> float | None:
+        return self[4]
+
+    def __repr__(self) -> str:
+        return (f"Handshake(kind={self[0]!r}, server={self[1]!r}, primary={self[2]!r}, "
+                f"message={self[3]!r}, takeover={self[4]!r})")
 
 
 def hello_hint(hello: dict[str, Any]) -> Handshake | None:
@@ -183,23 +213,29 @@ def candidate_order(
 
 # ----------------------------------------------------------------------------- the walk
 
-L = TypeVar("L")
+class Dialed:
+    """Why dialing one candidate gave no link (a dial that reaches the primary returns the
+    link itself: :func:`walk`).
 
-
-class Dialed(NamedTuple, Generic[L]):
-    """The outcome of dialing one candidate.
-
-    ``link`` is set only when the candidate is the primary; ``redirect`` is the primary a
-    standby named; otherwise ``failure`` says what went wrong, for the log. ``timed_out``: the
-    candidate did not finish the handshake within the connect timeout (it is busy).
+    ``redirect`` is the primary a standby named; ``failure`` says what went wrong, for the
+    log; ``timed_out``: the candidate did not finish the handshake within the connect timeout
+    (it is busy); ``refused``: the candidate refused our credential or claim (its words);
+    ``takeover``: a standby expects to take over in this many seconds.
     """
 
-    link: L | None = None
-    redirect: str | None = None
-    failure: str = ""
-    timed_out: bool = False
-    refused: str | None = None  # the candidate refused our credential or claim (its words)
-    takeover: float | None = None  # a standby expects to take over in this many seconds
+    __slots__ = ("failure", "redirect", "refused", "takeover", "timed_out")
+
+    def __init__(self, redirect: str | None = None, failure: str = "", timed_out: bool = False,
+                 refused: str | None = None, takeover: float | None = None) -> None:
+        self.redirect = redirect
+        self.failure = failure
+        self.timed_out = timed_out
+        self.refused = refused
+        self.takeover = takeover
+
+    def __repr__(self) -> str:
+        return (f"Dialed(redirect={self.redirect!r}, failure={self.failure!r}, "
+                f"timed_out={self.timed_out!r}, refused={self.refused!r}, takeover={self.takeover!r})")
 
 
 TAKEOVER_MIN_WAIT = 0.01
@@ -250,7 +286,7 @@ class Walk:
         self.tried.add(target)
         return target
 
-    def failed(self, cand: Candidate, dialed: Dialed[Any]) -> tuple[str, str]:
+    def failed(self, cand: Candidate, dialed: Dialed) -> tuple[str, str]:
         """``cand`` did not give a link: record it, choose the redirect; the ``(level, line)``
         to log."""
         self.last_error = ConnectionError(f"{cand} {dialed.failure}")
@@ -284,22 +320,23 @@ Logger = Callable[[str, str], None]
 """``log(level, line)``: how a driver reports each failed dial."""
 
 
-def walk(pass_: Walk, dial: Callable[[Candidate], Dialed[L]], log: Logger) -> L | None:
-    """Drive ``pass_`` with a blocking ``dial``: the primary's link, or None."""
+def walk(pass_: Walk, dial: Callable[[Candidate], L | Dialed], log: Logger) -> L | None:
+    """Drive ``pass_`` with a blocking ``dial`` (the primary's link, or a :class:`Dialed`
+    saying why not): the primary's link, or None."""
     for cand in pass_:
         dialed = dial(cand)
-        if dialed.link is not None:
-            return dialed.link
+        if not isinstance(dialed, Dialed):
+            return dialed
         log(*pass_.failed(cand, dialed))
     return None
 
 
-async def walk_async(pass_: Walk, dial: Callable[[Candidate], Awaitable[Dialed[L]]],
+async def walk_async(pass_: Walk, dial: Callable[[Candidate], Awaitable[L | Dialed]],
                      log: Logger) -> L | None:
-    """Drive ``pass_`` with an async ``dial``: the primary's link, or None."""
+    """Drive ``pass_`` with an async ``dial`` (as :func:`walk`'s): the primary's link, or None."""
     for cand in pass_:
         dialed = await dial(cand)
-        if dialed.link is not None:
-            return dialed.link
+        if not isinstance(dialed, Dialed):
+            return dialed
         log(*pass_.failed(cand, dialed))
     return None

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, NamedTuple
 
 from xcecore.candidates import Candidate
 from xcecore.client.backoff import Backoff
@@ -31,6 +30,10 @@ from xcecore.client.dialer import Walk, candidate_order, resolve_redirect, takeo
 from xcecore.client.errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown
 from xcecore.protocol import KEYED_WRITES
 from xcecore.wire import ErrorCode
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
+if TYPE_CHECKING:
+    from typing import Any
 
 # ----------------------------------------------------------------------------- states
 
@@ -52,11 +55,28 @@ INTERNAL = ErrorCode.INTERNAL.value
 # ----------------------------------------------------------------------------- effects
 
 
-class Log(NamedTuple):
+# Log, WakeRejoin and Verdict are tuples with named fields, written out: ``typing.NamedTuple``
+# would make every one-shot command import ``typing`` (~7 ms of its start-up).
+
+
+class Log(tuple[str, str]):
     """Write ``text`` to the log at ``level`` (``DEBUG``, ``INFO``, ``WARNING``, ``ERROR``)."""
 
-    level: str
-    text: str
+    __slots__ = ()
+
+    def __new__(cls, level: str, text: str) -> Log:
+        return super().__new__(cls, (level, text))
+
+    @property
+    def level(self) -> str:
+        return self[0]
+
+    @property
+    def text(self) -> str:
+        return self[1]
+
+    def __repr__(self) -> str:
+        return f"Log(level={self[0]!r}, text={self[1]!r})"
 
 
 class Notify:
@@ -68,10 +88,20 @@ class Notify:
         return "NOTIFY"
 
 
-class WakeRejoin(NamedTuple):
+class WakeRejoin(tuple[str]):
     """Re-join in the background (the rejoin task), for ``reason``."""
 
-    reason: str
+    __slots__ = ()
+
+    def __new__(cls, reason: str) -> WakeRejoin:
+        return super().__new__(cls, (reason,))
+
+    @property
+    def reason(self) -> str:
+        return self[0]
+
+    def __repr__(self) -> str:
+        return f"WakeRejoin(reason={self[0]!r})"
 
 
 class WakeBeat:
@@ -262,16 +292,43 @@ class Call:
 # ------------------------------------------------------------------------ reply verdicts
 
 
-class Verdict(NamedTuple):
+_NO_EXTRA: dict[str, Any] = {}  # never mutated
+
+
+class Verdict(tuple[str, "Any", str, str, "dict[str, Any]"]):
     """What a reply means for its call: ``ok`` (``result``), ``wrong_server`` (reconnect and
     retry: ``code``, ``message``, ``extra``), ``not_joined`` (join, then retry once) or
     ``error`` (raise a RemoteError)."""
 
-    kind: str
-    result: Any = None
-    code: str = ""
-    message: str = ""
-    extra: dict[str, Any] = {}  # never mutated
+    __slots__ = ()
+
+    def __new__(cls, kind: str, result: Any = None, code: str = "", message: str = "",
+                extra: dict[str, Any] = _NO_EXTRA) -> Verdict:
+        return super().__new__(cls, (kind, result, code, message, extra))
+
+    @property
+    def kind(self) -> str:
+        return self[0]
+
+    @property
+    def result(self) -> Any:
+        return self[1]
+
+    @property
+    def code(self) -> str:
+        return self[2]
+
+    @property
+    def message(self) -> str:
+        return self[3]
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        return self[4]
+
+    def __repr__(self) -> str:
+        return (f"Verdict(kind={self[0]!r}, result={self[1]!r}, code={self[2]!r}, "
+                f"message={self[3]!r}, extra={self[4]!r})")
 
 
 def reply_error(reply: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:

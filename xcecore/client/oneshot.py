@@ -23,7 +23,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 from xcecore import wire
 from xcecore.auth import AuthFailed
@@ -43,6 +42,10 @@ from xcecore.client.errors import AuthenticationFailed, BackendUnavailable, Outc
 from xcecore.client.machine import Budget, Call, Effect, Log, Machine, judge_reply
 from xcecore.client.settings import ClientConfig
 from xcecore.tls import TLSFailed
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
+if TYPE_CHECKING:
+    from typing import Any
 
 LEVELS = {"TRACE": 5, "DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 
@@ -332,19 +335,19 @@ class OneShotClient:
             time.sleep(delay if end is None else min(delay, max(0.0, end - time.monotonic())))
             self._left(end)
 
-    def _dial(self, cand: Candidate, end: float | None) -> Dialed[_Conn]:
+    def _dial(self, cand: Candidate, end: float | None) -> _Conn | Dialed:
         """Connect to ``cand`` and run the handshake: its connection if it is the primary."""
         limit = self.config.connect_timeout
         if end is not None:
             limit = min(limit, self._left(end))
         conn, shake, failure, timed_out, refused = self._shake(cand, limit)
         if shake is not None and shake.kind == "primary" and conn is not None:
-            return Dialed(conn)
+            return conn
         if conn is not None:
             conn.close()
         if shake is None:
-            return Dialed(None, None, failure, timed_out, refused)
-        return Dialed(None, shake.primary, failure_of(shake),
+            return Dialed(None, failure, timed_out, refused)
+        return Dialed(shake.primary, failure_of(shake),
                       refused=shake.message if shake.kind == "denied" else None,
                       takeover=shake.takeover)
 

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
 from xcecore import wire
 from xcecore.candidates import Candidate, candidates_from_config
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
 if TYPE_CHECKING:
+    from typing import Any
+
     from xcecore.auth import AuthMethod
     from xcecore.tls import TLS
 
 ENV_CONFIG = "XCE_CONFIG"
 
-KeySpec = tuple[tuple[type, ...], Any, str]
+KeySpec = tuple[tuple[type, ...], "Any", str]
 """A key's accepted types, its default and what it means (``xcecore.records.Field``'s data)."""
 
 _F: tuple[type, ...] = (float, int)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Final
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see xcecore.protocol
+if TYPE_CHECKING:
+    from typing import Any, Final
 
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
@@ -46,6 +49,11 @@ TASKS_MAX: Final = 4096  # tasks one job may launch in all
 TASK_COMMANDS_MAX: Final = 256 * 1024  # characters of all of a job's task commands
 """Array elements one ``jobdispatch`` may start beyond its first (``more``)."""
 """Ids or names in one list (``jobids``, ``hosts``, ``reasons``, ...)."""
+TAKEOVER_MS_MAX: Final = 600_000
+"""The largest ``takeover_ms`` a client takes as a promise in a standby's verdict
+(:mod:`xcecore.schema.verdict`; ten minutes); a larger, negative or non-integer value is ignored
+(the verdict then reads as "no primary known")."""
+
 PAGE_MAX: Final = 1000
 """The most records one page of a listing holds (``limit``), and the most ids or names a
 listing takes (``jobinfo``'s ``jobids``, ``hostinfo``'s ``hosts``)."""
@@ -119,6 +127,17 @@ encode when it is stored, pushed or echoed inside a record, which adds a few lev
 
 JSON: Final = Bound(depth=8, items=1024, string=4096, key=NAME_MAX, strict=True)
 """A free-form value inside the typed arguments: join attributes, job usage."""
+
+
+def takeover_of(verdict: dict[str, object]) -> float | None:
+    """Seconds until the standby of ``verdict`` expects to take over, or None (no promise,
+    or a value outside :data:`TAKEOVER_MS_MAX`: a sloppy or hostile peer gains nothing by it).
+    The one reader of ``takeover_ms`` (here, not in :mod:`xcecore.schema.verdict`, whose
+    ``TypedDict`` needs ``typing`` at run time: the one-shot commands read verdicts)."""
+    value = verdict.get("takeover_ms")
+    if type(value) is not int or not 0 <= value <= TAKEOVER_MS_MAX:
+        return None
+    return value / 1000.0
 
 
 def find_violation(value: Any, bound: Bound) -> tuple[str, str] | None:

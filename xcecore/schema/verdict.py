@@ -8,16 +8,17 @@ renders :class:`StandbyVerdict` (``docs/gen_protocol_ops.py``).
 watch has stopped beating, and I expect to take over in this many milliseconds". A client
 waits that long against that standby instead of its generic back-off (and stops walking
 towards the hung primary, whose handshake would only time out); see
-:mod:`xcecore.client.dialer`. :func:`takeover_of` is the one reader of the field.
+:mod:`xcecore.client.dialer`. :func:`xcecore.schema.limits.takeover_of` is the one reader of
+the field (with its bound :data:`~xcecore.schema.limits.TAKEOVER_MS_MAX`): the one-shot commands
+read verdicts, and this module's ``TypedDict`` would make them import ``typing``.
 """
 
 # No ``from __future__ import annotations``: TypedDict must see ``NotRequired`` itself
 # (``__required_keys__``, which the generated page reads).
-from typing import Annotated, Final, Literal, NotRequired, TypedDict
+from typing import Annotated, Literal, NotRequired, TypedDict
 
-TAKEOVER_MS_MAX: Final = 600_000
-"""The largest ``takeover_ms`` a client takes as a promise (ten minutes); a larger, negative
-or non-integer value is ignored (the verdict then reads as "no primary known")."""
+from xcecore.schema.limits import TAKEOVER_MS_MAX as TAKEOVER_MS_MAX
+from xcecore.schema.limits import takeover_of as takeover_of
 
 
 class Doc:
@@ -45,12 +46,3 @@ class StandbyVerdict(TypedDict):
         "of `[controller] hung_timeout` and it can fence it (same host): milliseconds until "
         "it expects to have fenced it and promoted; 0 once the fence is under way. 0 to "
         f"{TAKEOVER_MS_MAX:,}")]]
-
-
-def takeover_of(verdict: dict[str, object]) -> float | None:
-    """Seconds until the standby of ``verdict`` expects to take over, or None (no promise,
-    or a value outside the schema: a sloppy or hostile peer gains nothing by it)."""
-    value = verdict.get("takeover_ms")
-    if type(value) is not int or not 0 <= value <= TAKEOVER_MS_MAX:
-        return None
-    return value / 1000.0

@@ -15,7 +15,6 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from xcecore.protocol import JobState
 from xcecore.schema import limits as lim
 from xcecore.schema import ops as schema_ops
 from xcecore.schema import types as t
@@ -181,7 +180,7 @@ class Job(BaseModel):
     env: dict[str, str] = {}
     resreq: str = ""
     ntasks: int = 1
-    state: JobState
+    state: t.JobState
     submit_time: float
     start_time: float | None = None
     end_time: float | None = None
@@ -195,7 +194,7 @@ class Job(BaseModel):
     forced: bool = False
     usage: dict[str, Any] = {}
     lost_at: float | None = Field(None, description="UNKWN since (its host went unavail)")
-    lost_from: JobState | None = Field(None, description="the state UNKWN returns to when its "
+    lost_from: t.JobState | None = Field(None, description="the state UNKWN returns to when its "
                                                          "worker reports the job alive")
     mem_limit: int | None = Field(None, description="bytes, if submitted with one")
     run_limit: int | None = Field(None, description="seconds, if submitted with one")
