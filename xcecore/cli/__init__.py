@@ -164,10 +164,11 @@ def cli(argv: list[str] | None = None) -> None:
         code = 141
     if _PLAIN_EXIT[0] or _shutdown_has_work():
         sys.exit(code)
-    import contextlib
     import os
 
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BrokenPipeError, ValueError):  # the reader left / closed
+        try:  # noqa: SIM105  # contextlib.suppress would import contextlib
             stream.flush()
+        except (BrokenPipeError, ValueError):  # the reader left / closed (not contextlib: ~1 ms)
+            pass
     os._exit(code)

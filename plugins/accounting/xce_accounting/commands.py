@@ -9,10 +9,12 @@ client, not the plugins, so it answers like ``xce jobs``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from xcecore.cli.session import CommandError, Session, echo, emit_json, parse_time, table, when
 from xcecore.cli.spec import Parsed, arg, command
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (as xcecore.protocol)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["parse_time"]  # (moved to xcecore.cli.session: xce events reads times too)
 
