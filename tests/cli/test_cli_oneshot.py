@@ -22,7 +22,7 @@ HEAVY = ("anyio", "loguru", "pluggy", "click", "orjson", "dataclasses", "importl
          "rich", "argparse", "asyncio", "uvloop", "xcecore.plugins", "xcecore.config",
          "inspect", "random", "logging")
 # (pathlib is not listed: an editable install's path hook imports it at interpreter start-up.)
-LIGHT = ("typing", "contextlib", "importlib", "warnings")
+LIGHT = ("typing", "contextlib", "importlib", "warnings", "socket", "selectors")
 """Cheaper still, but each a millisecond or more of a ~45 ms command: not imported by the
 one-shot commands themselves (an editable install's path hook imports some of them before
 any xce code runs, so the probe counts only what the command adds)."""

@@ -10,9 +10,9 @@ requirement with the configured evaluator -- loads them (:meth:`Session.plugin_m
 
 from __future__ import annotations
 
+import _socket  # not socket, for gethostname only: see xcecore.client.oneshot._connect_socket
 import json
 import os
-import socket
 import sys
 import time
 
@@ -82,7 +82,7 @@ class Session:
 
             cluster, tuning, tls = self.sections()
             try:
-                cfg = client_config(cluster, tuning, f"{role}@{socket.gethostname()}", tls)
+                cfg = client_config(cluster, tuning, f"{role}@{_socket.gethostname()}", tls)
             except ValueError as exc:  # CandidateError, AuthError, TLSConfigError, bad tuning
                 raise CommandError(str(exc)) from None
             found = self._clients[role] = OneShotClient(

@@ -16,10 +16,10 @@ waits forever.
 
 from __future__ import annotations
 
+import _socket  # socket's C module: see _connect_socket
 import itertools
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -95,15 +95,26 @@ def _is_ssl_error(exc: BaseException) -> bool:
         exc, ssl.SSLEOFError | ssl.SSLZeroReturnError)
 
 
-def _connect_socket(cand: Candidate, timeout: float) -> socket.socket:
+def _connect_socket(cand: Candidate, timeout: float, *, plain: bool) -> _socket.socket:
     """A connected TCP socket. An IP literal is connected without a name lookup (which would
-    load the ``idna`` codec: a few ms of a command's start-up)."""
-    for family in (socket.AF_INET, socket.AF_INET6):
+    load the ``idna`` codec: a few ms of a command's start-up); ``plain``: as an object of
+    ``_socket``, the C module the ``socket`` module wraps: importing ``socket`` (its enum
+    classes of constants, ``selectors``) costs ~3 ms of a ~45 ms command, and a blocking
+    connect, send and receive are the C module's own methods. Not ``plain`` (TLS: ``ssl``
+    wraps ``socket``'s own class, and imports it anyway) and for a host name (through
+    ``socket.create_connection``: every address the name has, in turn), a ``socket.socket``."""
+    if plain:
+        make: type[_socket.socket] = _socket.socket
+    else:
+        import socket
+
+        make = socket.socket
+    for family in (_socket.AF_INET, _socket.AF_INET6):
         try:
-            socket.inet_pton(family, cand.host)
+            _socket.inet_pton(family, cand.host)
         except OSError:
             continue
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = make(family, _socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
             sock.connect((cand.host, cand.port))
@@ -112,8 +123,10 @@ def _connect_socket(cand: Candidate, timeout: float) -> socket.socket:
             raise
         break
     else:
+        import socket
+
         sock = socket.create_connection((cand.host, cand.port), timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
     return sock
 
 
@@ -122,11 +135,11 @@ class _Conn:
 
     __slots__ = ("candidate", "flags", "identity", "ids", "joined", "max_frame", "sock")
 
-    def __init__(self, sock: socket.socket, candidate: Candidate, max_frame: int) -> None:
+    def __init__(self, sock: _socket.socket, candidate: Candidate, max_frame: int) -> None:
         self.sock = sock
         # A TLS socket takes no recv flags; it returns a record at a time, and the loop
         # below asks again for the rest.
-        self.flags = 0 if hasattr(sock, "cipher") else socket.MSG_WAITALL
+        self.flags = 0 if hasattr(sock, "cipher") else _socket.MSG_WAITALL
         self.candidate = candidate
         self.max_frame = max_frame
         self.ids = itertools.count(1)
@@ -357,12 +370,15 @@ class OneShotClient:
         timed out, no credential)``; the connection is open only when there is a verdict."""
         cfg = self.config
         stop = time.monotonic() + limit
-        sock: socket.socket | None = None
+        sock: _socket.socket | None = None
         try:
-            sock = _connect_socket(cand, limit)
+            sock = _connect_socket(cand, limit, plain=cfg.tls is None)
             if cfg.tls is not None:
+                import socket
+
                 from xcecore.tls import wrap_socket
 
+                assert isinstance(sock, socket.socket)  # not plain: socket's own class
                 sock = wrap_socket(sock, cfg.tls, peer=f"controller {cand}", hostname=cand.host)
             conn = _Conn(sock, cand, cfg.max_frame)
             hello = conn.read(max(0.001, stop - time.monotonic()))
@@ -401,7 +417,7 @@ class OneShotClient:
         return None, None, failure, timed_out, None
 
     @staticmethod
-    def _close(sock: socket.socket | None) -> None:
+    def _close(sock: _socket.socket | None) -> None:
         if sock is not None:
             sock.close()
 
