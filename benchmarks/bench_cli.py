@@ -76,6 +76,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="xce-bench-cli-"))
     cluster = LocalCluster(root, 1, extra_config=f'[controller]\nadmins = ["{os.environ.get("USER", "root")}"]\n')
     results: dict[str, dict[str, dict[str, float]]] = {}
+    load_start = os.getloadavg()[0]
     try:
         cluster.start()
         # As on a user's machine: bytecode is cached (this workplace sets PYTHONDONTWRITEBYTECODE,
@@ -103,10 +104,14 @@ def main() -> None:
         cluster.close()
         if opts.venv is None:
             shutil.rmtree(venv.parent, ignore_errors=True)
-    data = {**meta(), "unit": "ms wall per command", "runs": opts.runs, "results": results}
+    load = (round(load_start, 1), round(os.getloadavg()[0], 1))
+    data = {**meta(), "unit": "ms wall per command", "runs": opts.runs, "load_average_1min": load,
+            "results": results}
     write_result("cli", data)
     lines = ["# Command-line start-up", "",
-             f"`{data['command']}` on {data['cores']} cores, {data['date']}.",
+             f"`{data['command']}` on {data['cores']} cores, {data['date']}; 1-minute load average "
+             f"{load[0]} at the start, {load[1]} at the end (above the core count: a shared machine, "
+             "pessimistic figures).",
              "Each command is a fresh process (bytecode cached, as after a first run); wall time in ms. "
              "`regular`: a venv with xce and its plugins installed from a copy of the tree (not editable); "
              "`editable`: the development venv (`pip install -e`, whose path hooks every start pays). "
