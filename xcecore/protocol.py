@@ -38,6 +38,20 @@ FINISHED: Final = frozenset({"DONE", "EXIT"})
 """Ended; kept until the controller's ``clean_period`` has passed."""
 UNFINISHED: Final = PENDING | ACTIVE
 
+QUEUE_INACTIVE: Final = "queue is inactive"
+"""The pend reason of every PEND job of an inactive queue: derived from the queue's record
+where a job is shown (:func:`pend_reason`), never stored or sent per job (a million parked
+jobs would otherwise cost a million volatile writes after every failover)."""
+
+
+def pend_reason(state: object, stored: object, queue_active: bool) -> object:
+    """The pend reason to show for a job in ``state`` whose stored (scheduler-set) reason is
+    ``stored`` and whose queue is active or not: an inactive queue's PEND jobs wait for it,
+    whatever reason a scheduler gave them while it was active."""
+    if state == "PEND" and not queue_active:
+        return QUEUE_INACTIVE
+    return stored
+
 # -- ops ---------------------------------------------------------------------------------------
 
 OP_NAMES: Final[tuple[OpName, ...]] = (

@@ -142,3 +142,49 @@ def test_picker_cycles_while_allocator_waits_in_reconnect(xce_cluster: Any, tmp_
         wait_for(lambda: is_running(cli, second), 40, what="dispatch after the restart")
         wait_for(lambda: read_status(status_file)["dispatched"] == 2, 10, what="status")
     assert sched.alive()
+
+
+PARKED_CONFIG = (
+    '[controller]\nadmins = ["root"]\n'
+    'queues = [{ name = "normal", priority = 30 }, { name = "parked", priority = 10, active = false }]\n'
+)
+QUEUE_INACTIVE = "queue is inactive"
+
+
+def test_failover_sends_no_reason_the_queue_says(xce_cluster: Any, tmp_path: Path) -> None:
+    """Jobs parked in an inactive queue show its reason on every primary, and the scheduler
+    never sends it: a SIGKILL of the primary costs no set_pend_reason for them (only the one
+    job whose reason is the scheduler's own is sent again, to the new primary)."""
+    cluster: LocalCluster = xce_cluster(3, extra_config=PARKED_CONFIG)
+    status_file = tmp_path / "status.json"
+    sched = start_scheduler(cluster, status_file, standby_first=False)
+    with client(cluster, "worker", "n1", hname="n1", ncpus=1) as _n1, \
+            client(cluster, "cli", "test") as cli:
+        parked = [submit(cli, queue="parked") for _ in range(50)]
+        running, waiting = submit(cli), submit(cli)
+        wait_for(lambda: is_running(cli, running), 20, what="the first job RUN")
+        wait_for(lambda: job(cli, waiting)["pend_reason"] == NO_SLOTS, 10, what="its pend reason")
+        wait_for(lambda: read_status(status_file).get("reasons_sent") == 1, 10,
+                 what=f"one reason sent, {read_status(status_file)}")
+        shown = cli.call("jobinfo", {"queue": "parked"})["jobs"]
+        assert [j["jobid"] for j in shown] == parked
+        assert {j["pend_reason"] for j in shown} == {QUEUE_INACTIVE}
+
+        cluster.kill_primary()
+        wait_for(lambda: "re-joined as scheduler" in sched.text(), 30, what="the re-join")
+        wait_for(lambda: job(cli, waiting)["pend_reason"] == NO_SLOTS, 20,
+                 what="the waiting job's reason on the new primary")
+        # The status file is written every cycle: two more cycles and nothing else was sent.
+        after = read_status(status_file)
+        wait_for(lambda: read_status(status_file).get("cycles", 0) >= after["cycles"] + 2, 10,
+                 what="two more picker cycles")
+        assert read_status(status_file)["reasons_sent"] == 2, read_status(status_file)
+        shown = cli.call("jobinfo", {"queue": "parked"})["jobs"]
+        assert {j["pend_reason"] for j in shown} == {QUEUE_INACTIVE} and len(shown) == len(parked)
+
+        # Activated, the queue's jobs are the picker's again: one slot is taken, so they wait
+        # for slots, and say so.
+        cli.call("queuectrl", {"queue": "parked", "action": "activate"})
+        wait_for(lambda: {j["pend_reason"] for j in cli.call("jobinfo", {"queue": "parked"})["jobs"]}
+                 == {NO_SLOTS}, 20, what="the activated queue's reasons")
+    assert sched.alive()

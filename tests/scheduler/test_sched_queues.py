@@ -45,34 +45,42 @@ def force(picker: Picker) -> None:
     picker.view.apply("host", dict(picker.view.replica.get("hosts", "a")))  # a change: full cycle
 
 
-def test_parked_jobs_get_their_reason_once_then_are_skipped(mocker: Any) -> None:
+def test_parked_jobs_get_no_reason_and_are_skipped(mocker: Any) -> None:
+    """An inactive queue's jobs are never given a reason by the scheduler (it is the
+    queue's, derived where a job is shown), and are not looked at pass after pass."""
     picker, sent = make([host("a", slots=1)], [job(i, queue="parked") for i in range(1, 6)])
     picker.cycle()
-    got = reasons(sent)
-    assert got == {str(i): R.QUEUE_INACTIVE for i in range(1, 6)}
-    picker.view.apply("pend_reasons", {"reasons": got})
-    sent.clear()
-    picker.cycle()  # the pushed reasons changed the queue's jobs: looked at once more
-    assert reasons(sent) == {}
-    spy = mocker.spy(picker.reasons, "changes")
+    assert reasons(sent) == {} and dispatched(sent) == []
+    spy = mocker.spy(picker, "_tail_reason")
     force(picker)
     picker.cycle()
-    assert spy.call_args.args[0] == {}, "an unchanged inactive queue is not looked at"
-    # A new job in the parked queue: its queue is looked at again, only it gets a reason.
+    assert spy.call_count == 0 and picker.status.looked == 0, "an inactive queue is not looked at"
+    # A new job in the parked queue: still no reason, still not looked at.
     picker.view.apply("job", job(9, queue="parked"))
     sent.clear()
     picker.cycle()
-    assert reasons(sent) == {"9": R.QUEUE_INACTIVE}
+    assert reasons(sent) == {} and picker.status.looked == 0
 
 
-def test_lost_reason_batch_is_sent_again_for_a_settled_queue() -> None:
-    picker, sent = make([host("a", slots=1)], [job(1, queue="parked")])
+def test_a_reactivated_queue_gets_its_reasons_from_the_picker() -> None:
+    """Jobs that waited in an inactive queue are looked at when it is activated: those that
+    fit nowhere get the picker's reason (unless the controller already has that one)."""
+    picker, sent = make([host("a", slots=1, used=1)],
+                        [job(1, queue="parked"), job(2, queue="parked")])
     picker.cycle()
-    assert reasons(sent) == {"1": R.QUEUE_INACTIVE}
-    picker.forget_reasons(["1"])  # set_pend_reason failed
+    assert reasons(sent) == {}
+    picker.view.apply("queue", queue("parked", 10, active=True))
     sent.clear()
     picker.cycle()
-    assert reasons(sent) == {"1": R.QUEUE_INACTIVE}
+    assert reasons(sent) == {"1": R.NO_SLOTS, "2": R.NO_SLOTS}
+    picker.view.apply("pend_reasons", {"reasons": reasons(sent)})
+    # Inactivated and activated again: the controller still has their reasons, none re-sent.
+    picker.view.apply("queue", queue("parked", 10, active=False))
+    picker.cycle()
+    picker.view.apply("queue", queue("parked", 10, active=True))
+    sent.clear()
+    picker.cycle()
+    assert reasons(sent) == {} and picker.status.looked >= 1
 
 
 def test_activated_queue_dispatches_its_parked_jobs() -> None:

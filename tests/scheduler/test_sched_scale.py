@@ -1,6 +1,6 @@
 """What a picker cycle costs follows what changed: counted in jobs looked at, not timed.
 
-Parked jobs (an inactive queue) are looked at once; a shape whose first job does not fit is
+Parked jobs (an inactive queue) are never looked at nor given a reason; a shape whose first job does not fit is
 left alone for the rest of the cycle; reasons go in bounded batches and are worked out again
 after every sync; nothing that says "fits nowhere" is sent from a partial view.
 """
@@ -55,11 +55,8 @@ def test_parked_jobs_are_looked_at_once_and_then_cost_nothing() -> None:
     n = 30_000
     picker, sent = make([host("a", slots=4)], [job(i, queue="parked") for i in range(1, n + 1)])
     picker.cycle()
-    got = reasons(sent)
-    assert len(got) == n and set(got.values()) == {R.QUEUE_INACTIVE}
-    batches = [s for s in sent if isinstance(s, ReasonBatch)]
-    assert len(batches) == n // REASON_BATCH and all(len(b.reasons) <= REASON_BATCH for b in batches)
-    echo(picker, sent)
+    assert reasons(sent) == {}, "an inactive queue's reason is the queue's, never sent per job"
+    assert picker.status.looked == 0
     picker.cycle()
     assert len(picker.reasons) == 0, "answered requests are not remembered"
     for i in range(5):  # each pass after one push looks at no parked job
@@ -70,6 +67,16 @@ def test_parked_jobs_are_looked_at_once_and_then_cost_nothing() -> None:
         assert reasons(sent) == {}
         sent.clear()
         picker.view.apply("job", job(n + 1 + i, state="RUN"))
+
+
+def test_reasons_go_in_bounded_batches() -> None:
+    n = 3 * REASON_BATCH + 7
+    picker, sent = make([host("a", slots=4)],
+                        [job(i, resreq="select[ncpus>999]") for i in range(1, n + 1)])
+    picker.cycle()
+    batches = [s for s in sent if isinstance(s, ReasonBatch)]
+    assert len(batches) == 4 and all(len(b.reasons) <= REASON_BATCH for b in batches)
+    assert len(reasons(sent)) == n and set(reasons(sent).values()) == {R.NO_HOST}
 
 
 def test_a_shape_that_does_not_fit_is_left_alone_for_the_rest_of_the_cycle() -> None:
@@ -127,7 +134,7 @@ def test_no_placement_reason_from_a_partial_view_and_all_of_them_after_each_sync
     assert reasons(sent) == {} and picker.status.view_complete is False
     view.apply(*frames[-1])
     picker.cycle()
-    assert reasons(sent) == {"2": R.NO_SLOTS, "3": R.QUEUE_INACTIVE}
+    assert reasons(sent) == {"2": R.NO_SLOTS}
     echo(picker, sent)
     picker.view.apply("host", host("a", slots=1))
     picker.cycle()
@@ -136,4 +143,4 @@ def test_no_placement_reason_from_a_partial_view_and_all_of_them_after_each_sync
     for event, data in [*sync([], [], QUEUES, mode="delta", rev=2)[:1], ("sync_end", {"rev": 2})]:
         view.apply(event, data)
     picker.cycle()
-    assert reasons(sent) == {"2": R.NO_SLOTS, "3": R.QUEUE_INACTIVE}
+    assert reasons(sent) == {"2": R.NO_SLOTS}, "only what the queue does not say is re-sent"

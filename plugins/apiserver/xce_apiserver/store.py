@@ -25,6 +25,7 @@ from sortedcontainers import SortedList
 
 from xce_apiserver.revocations import RevocationList
 from xce_apiserver.stream import ChangeHub
+from xcecore.protocol import pend_reason
 from xcecore.replica import CLUSTER_KEY, Record, Replica, ReplicaObserver
 from xcecore.role import ALL_PUSHES
 
@@ -264,14 +265,22 @@ class Store(ReplicaObserver):
         """``job`` with its volatile values (pend reason, usage) as last pushed."""
         reason = self.replica.get("pend_reasons", jobid)
         usage = self.replica.get("jusage", jobid)
-        if reason is None and usage is None:
+        parked = job.get("state") == "PEND" and not self._queue_active(job.get("queue"))
+        if reason is None and usage is None and not parked:
             return job
         out = dict(job)
         if reason is not None:
             out["pend_reason"] = reason.get("reason")
+        if parked:  # derived from the queue (xcecore.protocol.pend_reason), never pushed
+            out["pend_reason"] = pend_reason(job.get("state"), out.get("pend_reason"), False)
         if usage is not None:
             out["usage"] = dict(usage.get("usage") or {})
         return out
+
+    def _queue_active(self, name: Any) -> bool:
+        """Whether queue ``name`` dispatches (an unknown queue: as if it did)."""
+        queue = self.replica.get("queues", name) if isinstance(name, str) else None
+        return queue is None or bool(queue.get("active", True))
 
     def page_jobs(self, *, after: int = 0, limit: int = 100, states: Iterable[str] | None = None,
                   user: str | None = None, queue: str | None = None,

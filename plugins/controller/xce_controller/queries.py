@@ -17,6 +17,7 @@ import orjson
 
 from xce_controller.jobs import Query
 from xce_controller.state import ClusterState
+from xcecore.protocol import pend_reason
 from xcecore.wire import ErrorCode, RemoteError
 
 JOBS_LIMIT: Final = 100  # a jobs page, by default
@@ -63,7 +64,20 @@ def jobs_page(st: ClusterState, args: dict[str, Any], owner: str | None) -> dict
     q = job_query(args, owner)
     page = st.jobs.page(q, job_start(q, args.get("cursor")), int(args.get("limit", JOBS_LIMIT)),
                         PAGE_BYTES, SCAN_BUDGET)
-    return {"jobs": [orjson.Fragment(j) for j in page.jobs], "next": job_cursor(q, page.next)}
+    inactive = {name for name, queue in st.queues.items() if not queue.get("active", True)}
+    return {"jobs": [_shown(j, inactive) for j in page.jobs], "next": job_cursor(q, page.next)}
+
+
+def _shown(data: bytes, inactive: set[str]) -> orjson.Fragment:
+    """A job's JSON as ``jobinfo`` answers it: a PEND job of an inactive queue says so
+    (:func:`xcecore.protocol.pend_reason`; no scheduler sends that reason per job). Only such
+    jobs are decoded: O(page), and nothing when every queue is active."""
+    if inactive and b'"state":"PEND"' in data:
+        job = orjson.loads(data)
+        if job.get("queue") in inactive:
+            job["pend_reason"] = pend_reason(job.get("state"), job.get("pend_reason"), False)
+            return orjson.Fragment(orjson.dumps(job))
+    return orjson.Fragment(data)
 
 
 def name_start(op: str, cursor: str | None) -> str:

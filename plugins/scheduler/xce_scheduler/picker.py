@@ -11,7 +11,8 @@ allocator; a job already proposed is not proposed again until the controller ans
 A cycle's cost follows what it finds to do, not how many jobs wait: the jobs of one queue
 with the same requirement and task count (a *shape*) are interchangeable, so when one of them
 does not fit, the cycle leaves the rest of its shape alone; jobs parked in an inactive queue
-are not looked at (they were given their reason once). Jobs that fit nowhere get a pend
+are not looked at and get no reason from the scheduler (their reason is derived from the
+queue where a job is shown). Jobs that fit nowhere get a pend
 reason, worked out again only for jobs new to their shape or when their shape's reason
 changes, and sent only when it differs from what the controller has. No reason is sent
 while the view is incomplete (a sync streaming): "fits nowhere" from a partial view would
@@ -284,9 +285,12 @@ class Picker:
         for name, shapes in board.by_queue.items():
             queue = board.queues.get(name)
             if queue is not None and not queue.get("active", True):
-                if work.complete:
-                    for shape in shapes.values():
-                        self._tail_reason(shape, R.QUEUE_INACTIVE, None, iter(shape.jobs), work)
+                # Their reason is the queue's (xcecore.protocol.pend_reason: shown from the
+                # queue record, never sent per job, so a failover re-sends nothing for them).
+                # Marked, so that the queue's activation looks at every one of its jobs again.
+                for shape in shapes.values():
+                    shape.reason = R.QUEUE_INACTIVE
+                    shape.fresh.clear()
                 continue
             prio = queue.get("priority", 0) if queue is not None else 0
             levels.setdefault(prio, []).extend(shapes.values())

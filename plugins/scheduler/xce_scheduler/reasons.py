@@ -15,9 +15,11 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from xcecore import protocol
+
 NO_HOST: Final = "no host satisfies the resource requirement"
 NO_SLOTS: Final = "not enough free slots on matching hosts"
-QUEUE_INACTIVE: Final = "queue is inactive"
+QUEUE_INACTIVE: Final = protocol.QUEUE_INACTIVE  # derived from the queue, never sent
 HOSTS_UNUSABLE: Final = "all matching hosts are closed or unavailable"
 BAD_REQUIREMENT: Final = "bad resource requirement: "
 RESERVED: Final = "resources of matching hosts are reserved (rusage of running or dispatched jobs)"
