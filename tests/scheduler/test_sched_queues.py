@@ -118,12 +118,14 @@ def test_board_shapes_follow_queue_moves_and_reasons() -> None:
     board = Board()
     board.drain(view.take())
     assert {n: sorted(s.key for s in shapes.values()) for n, shapes in board.by_queue.items()} == {
-        "normal": [("", 1), ("", 2)], "parked": [("", 1)]}
+        "normal": [("", 1), ("", 2)]}
+    assert board.parked == {"parked": {2: view.replica.get("jobs", 2)}}, "in no shape"
     assert board.complete and sorted(board.pending) == [1, 2, 3]
     view.apply("job", job(2, queue="normal"))  # moved to another queue (switch)
     view.apply("pend_reasons", {"reasons": {"1": R.NO_SLOTS}})
     drained = board.drain(view.take())
     assert set(board.by_queue) == {"normal"} and drained.echoed == [(1, R.NO_SLOTS)]
+    assert board.parked == {}
     assert board.current_reason(1) == R.NO_SLOTS and board.current_reason(2) is None
     shape = board.shape(1)
     assert shape is board.shape(2) and list(shape.jobs) == [(1.0, 1), (2.0, 2)]
@@ -143,6 +145,29 @@ def test_board_shapes_follow_queue_moves_and_reasons() -> None:
     assert shape.fresh == set(), "a job that left is not fresh any more"
     assert list(board.shape(3).jobs) == [(0.5, 3)] and sorted(board.pending) == [3]
     assert view.replica.get("jobs", 1)["state"] == "RUN" and view.replica.get("jobs", 2) is None
+
+
+def test_parked_jobs_take_their_shapes_when_the_queue_is_activated() -> None:
+    view = SchedulerView()
+    load(view, [host("a")], [job(1, queue="parked"), job(2, queue="parked", ntasks=2), job(3)],
+         QUEUES)
+    board = Board()
+    board.drain(view.take())
+    assert sorted(board.parked["parked"]) == [1, 2] and "parked" not in board.by_queue
+    view.apply("job", {**job(1, queue="parked"), "state": "EXIT"})  # killed while parked
+    drained = board.drain(view.take())
+    assert drained.left == [1] and sorted(board.parked["parked"]) == [2]
+    assert sorted(board.pending) == [2, 3]
+    view.apply("queue", queue("parked", 10, active=True))
+    board.drain(view.take())
+    assert board.parked == {} and board.shape(2) is not None and board.shape(2).ntasks == 2
+    view.apply("queue", queue("parked", 10, active=False))  # shaped jobs stay shaped; new park
+    view.apply("job", job(4, queue="parked"))
+    board.drain(view.take())
+    assert sorted(board.parked["parked"]) == [4] and board.shape(2) is not None
+    # A sync that no longer has the queue: its jobs are shaped at the sync's end.
+    board.drain([("reset", frozenset({"queues"}), None), ("complete", None, None)])
+    assert board.parked == {} and board.shape(4) is not None
 
 
 def test_a_malformed_pending_job_is_not_scheduled_and_changes_nothing_else(caplog: Any) -> None:

@@ -12,6 +12,10 @@ so the picker stops looking at it: 1,000,000 jobs of a few shapes cost a few ste
 A shape remembers the pend reason its jobs were last given and which jobs arrived since, so
 reasons are worked out again only for what changed. Exclusive jobs (``-x``) are shapes of
 their own, and the board knows the hosts active exclusive jobs hold (no other job goes there).
+
+Jobs of an inactive queue are *parked*: held by id only (:attr:`Board.parked`), in no shape,
+so that a million of them cost one dict entry each to take in (a join's sync) and nothing per
+cycle; the queue's activation puts them in their shapes, once.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class Board:
         self.cluster: Record = {}
         self.resources: tuple[Any, ...] = ()
         self.pending: dict[int, Record] = {}
+        self.parked: dict[str, dict[int, Record]] = {}  # inactive queue -> its pending jobs
         self.by_queue: dict[str, dict[ShapeKey, Shape]] = {}
         self._shape_of: dict[int, Shape] = {}
         self.reasons: dict[int, str] = {}  # pushed (volatile) pend reasons
@@ -170,6 +175,8 @@ class Board:
                     self.queues.pop(key, None)
                 else:
                     self.queues[key] = new
+                if key in self.parked and not self._inactive(key):
+                    self._unpark_queue(key)
                 out.changes += 1
             elif kind == "pend_reasons":
                 reason = None if new is None else new.get("reason")
@@ -186,6 +193,8 @@ class Board:
             elif kind == "reset":
                 self._reset(key, out)
             elif kind == "complete":
+                for name in [q for q in self.parked if not self._inactive(q)]:
+                    self._unpark_queue(name)  # its queue is gone, or active after all
                 self.complete = out.completed = True
                 out.changes += 1
         return out
@@ -197,7 +206,7 @@ class Board:
         out.changes += 1
         if "jobs" in kinds:
             out.left += list(self.pending)
-            self.pending, self.by_queue, self._shape_of = {}, {}, {}
+            self.pending, self.by_queue, self._shape_of, self.parked = {}, {}, {}, {}
         if "hosts" in kinds:
             self.hosts = {}
         if "jobs" in kinds:
@@ -216,7 +225,15 @@ class Board:
             for shape in shapes.values():
                 shape.reason = None
 
+    def _inactive(self, queue: Any) -> bool:
+        """Whether ``queue`` is known and inactive (its pending jobs are parked)."""
+        q = self.queues.get(queue) if type(queue) is str else None
+        return q is not None and not q.get("active", True)
+
     def _job(self, jobid: int, job: Record | None, out: Drained) -> None:
+        if job is not None and job.get("state") == "PEND" and self._inactive(job.get("queue")):
+            self._park(jobid, job)  # the sync of a million parked jobs comes this way
+            return
         self._exclusive(jobid, job)
         self._rusage(jobid, job)
         if job is not None and job.get("state") == "PEND" and not job.get("waiting"):
@@ -235,6 +252,39 @@ class Board:
         if old is not None:
             out.left.append(jobid)
             self._unshape(jobid, old)
+            self._unpark(jobid, old)
+
+    def _park(self, jobid: int, job: Record) -> None:
+        """Hold a pending job of an inactive queue by id, in no shape (a dict entry)."""
+        if jobid in self._exclusive_hosts or jobid in self.rusage_active:  # it ran before
+            self._exclusive(jobid, job)
+            self._rusage(jobid, job)
+        old = self.pending.get(jobid)
+        if old is not None:
+            self._unshape(jobid, old)
+            if old.get("queue") != job["queue"]:
+                self._unpark(jobid, old)
+        self.pending[jobid] = job
+        parked = self.parked.get(job["queue"])
+        if parked is None:
+            parked = self.parked[job["queue"]] = {}
+        parked[jobid] = job
+
+    def _unpark(self, jobid: int, old: Record) -> None:
+        parked = self.parked.get(old.get("queue"))  # type: ignore[arg-type]
+        if parked is not None and parked.pop(jobid, None) is not None and not parked:
+            del self.parked[old["queue"]]
+
+    def _unpark_queue(self, queue: str) -> None:
+        """The queue dispatches (or is gone): its parked jobs go into their shapes, once."""
+        jobs = self.parked.pop(queue, {})
+        if len(jobs) > 10_000:
+            logger.info("scheduler: queue {} is active: placing its {} waiting job(s) in "
+                        "their shapes", queue, len(jobs))
+        unused = Drained()
+        for jobid, job in jobs.items():
+            del self.pending[jobid]  # taken in again as any pending job
+            self._job(jobid, job, unused)
 
     def _exclusive(self, jobid: int, job: Record | None) -> None:
         """Keep :attr:`exclusive_on`: the hosts of active exclusive jobs (no other job goes
@@ -285,6 +335,8 @@ class Board:
                     and shape.exclusive == excl and order_key(old) == key:
                 return  # same place: only the record changed (a pend reason, a signal)
             self._unshape(jobid, old)
+        elif old is not None:
+            self._unpark(jobid, old)  # from an inactive queue to an active one
         shapes = self.by_queue.get(queue)
         if shapes is None:
             shapes = self.by_queue[queue] = {}

@@ -101,7 +101,8 @@ class SchedulerView(ReplicaObserver):
     def changed(self, kind: str, key: Hashable, old: Record | None, new: Record | None) -> None:
         with self._lock:
             self._journal.append((kind, key, new))
-        if _wakes(kind, old, new):
+        # is_set first: a sync of a million records would take the event's lock a million times
+        if not self.wake.is_set() and _wakes(kind, old, new):
             self.wake.set()
 
 
