@@ -711,7 +711,9 @@ def scale_section(d: dict[str, Any] | None) -> list[str]:
                     got = got.get("p50", got.get("worst_le_ms"))
                 if got is not None:
                     lines.append(f"| {int(size):,} | {label} | {fmt(got, digits)} | {aim} |")
-    members = {k: v for k, v in res.items() if not k.startswith("ctl_") and k != "apiserver"}
+    lines += scale_member_rows(res)
+    members = {k: v for k, v in res.items()
+               if not k.startswith("ctl_") and k != "apiserver" and k not in OWN_ROWS}
     if members:
         lines += ["", "Members (medians; every figure of `results/scale.json`):", "",
                   "| measurement | figure | value |", "|---|---|---|"]
@@ -721,6 +723,52 @@ def scale_section(d: dict[str, Any] | None) -> list[str]:
                      and not isinstance(flat[k], list | dict)][:24]
             lines += [f"| {name} | {k} | {fmt(flat[k], 3)} |" for k in picks]
     return [*lines, ""]
+
+
+OWN_ROWS = frozenset({"scheduler_dispatch", "member_join"})
+"""Member measurements with rows of their own (:func:`scale_member_rows`)."""
+
+
+def scale_member_rows(res: dict[str, Any]) -> list[str]:
+    """The scheduler's dispatch and the members' joins, one row per figure and size."""
+    lines: list[str] = []
+    sd = res.get("scheduler_dispatch")
+    if isinstance(sd, dict):
+        lines += ["", "Scheduler dispatch (`--only scheduler_dispatch [--in-state N]`): 10,000 pending jobs "
+                  "onto 1,000 simulated hosts (`simworkers.py`), a real controller and scheduler; "
+                  "activation of their queue -> the last job RUN. CPU: each process's over that "
+                  "window (on a shared machine the wall time also waits for other work).", "",
+                  "| jobs in state besides | activation -> last RUN (s, p50) | runs | CPU controller / "
+                  "scheduler / simulated hosts (s, last run) | aim |", "|---|---|---|---|---|"]
+        parts = [("0", sd)] + [(k.removeprefix("in_state_"), v) for k, v in sd.items()
+                                if k.startswith("in_state_") and isinstance(v, dict)]
+        for size, v in parts:
+            runs = v.get("runs") or []
+            if not runs:
+                continue
+            cpu = runs[-1].get("cpu_during_dispatch_s") or {}
+            cells = " / ".join(fmt(cpu.get(k), 2) for k in ("controller", "scheduler", "simworkers"))
+            lines.append(f"| {int(size):,} | {fmt(v['activate_to_last_run_s'].get('p50'), 2)} | "
+                         f"{len(runs)} | {cells if cpu else 'not measured'} | ≤ 2 s |")
+    mj = res.get("member_join")
+    if isinstance(mj, dict):
+        lines += ["", "Member join (`--only member_join`): each role's join -> its replica's sync "
+                  "complete, then SIGKILL of the primary -> re-join -> sync complete (its mode), "
+                  "and how many times it re-joined (once is right). CPU: the role process's from its "
+                  "start to the sync seen complete.", "",
+                  "| size | role | join -> complete (s) | CPU (s) | re-join -> complete (s) | mode | "
+                  "re-joins |", "|---|---|---|---|---|---|---|"]
+        for size, v in sorted(mj.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            if not isinstance(v, dict):
+                continue
+            first, again = v.get("join") or {}, v.get("rejoin_after_sigkill") or {}
+            for role in sorted(first):
+                j, r = first[role], again.get(role) or {}
+                lines.append(f"| {int(size):,} | {role} | {fmt(j.get('join_to_complete_s'), 3)} | "
+                             f"{fmt(j.get('cpu_s_start_to_complete'), 2)} | "
+                             f"{fmt(r.get('join_to_complete_s'), 3)} | {r.get('mode', '')} | "
+                             f"{r.get('rejoins', '')} |")
+    return lines
 
 
 ETCD_ALONE = (
