@@ -135,3 +135,20 @@ def test_the_index_follows_changes_of_each_field() -> None:
     assert list(index.candidates(1, None, None, None)) == [2]
     index.remove(1, job(1, state="RUN", queue="hi"))
     assert "hi" not in index.by["queue"] and "RUN" not in index.by["state"] and len(index) == 1
+
+
+def test_an_inactive_queue_gives_its_pending_jobs_their_reason() -> None:
+    """Derived from the queue's record (never pushed per job), over any reason pushed."""
+    s = Store()
+    sync(s, queues=[{"name": "normal", "priority": 30, "active": True, "rev": 1},
+                    {"name": "parked", "priority": 10, "active": False, "rev": 1}],
+         jobs=[job(1, queue="parked"), job(2), job(3, queue="parked", state="RUN")],
+         pend_reasons=[{"jobid": 2, "reason": "no slots"}])
+    assert s.get_job(1)["pend_reason"] == "queue is inactive"
+    assert s.get_job(2)["pend_reason"] == "no slots"
+    assert s.get_job(3).get("pend_reason") is None, "only pending jobs wait for their queue"
+    assert [j.get("pend_reason") for j in s.page_jobs().jobs] == ["queue is inactive", "no slots", None]
+    s.apply("queue", {"name": "parked", "priority": 10, "active": True, "rev": 2})
+    s.apply("queue", {"name": "normal", "priority": 30, "active": False, "rev": 2})
+    assert s.get_job(1).get("pend_reason") is None
+    assert s.get_job(2)["pend_reason"] == "queue is inactive"
