@@ -38,6 +38,7 @@ def _cluster(xce_cluster: Any, tmp_path: Path) -> tuple[LocalCluster, Proc, str]
 
 
 def test_dashboard_in_chromium_follows_jobs_and_a_failover(xce_cluster: Any, tmp_path: Path) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -48,7 +49,23 @@ def test_dashboard_in_chromium_follows_jobs_and_a_failover(xce_cluster: Any, tmp
         wait = WebDriverWait(drv, 30, poll_frequency=0.1)
 
         def text(css: str) -> str:
-            return str(drv.find_element(By.CSS_SELECTOR, css).text)
+            # The live page re-renders rows as pushes arrive: an element found may be replaced
+            # before its text is read, so a stale one is looked up again.
+            for _ in range(50):
+                try:
+                    return str(drv.find_element(By.CSS_SELECTOR, css).text)
+                except StaleElementReferenceException:
+                    continue
+            raise AssertionError(f"{css}: replaced 50 times in a row while being read")
+
+        def click(css: str) -> None:
+            for _ in range(50):
+                try:
+                    drv.find_element(By.CSS_SELECTOR, css).click()
+                    return
+                except StaleElementReferenceException:
+                    continue
+            raise AssertionError(f"{css}: replaced 50 times in a row while being clicked")
 
         def shot(name: str) -> None:
             if shots:
@@ -88,7 +105,7 @@ def test_dashboard_in_chromium_follows_jobs_and_a_failover(xce_cluster: Any, tmp
         Select(drv.find_element(By.ID, "f-state")).select_by_visible_text("RUN")
         drv.find_element(By.CSS_SELECTOR, "#job-filter button").click()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, row))
-        drv.find_element(By.CSS_SELECTOR, row).click()
+        click(row)
         wait.until(lambda d: "started" in text("#jd-timeline") and "d1" in text("#jd-timeline"))
         shot("jobs")
         drv.find_element(By.CSS_SELECTOR, "nav a[data-panel=hosts]").click()
