@@ -110,8 +110,9 @@ def main() -> None:
     write_result("cli", data)
     lines = ["# Command-line start-up", "",
              f"`{data['command']}` on {data['cores']} cores, {data['date']}; 1-minute load average "
-             f"{load[0]} at the start, {load[1]} at the end (above the core count: a shared machine, "
-             "pessimistic figures).",
+             f"{load[0]} at the start, {load[1]} at the end"
+             + (" (above the core count: a shared machine, pessimistic figures)."
+                if max(load) > data["cores"] else " (a quiet machine)."),
              "Each command is a fresh process (bytecode cached, as after a first run); wall time in ms. "
              "`regular`: a venv with xce and its plugins installed from a copy of the tree (not editable); "
              "`editable`: the development venv (`pip install -e`, whose path hooks every start pays). "
