@@ -158,7 +158,9 @@ def scenario(name: str, bounded: bool, args: argparse.Namespace) -> dict[str, An
             admin = Conn(ctl.address, "cli@fill")
             admin.sock.settimeout(60)
             command = "x" * 2000
-            big = "y" * 64000
+            # 64 KB of resource values per update, in strings of the longest length a value
+            # may have (xcecore.schema.limits.RESVAL_STRING_MAX).
+            big = {f"blob{k}": "y" * 1000 for k in range(64)}
             # The pushes to the deaf members: a worker's resource values (a volatile update, so
             # the state does not grow with them and the RSS shows the connections only).
             pusher = Conn(ctl.address, "worker@pusher")
@@ -205,7 +207,8 @@ def scenario(name: str, bounded: bool, args: argparse.Namespace) -> dict[str, An
             while time.monotonic() - t0 < args.seconds and not capped.is_set():
                 if name == "deaf members":  # ~1.3 MB of pushes to every member per round
                     for i in range(20):
-                        assert pusher.call("update_resvals", {"values": {"blob": big, "n": i}})["ok"]
+                        reply = pusher.call("update_resvals", {"values": {**big, "n": i}})
+                        assert reply["ok"], reply
                 s = time.perf_counter()
                 try:
                     if good is None:
