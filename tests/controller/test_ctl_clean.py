@@ -129,6 +129,10 @@ async def test_clean_period_zero_keeps_finished_jobs(tmp_path: Path) -> None:
     jobid = _seed_finished_long_ago(tmp_path)
     async with running(tmp_path, clean_period=0) as ctl:
         assert ctl.settings.clean_period == 0
+        with anyio.fail_after(10):  # loaded: job 2 is there (before the load job 1 is absent too)
+            while 2 not in ctl.state.jobs:
+                await anyio.sleep(0.01)
+        # A cleaner would make its first pass right after the load: give a wrong one the time.
         await anyio.sleep(0.3)
         assert jobid in ctl.state.jobs
         c = await RawClient.connect(ctl.address, "cli@x")
