@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import log, meta, quiet_logs, stats, write_result
+from benchkit import log, meta, quiet_logs, scratch, stats, write_result
 
 from xcecore.testing import nemesis
 from xcecore.testing.faultbed import FaultBed, requirements
@@ -108,23 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     for i in range(runs_n):
         seed = seed0 + i
-        root = Path(tempfile.mkdtemp(prefix="xce-bench-chaos-"))
-        keep = args.keep
-        try:
-            with FaultBed(root) as bed:
-                report = nemesis.run(bed, seed=seed, faults=faults_n, kinds=kinds, writers=args.writers,
-                                   hung_timeout=args.hung_timeout)
-                if not report.verdict.ok or report.unfinished:
-                    keep = True
-                    print(report.summary(), file=sys.stderr)
-        except BaseException:
-            keep = True
-            raise
-        finally:
-            if keep:
-                log(PART, f"run {i + 1}: kept {root}")
-            else:
-                shutil.rmtree(root, ignore_errors=True)
+        with scratch("xce-bench-chaos-", PART, args.keep, f"run {i + 1}: ") as sc, FaultBed(sc.path) as bed:
+            report = nemesis.run(bed, seed=seed, faults=faults_n, kinds=kinds, writers=args.writers,
+                                 hung_timeout=args.hung_timeout)
+            if not report.verdict.ok or report.unfinished:
+                sc.keep = True
+                print(report.summary(), file=sys.stderr)
         runs.append({"seed": seed, "duration_s": round(report.duration, 1),
                      "verdict": report.verdict.as_dict(),
                      "faults": [f.as_dict() for f in report.faults],
@@ -157,24 +144,14 @@ def run_etcd(args: Any) -> int:
     runs: list[dict[str, Any]] = []
     for i in range(runs_n):
         seed = seed0 + i
-        root = Path(tempfile.mkdtemp(prefix="xce-bench-chaos-etcd-"))
-        keep = args.keep
         t0 = time.monotonic()
-        try:
-            with FaultBed(root / "bed") as bed:
-                verdict, records = chaos.run(bed, root, seed=seed, faults=faults_n, kinds=kinds,
+        with scratch("xce-bench-chaos-etcd-", PART, args.keep, f"run {i + 1}: ") as sc:
+            with FaultBed(sc.path / "bed") as bed:
+                verdict, records = chaos.run(bed, sc.path, seed=seed, faults=faults_n, kinds=kinds,
                                              writers=args.writers)
             if not verdict.ok:
-                keep = True
+                sc.keep = True
                 print(verdict.summary(), file=sys.stderr)
-        except BaseException:
-            keep = True
-            raise
-        finally:
-            if keep:
-                log(PART, f"run {i + 1}: kept {root}")
-            else:
-                shutil.rmtree(root, ignore_errors=True)
         duration = time.monotonic() - t0
         runs.append({"seed": seed, "duration_s": round(duration, 1), "verdict": verdict.as_dict(),
                      "faults": [f.as_dict() for f in records], "unfinished": []})

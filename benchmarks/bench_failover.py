@@ -84,6 +84,7 @@ from benchkit import (
     log_times,
     meta,
     quiet_logs,
+    scratch,
     stats,
     write_result,
 )
@@ -350,22 +351,13 @@ def run_bed_faults(part: str, fault: str, faults: int, seed: int, keep: bool) ->
     from xcecore.testing.faultbed import FaultBed
 
     quiet_logs("ERROR")
-    root = Path(tempfile.mkdtemp(prefix="xce-bench-failover-bed-"))
     load_at_start = round(os.getloadavg()[0], 2)
-    try:
-        with FaultBed(root / "bed") as bed:
-            verdict, recs = chaos.run(bed, root, seed=seed, faults=faults, kinds=[BED_FAULTS[fault]],
-                                      settle=True)
-            promos = [t for t, _addr in promotions_in_logs(
-                sorted((root / "cluster").glob("controller*.log")))]
-    except BaseException:
-        keep = True
-        raise
-    finally:
-        if keep:
-            log(part, f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    with scratch("xce-bench-failover-bed-", part, keep) as sc, FaultBed(sc.path / "bed") as bed:
+        root = sc.path
+        verdict, recs = chaos.run(bed, root, seed=seed, faults=faults, kinds=[BED_FAULTS[fault]],
+                                  settle=True)
+        promos = [t for t, _addr in promotions_in_logs(
+            sorted((root / "cluster").glob("controller*.log")))]
     records = []
     for r in recs:
         after = [t - r.start for t in promos if t >= r.start]

@@ -12,9 +12,12 @@ import os
 import platform
 import resource
 import shlex
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +115,32 @@ def raise_fd_limit(want: int = 1 << 20) -> int:
 def log(part: str, msg: str) -> None:
     """One progress line on stdout."""
     print(f"[{part} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Scratch:
+    """A benchmark run's temporary directory (``path``); set ``keep`` to keep it at the end."""
+
+    def __init__(self, path: Path, keep: bool) -> None:
+        self.path = path
+        self.keep = keep
+
+
+@contextmanager
+def scratch(prefix: str, part: str, keep: bool = False, label: str = "") -> Iterator[Scratch]:
+    """A fresh temporary directory for one run, removed at the end unless asked to keep it
+    (``keep``, or ``Scratch.keep`` set during the run, e.g. on a checker violation) or the run
+    raised: then it is kept for the post-mortem, and the kept path is logged."""
+    sc = Scratch(Path(tempfile.mkdtemp(prefix=prefix)), keep)
+    try:
+        yield sc
+    except BaseException:
+        sc.keep = True
+        raise
+    finally:
+        if sc.keep:
+            log(part, f"{label}kept {sc.path}")
+        else:
+            shutil.rmtree(sc.path, ignore_errors=True)
 
 
 def cluster_extra(root: Path, *, api: bool, failover_grace: float | None = None,
