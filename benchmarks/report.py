@@ -53,7 +53,7 @@ OTHERS: dict[str, list[tuple[str, str, str]]] = {
         ("durable submits/s, pipelined, 8 clients", "throughput.pipelined_8_clients_per_s", "/s"),
         ("SIGKILL -> first acked write (median)", "promotion.kill_to_first_acked_write_ms.median", "ms"),
         ("promotion inside the standby (median)", "promotion.promote_internal_ms.median", "ms"),
-        ("full state 10k jobs + 1k hosts: join -> received (median)",
+        ("state sync, 10k jobs + 1k hosts: join -> sync_end (median)",
          "full_state.join_to_state_received_ms.median", "ms"),
     ],
     "resreq": [
