@@ -423,13 +423,18 @@ def _event_dict(r: Sequence[Any]) -> dict[str, Any]:
             "time": r[4], "user": r[5], "detail": json.loads(r[6])}
 
 
+CURSOR_PART_MAX = 2.0 ** 62
+"""A cursor's parts are times and ids: finite, and within SQLite's 64-bit integers."""
+
+
 def _parse_cursor(cursor: str, parts: int) -> list[float]:
     try:
         values = [float(p) for p in cursor.split(":")]
     except ValueError:
         values = []
-    if len(values) != parts:
-        raise QueryError(f"cursor {cursor[:64]!r} is not one this query returned as 'next'")
+    # "inf", "nan" or 1e300 parse as floats but are no time or id this store hands out.
+    if len(values) != parts or not all(abs(v) < CURSOR_PART_MAX for v in values):
+        raise QueryError(f"argument 'cursor': {cursor[:64]!r} is not one this query returned as 'next'")
     return values
 
 
