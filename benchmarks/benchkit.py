@@ -203,9 +203,9 @@ class BenchCluster:
                 "worker", f'worker.hname="{name}"', f'worker.state_dir="{self.root / name}"',
                 f"worker.slots={slots}", f"worker.ncpus={slots}", *self.worker_extra, name=name)
 
-    def start_role(self, role: str) -> None:
-        """Start the scheduler or the API server."""
-        self.roles[role] = self.cluster.start_role(role)
+    def start_role(self, role: str, *overrides: str) -> None:
+        """Start a role (the scheduler, the API server, accounting...), with ``--set`` overrides."""
+        self.roles[role] = self.cluster.start_role(role, *overrides)
 
     def client_config(self, sender: str) -> Any:
         """A ``ClientConfig`` for a benchmark client of this cluster."""
