@@ -37,14 +37,15 @@ PART = "restfuzz"
 HERE = Path(__file__).resolve().parent
 
 
-def fuzz(url: str, examples: int, out: Path, timeout: float) -> dict[str, Any]:
+def fuzz(url: str, examples: int, out: Path, timeout: float, phases: str = "") -> dict[str, Any]:
     """Run the schemathesis CLI against ``url``; the figures of its reports."""
     exe = shutil.which("schemathesis") or str(Path(sys.executable).with_name("schemathesis"))
     report, har = out / "report.json", out / "cases.har"
     cmd = [exe, "--config-file", str(HERE / "restfuzz.toml"), "run", f"{url}/openapi.json",
            "--checks", "all", "--continue-on-failure", "--max-examples", str(examples),
            "--workers", "1", "--seed", "1", "--report", "json,har",
-           "--report-json-path", str(report), "--report-har-path", str(har)]
+           "--report-json-path", str(report), "--report-har-path", str(har),
+           *(["--phases", phases] if phases else [])]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "restfuzz_hooks",
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
            "XCE_FUZZ_URL": url, "XCE_FUZZ_USER": BENCH_USER, "XCE_FUZZ_PASSWORD": BENCH_PASSWORD}
@@ -56,8 +57,16 @@ def fuzz(url: str, examples: int, out: Path, timeout: float) -> dict[str, Any]:
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     data = json.loads(report.read_text())
     statuses: Counter[int] = Counter()
+    server_errors: list[dict[str, Any]] = []  # what a 5xx answered, for the post-mortem
     for entry in json.loads(har.read_text())["log"]["entries"]:
-        statuses[int(entry["response"]["status"])] += 1
+        status = int(entry["response"]["status"])
+        statuses[status] += 1
+        if status >= 500 and len(server_errors) < 10:
+            req = entry["request"]
+            server_errors.append({"method": req["method"], "url": req["url"][:500],
+                                  "body": ((req.get("postData") or {}).get("text") or "")[:500],
+                                  "status": status,
+                                  "answer": ((entry["response"].get("content") or {}).get("text") or "")[:500]})
     by_check: Counter[str] = Counter()
     details: list[str] = []
     for failure in data.get("failures", []):
@@ -77,7 +86,7 @@ def fuzz(url: str, examples: int, out: Path, timeout: float) -> dict[str, Any]:
         "operations_tested": data["operations"]["tested"],
         "errors": [str(e)[:300] for e in data.get("errors", [])][:10],
         "schemathesis_exit": proc.returncode, "seconds": round(took, 1),
-        "examples_per_operation": examples,
+        "examples_per_operation": examples, "server_errors": server_errors,
     }
 
 
@@ -87,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--examples", type=int, default=150, help="max examples per operation and phase")
     ap.add_argument("--quick", action="store_true", help="10 examples per operation")
     ap.add_argument("--timeout", type=float, default=5400, help="seconds the fuzzing may take")
+    ap.add_argument("--phases", default="", help="schemathesis phases (default: all of them)")
     args = ap.parse_args(argv)
     quiet_logs()
     examples = 10 if args.quick else args.examples
@@ -102,9 +112,12 @@ def main(argv: list[str] | None = None) -> int:
             bc.wait_logged("apiserver", "serving it", 60)
             url = bc.api_url()
             log(PART, f"fuzzing {url} with schemathesis, {examples} examples per operation")
-            out = fuzz(url, examples, Path(tmp), args.timeout)
+            out = fuzz(url, examples, Path(tmp), args.timeout, args.phases)
             api_alive = bc.roles["apiserver"].alive()
-            reconnects = bc.roles["apiserver"].text().count("lost connection")
+            api_log = bc.roles["apiserver"].text()
+            reconnects = api_log.count("lost connection")
+            out["apiserver_errors"] = [line[:400] for line in api_log.splitlines()
+                                       if " ERROR " in line or "Traceback" in line][:10]
         except BaseException:
             print(bc.cluster.logs()[-6000:], file=sys.stderr)
             raise
