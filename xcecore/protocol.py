@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     JobState = Literal["PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "UNKWN", "DONE", "EXIT"]
     OpName = Literal[
         "join", "hello", "heartbeat", "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
-        "set_pend_reason", "clear_reason", "update_resvals", "notify_job", "update_jusage", "resval",
+        "jobdispatch_many", "set_pend_reason", "clear_reason", "update_resvals", "notify_job",
+        "update_jusage", "resval",
         "clusterconf", "jobinfo", "hostinfo", "queueinfo", "status", "shutdown", "reconfig", "outcome",
         "events", "task_launch", "task_block", "revoke_token", "revoke_tokens",
     ]
@@ -56,14 +57,15 @@ def pend_reason(state: object, stored: object, queue_active: bool) -> object:
 
 OP_NAMES: Final[tuple[OpName, ...]] = (
     "join", "hello", "heartbeat", "jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
-    "set_pend_reason", "clear_reason", "update_resvals", "notify_job", "update_jusage", "resval",
+    "jobdispatch_many", "set_pend_reason", "clear_reason", "update_resvals", "notify_job",
+    "update_jusage", "resval",
     "clusterconf", "jobinfo", "hostinfo", "queueinfo", "status", "shutdown", "reconfig", "outcome",
     "events", "task_launch", "task_block", "revoke_token", "revoke_tokens",
 )
 """Every op the controller answers (``docs/protocol-ops.md``); a test keeps its table equal."""
 
 KEYED_WRITES: Final = frozenset({"jobsubmit", "jobctrl", "queuectrl", "hostctrl", "jobdispatch",
-                                 "notify_job", "task_launch", "task_block"})
+                                 "jobdispatch_many", "notify_job", "task_launch", "task_block"})
 """The durable writes the controller records under their idempotency key (``rid``) with
 their result, in the write's own transaction: a repeat of the key is answered from that
 record, and the ``outcome`` op can say what became of a key. A client reports a lost reply

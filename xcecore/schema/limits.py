@@ -44,6 +44,10 @@ RID_MAX: Final = 128
 """An idempotency key (``rid``)."""
 BATCH_MAX: Final = 1_000_000
 DISPATCH_MORE_MAX: Final = 1000
+DISPATCH_BATCH_MAX: Final = 1000
+"""Allocations one ``jobdispatch_many`` carries (items, each a job)."""
+DISPATCH_ELEMENTS_MAX: Final = 10_000
+"""Allocations one ``jobdispatch_many`` carries in all, each item's ``more`` counted."""
 TASK_HOSTS_MAX: Final = 1024  # hosts one task_launch names
 TASKS_MAX: Final = 4096  # tasks one job may launch in all
 TASK_COMMANDS_MAX: Final = 256 * 1024  # characters of all of a job's task commands

@@ -19,6 +19,7 @@ from typing_extensions import TypedDict  # pydantic needs this one before Python
 
 from xcecore.schema import types as t
 from xcecore.schema.errors import invalid
+from xcecore.schema.limits import DISPATCH_ELEMENTS_MAX
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -339,6 +340,55 @@ class JobDispatchArgs(TypedDict):
 
 
 @with_config(_STRICT)
+class DispatchItem(TypedDict):
+    """One allocation of a ``jobdispatch_many`` batch: what one ``jobdispatch`` would carry
+    (never forced)."""
+
+    jobid: Annotated[t.JobId, _d("the job")]
+    alloc: Annotated[Alloc, _d("tasks per host, summing to the job's `ntasks`")]
+    more: NotRequired[Annotated[list[Alloc], Field(max_length=t.lim.DISPATCH_MORE_MAX), _d(
+        "an array only: one more element on each of these allocations")]]
+
+
+def _bounded_batch(args: JobDispatchManyFields) -> JobDispatchManyFields:
+    elements = sum(1 + len(item.get("more", ())) for item in args["dispatches"])
+    if elements > DISPATCH_ELEMENTS_MAX:
+        raise ValueError(f"dispatches: {elements:,} allocations in all (with `more`), at most "
+                         f"{DISPATCH_ELEMENTS_MAX:,}")
+    return args
+
+
+@with_config(_STRICT)
+class JobDispatchManyFields(TypedDict):
+    """Run many pending jobs, each on its allocation, in ONE write (one commit, one record
+    under the request's idempotency key): the scheduler's batch of one picker pass. Result:
+    ``{"dispatched": <int>, "refused": <int>, "results": [...]}``, one entry per item in
+    the request's order: ``{"jobid", "state": "RUN"}`` (an array adds ``elements``:
+    ``[{"jobid", "index"}, ...]``), or ``{"jobid", "code", "message"}`` for an item refused
+    with the error ``jobdispatch`` would have given it (NOT_FOUND, INVALID, CONFLICT). Each
+    item is checked against the state as the items before it left it (two items taking the
+    same free slots: the second is refused); a refused item changes nothing and never fails
+    the rest. The items accepted become RUN as ``jobdispatch`` says (slots taken, pushed to
+    their hosts' workers, a host's record once per batch). Nothing is forced: a forced
+    dispatch is ``jobdispatch`` with ``force``. A repeat of the key is answered the stored
+    result (nothing dispatched twice); a batch that dispatched nothing is not recorded.
+
+    INVALID (nothing applied) when an item is malformed or the items hold more than 10,000
+    allocations in all (each item's one plus its ``more``). An item may name a job an
+    earlier item dispatched (refused: not PEND) or an array again (its next indexes).
+    """
+
+    dispatches: Annotated[list[DispatchItem], Field(
+        min_length=1, max_length=t.lim.DISPATCH_BATCH_MAX),
+        _d(f"1 to {t.lim.DISPATCH_BATCH_MAX:,} items, each a job's `jobid`, `alloc` and (an "
+           "array) `more`, as `jobdispatch` takes them")]
+    user: NotRequired[User]
+
+
+JobDispatchManyArgs = Annotated[JobDispatchManyFields, AfterValidator(_bounded_batch)]
+
+
+@with_config(_STRICT)
 class SetPendReasonArgs(TypedDict):
     """Set the pend reasons of pending jobs (ids of jobs that are not pending are skipped).
     Result: ``{"updated": <int>}``. Pushes ``pend_reasons``."""
@@ -656,6 +706,7 @@ OP_ARGS: dict[str, Any] = {
     "queuectrl": QueueCtrlArgs,
     "hostctrl": HostCtrlArgs,
     "jobdispatch": JobDispatchArgs,
+    "jobdispatch_many": JobDispatchManyArgs,
     "set_pend_reason": SetPendReasonArgs,
     "clear_reason": ClearReasonArgs,
     "update_resvals": UpdateResvalsArgs,

@@ -30,8 +30,8 @@ FRONT_ENDS = frozenset({"apiserver"})
 MEMBER_DAEMONS = DAEMON_ROLES - FRONT_ENDS
 """Daemons with ops of their own (a worker's reports, the scheduler's dispatches): never an
 administrator, whoever runs them -- administering is a person's act."""
-GRANTABLE = frozenset({"jobctrl", "queuectrl", "hostctrl", "jobdispatch", "set_pend_reason",
-                       "clear_reason", "update_resvals", "shutdown"})
+GRANTABLE = frozenset({"jobctrl", "queuectrl", "hostctrl", "jobdispatch", "jobdispatch_many",
+                       "set_pend_reason", "clear_reason", "update_resvals", "shutdown"})
 """Ops a role may be granted (ops that need an administrator, or another user's job)."""
 ROOT = "root"
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from xce_controller import events, queries, subscribe, tasks
+from xce_controller import batch, events, queries, subscribe, tasks
 from xce_controller.authz import FRONT_ENDS, MEMBER_DAEMONS, Policy, describe, via
 from xce_controller.revocations import MAX_LIFETIME
 from xce_controller.state import Changes, ClusterState
@@ -241,6 +241,11 @@ def op_jobdispatch(srv: ServerView, caller: Caller, args: dict[str, Any], now: f
     return srv.state.dispatch(args["jobid"], alloc, force, args.get("more"))
 
 
+def op_jobdispatch_many(srv: ServerView, caller: Caller, args: dict[str, Any],
+                        now: float) -> Changes:
+    return batch.dispatch_many(srv.state, args["dispatches"])
+
+
 def op_set_pend_reason(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     reasons: dict[int, str | None] = {int(key): reason for key, reason in args["reasons"].items()}
     ch = srv.state.set_reasons(reasons)
@@ -409,6 +414,8 @@ OPS: dict[str, OpSpec] = {
     "hostctrl": OpSpec(op_hostctrl, NOBODY, "write", users=True, admin=True, acts=True),
     "jobdispatch": OpSpec(op_jobdispatch, SCHED_ONLY, "write", member_roles=SCHED_ONLY,
                           users=True, admin=True, acts=True),
+    "jobdispatch_many": OpSpec(op_jobdispatch_many, SCHED_ONLY, "write",
+                               member_roles=SCHED_ONLY, users=True, admin=True, acts=True),
     "set_pend_reason": OpSpec(op_set_pend_reason, SCHED_ONLY, "volatile", member_roles=SCHED_ONLY,
                               users=True, admin=True, acts=True),
     "clear_reason": OpSpec(op_clear_reason, SCHED_ONLY, "volatile", member_roles=SCHED_ONLY,

@@ -1,11 +1,14 @@
 """The allocator: an async task on the event loop that sends the picker's proposals.
 
-Each :class:`Dispatch` becomes one ``jobdispatch`` call (several in flight at once, up to
-``concurrency``); each :class:`ReasonBatch` one ``set_pend_reason``. The controller's answer is
-final: a refusal (CONFLICT: the job is no longer pending, a host is full or closed) means the
-view was stale, so the proposal is dropped and the next push corrects the view. Reconnects,
-redirects and the re-join after ``jobdispatch`` (the scheduler's rejoin point) happen inside
-the client's ``call``; while one waits, the picker thread keeps cycling.
+The :class:`Dispatch` items of one hand-off (one picker pass) become ``jobdispatch_many``
+calls of at most :data:`BATCH_ITEMS` jobs and :data:`BATCH_ELEMENTS` allocations each (one
+call for a pass of the default ``max_dispatch_per_cycle``), several in flight at once, up to
+``concurrency``; each :class:`ReasonBatch` one ``set_pend_reason``. The controller's answer
+is final, per job: a refusal (CONFLICT: the job is no longer pending, a host is full or
+closed) means the view was stale, so the proposal is dropped and the next push corrects the
+view; a call that fails as a whole fails each of its jobs. Reconnects, redirects and the
+re-join after ``jobdispatch_many`` (the scheduler's rejoin point) happen inside the client's
+``call``; while one waits, the picker thread keeps cycling.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from loguru import logger
 
 from xce_scheduler.status import SchedulerStatus
+from xcecore.schema.limits import DISPATCH_BATCH_MAX
 from xcecore.wire import RemoteError
 
 CallFn = Callable[[str, dict[str, Any]], Awaitable[Any]]
 SUMMARY_EVERY = 1.0  # seconds between "dispatched N job(s)" lines while dispatching
+BATCH_ITEMS = DISPATCH_BATCH_MAX  # jobs in one jobdispatch_many
+BATCH_ELEMENTS = 1000  # allocations (array elements counted) in one; an item with more goes alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +42,59 @@ class Dispatch:
     alloc: list[dict[str, Any]]
     more: tuple[list[dict[str, Any]], ...] = ()
 
+    def body(self) -> dict[str, Any]:
+        """Its item of a ``jobdispatch_many``."""
+        body: dict[str, Any] = {"jobid": self.jobid, "alloc": self.alloc}
+        if self.more:
+            body["more"] = list(self.more)
+        return body
+
+    def where(self) -> str:
+        """Where it goes, for log lines."""
+        if not self.more:
+            return describe_alloc(self.alloc)
+        return f"{len(self.more) + 1} array elements on {describe_alloc(self.every_alloc())}"
+
     def every_alloc(self) -> list[dict[str, Any]]:
         """Every host entry of every element (what the proposal takes, host by host)."""
         if not self.more:
             return self.alloc
         return [a for each in (self.alloc, *self.more) for a in each]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchBatch:
+    """Dispatches sent in one ``jobdispatch_many``."""
+
+    items: tuple[Dispatch, ...]
+
+
+def batches(items: Iterable[Any]) -> list[Any]:
+    """``items`` with their :class:`Dispatch` runs cut into :class:`DispatchBatch` es within
+    :data:`BATCH_ITEMS` and :data:`BATCH_ELEMENTS`; other items as they are, in order."""
+    out: list[Any] = []
+    run: list[Dispatch] = []
+    elements = 0
+
+    def close() -> None:
+        nonlocal elements
+        if run:
+            out.append(DispatchBatch(tuple(run)))
+            run.clear()
+        elements = 0
+
+    for item in items:
+        if not isinstance(item, Dispatch):
+            close()
+            out.append(item)
+            continue
+        size = 1 + len(item.more)
+        if run and (len(run) >= BATCH_ITEMS or elements + size > BATCH_ELEMENTS):
+            close()
+        run.append(item)
+        elements += size
+    close()
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +140,9 @@ class Allocator:
         self._send, self._receive = anyio.create_memory_object_stream[Any](math.inf)
 
     def submit(self, items: Iterable[Any]) -> None:
-        """Queue proposals; call on the event loop (never blocks)."""
-        for item in items:
+        """Queue proposals (one hand-off's dispatches are batched); call on the event loop
+        (never blocks)."""
+        for item in batches(items):
             self._send.send_nowait(item)
 
     async def run(self) -> None:
@@ -100,7 +155,7 @@ class Allocator:
     async def _handle(self, item: Any) -> None:
         self.status.add(allocator_busy=1)
         try:
-            if isinstance(item, Dispatch):
+            if isinstance(item, DispatchBatch):
                 await self._dispatch(item)
             elif isinstance(item, ReasonBatch):
                 await self._reasons(item)
@@ -112,33 +167,46 @@ class Allocator:
             if self.status.allocator_busy == 0:
                 self._summary(True)
 
-    async def _dispatch(self, item: Dispatch) -> None:
-        where = describe_alloc(item.alloc)
-        body: dict[str, Any] = {"jobid": item.jobid, "alloc": item.alloc}
-        if item.more:
-            body["more"] = list(item.more)
-            where = f"{len(item.more) + 1} array elements on {describe_alloc(item.every_alloc())}"
+    async def _dispatch(self, batch: DispatchBatch) -> None:
+        items = batch.items
         try:
-            await self._call("jobdispatch", body)
+            result = await self._call("jobdispatch_many",
+                                      {"dispatches": [item.body() for item in items]})
+            answers = result["results"]
+            if len(answers) != len(items):
+                raise ValueError(f"{len(answers)} results for {len(items)} dispatches")
         except RemoteError as exc:
-            self.status.add(refused=1)
-            logger.info("scheduler: controller refused job {} on {} ({}: {}); dropped, the "
-                        "next push corrects the view", item.jobid, where, exc.code, exc.message)
-            self._on_answer(item.jobid, False)
+            self.status.add(refused=len(items))
+            logger.info("scheduler: controller refused a batch of {} dispatch(es), jobs {}..{} "
+                        "({}: {}); dropped, the next push corrects the view", len(items),
+                        items[0].jobid, items[-1].jobid, exc.code, exc.message)
+            for item in items:
+                self._on_answer(item.jobid, False)
+            return
         except Exception as exc:
-            self.status.add(failed=1)
-            logger.warning("scheduler: jobdispatch of job {} on {} failed ({}: {}); the job "
-                           "stays pending for a later cycle", item.jobid, where,
-                           type(exc).__name__, exc)
-            self._on_answer(item.jobid, False)
-        else:
-            self.status.add(dispatched=1)
-            # One INFO line a second at most (a line per job was a fifth of the event loop's
-            # time while 10,000 jobs were dispatched); each job at DEBUG.
-            logger.debug("scheduler: dispatched job {} to {}", item.jobid, where)
-            self._dispatched += 1
-            self._on_answer(item.jobid, True)
-            self._summary(False)
+            self.status.add(failed=len(items))
+            logger.warning("scheduler: jobdispatch_many of {} job(s), {}..{}, failed ({}: {}); "
+                           "they stay pending for a later cycle", len(items), items[0].jobid,
+                           items[-1].jobid, type(exc).__name__, exc)
+            for item in items:
+                self._on_answer(item.jobid, False)
+            return
+        ok = 0
+        for item, answer in zip(items, answers, strict=True):
+            if answer.get("state") == "RUN":
+                ok += 1
+                # One INFO line a second at most (a line per job was a fifth of the event
+                # loop's time while 10,000 jobs were dispatched); each job at DEBUG.
+                logger.debug("scheduler: dispatched job {} to {}", item.jobid, item.where())
+                self._on_answer(item.jobid, True)
+            else:
+                logger.info("scheduler: controller refused job {} on {} ({}: {}); dropped, the "
+                            "next push corrects the view", item.jobid, item.where(),
+                            answer.get("code"), answer.get("message"))
+                self._on_answer(item.jobid, False)
+        self.status.add(dispatched=ok, refused=len(items) - ok)
+        self._dispatched += ok
+        self._summary(False)
 
     def _summary(self, idle: bool) -> None:
         """Log how many jobs were dispatched since the last such line: once ``SUMMARY_EVERY``

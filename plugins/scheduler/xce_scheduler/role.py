@@ -4,8 +4,8 @@ The view exists from the role object's birth (pushes start right after the join,
 monitors and ``main`` run); the rest (:class:`SchedulerApp`) is built when the runtime asks
 for the monitors, once the client exists.
 
-Rejoin points: ``hello`` and ``jobdispatch``. Every op the scheduler sends needs a joined
-member, so after a reconnect its first ``jobdispatch`` would only earn ``NOT_JOINED`` (one
+Rejoin points: ``hello`` and ``jobdispatch_many``. Every op the scheduler sends needs a joined
+member, so after a reconnect its first dispatch would only earn ``NOT_JOINED`` (one
 wasted round trip per failover). Instead, while a rejoin is pending the scheduler says
 ``hello`` first (also as soon as the connection is back): the client re-joins right after it,
 and the dispatch goes out on a joined connection.
@@ -27,7 +27,7 @@ from xce_scheduler.view import SUBSCRIPTION, SchedulerView
 from xcecore.candidates import Candidate
 from xcecore.role import Handled, Monitor, Role, RoleContext
 
-REJOIN_POINTS = frozenset({"hello", "jobdispatch"})
+REJOIN_POINTS = frozenset({"hello", "jobdispatch_many"})
 HELLO_TIMEOUT = 5.0  # a hello sent to re-join waits at most this long (it is only a nudge)
 
 
