@@ -115,7 +115,7 @@ def test_picker_cycles_while_allocator_waits_in_reconnect(xce_cluster: Any, tmp_
                  what="the first dispatch counted by the scheduler")
         # Freeze the scheduler, free the slot (its pushes wait in the scheduler's socket),
         # kill every candidate, thaw it: the picker proposes the second job and the
-        # allocator's jobdispatch can only wait in the reconnect.
+        # allocator's jobdispatch_many can only wait in the reconnect.
         os.kill(sched.pid, signal.SIGSTOP)
         try:
             n1.call("notify_job", {"jobid": first, "event": "finish", "exit_status": 0})
@@ -132,7 +132,7 @@ def test_picker_cycles_while_allocator_waits_in_reconnect(xce_cluster: Any, tmp_
         during = read_status(status_file)
         assert during["dispatched"] == before["dispatched"] == 1
         assert during["refused"] == during["failed"] == 0 and during["inflight"] >= 1
-        assert during["allocator_busy"] >= 1, "the jobdispatch waits in the reconnect"
+        assert during["allocator_busy"] >= 1, "the jobdispatch_many waits in the reconnect"
         assert during["last_cycle"] > before["last_cycle"]
         assert "lost connection" in sched.text()
 
