@@ -67,6 +67,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -422,12 +423,14 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
             pids = {"controller": bench.cluster.candidates[0].pid,
                     "scheduler": bench.roles["scheduler"].pid,
                     "simworkers": [p.pid for p in sims]}
+            profilers = _start_profilers(pids, trial)
             before = _cpu_of(pids)
             if in_state:
                 last, running = _activate_and_poll(bench, queue, njobs)
             else:
                 last, running = _activate_and_watch(bench, queue, njobs)
             during = {k: round(v - before[k], 3) for k, v in _cpu_of(pids).items()}
+            _stop_profilers(profilers)
             status = json.loads((root / "scheduler.status").read_text())
             cpu = _cpu_seconds(bench.roles["scheduler"].pid)
             full = max(1, status["cycles"] - status["idle_cycles"])
@@ -449,6 +452,38 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
     out = {"runs": runs, "activate_to_last_run_s": stats([r["activate_to_last_run_s"] for r in runs]),
            "target_s": 2.0}
     return {f"in_state_{in_state}": out} if in_state else out
+
+
+def _start_profilers(pids: dict[str, Any], trial: int) -> list[subprocess.Popen[bytes]]:
+    """With ``XCE_SCALE_PROFILE=DIR``: a py-spy sampler on each process of the dispatch (every
+    thread, on-CPU samples only), writing collapsed stacks to ``DIR/dispatch-T-NAME.txt``
+    when stopped. Sampling costs each process a little: profiled runs are for reading, their
+    figures are not the benchmark's."""
+    where = os.environ.get("XCE_SCALE_PROFILE")
+    if not where:
+        return []
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise RuntimeError("XCE_SCALE_PROFILE needs py-spy on PATH (pip install py-spy)")
+    out = Path(where)
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for name, pid in pids.items():
+        for i, one in enumerate(pid if isinstance(pid, list) else [pid]):
+            path = out / f"dispatch-{trial}-{name}{i if isinstance(pid, list) else ''}.txt"
+            procs.append(subprocess.Popen(
+                [spy, "record", "--pid", str(one), "--rate", "250", "--format", "raw",
+                 "--nonblocking", "--output", str(path)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(1.0)  # attached before the clock starts
+    return procs
+
+
+def _stop_profilers(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+    for p in procs:
+        p.wait(30)
 
 
 def _activate_and_watch(bench: BenchCluster, queue: str, njobs: int) -> tuple[float, int]:
