@@ -437,6 +437,7 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
             runs.append({"jobs": njobs, "hosts": nhosts, "in_state": in_state, "running": running,
                          "activate_to_last_run_s": round(last, 3),
                          "cycles": status["cycles"], "idle_cycles": status["idle_cycles"],
+                         "dispatch_calls": status.get("batches"),
                          "scheduler_cpu_s": cpu,
                          "cpu_during_dispatch_s": during,
                          "cpu_per_full_cycle_ms": round(cpu * 1000 / full, 2)})

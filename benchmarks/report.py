@@ -737,9 +737,12 @@ def scale_member_rows(res: dict[str, Any]) -> list[str]:
         lines += ["", "Scheduler dispatch (`--only scheduler_dispatch [--in-state N]`): 10,000 pending jobs "
                   "onto 1,000 simulated hosts (`simworkers.py`), a real controller and scheduler; "
                   "activation of their queue -> the last job RUN. CPU: each process's over that "
-                  "window (on a shared machine the wall time also waits for other work).", "",
+                  "window (on a shared machine the wall time also waits for other work); per job: "
+                  "all three's CPU over the jobs; calls: the scheduler's `jobdispatch_many` "
+                  "batches (runs measured before batching: one `jobdispatch` per job).", "",
                   "| jobs in state besides | activation -> last RUN (s, p50) | runs | CPU controller / "
-                  "scheduler / simulated hosts (s, last run) | aim |", "|---|---|---|---|---|"]
+                  "scheduler / simulated hosts (s, last run) | CPU per job (ms) | dispatch calls | "
+                  "aim |", "|---|---|---|---|---|---|---|"]
         parts = [("0", sd)] + [(k.removeprefix("in_state_"), v) for k, v in sd.items()
                                 if k.startswith("in_state_") and isinstance(v, dict)]
         for size, v in parts:
@@ -748,8 +751,13 @@ def scale_member_rows(res: dict[str, Any]) -> list[str]:
                 continue
             cpu = runs[-1].get("cpu_during_dispatch_s") or {}
             cells = " / ".join(fmt(cpu.get(k), 2) for k in ("controller", "scheduler", "simworkers"))
+            last = runs[-1]
+            per_job = (fmt(sum(cpu.values()) * 1000 / last["jobs"], 3)
+                       if cpu and last.get("jobs") else "—")
+            calls = last.get("dispatch_calls")
             lines.append(f"| {int(size):,} | {fmt(v['activate_to_last_run_s'].get('p50'), 2)} | "
-                         f"{len(runs)} | {cells if cpu else 'not measured'} | ≤ 2 s |")
+                         f"{len(runs)} | {cells if cpu else 'not measured'} | {per_job} | "
+                         f"{fmt(calls, 0) if calls is not None else '—'} | ≤ 2 s |")
     mj = res.get("member_join")
     if isinstance(mj, dict):
         lines += ["", "Member join (`--only member_join`): each role's join -> its replica's sync "

@@ -61,7 +61,7 @@ def test_one_batch_per_hand_off_each_job_answered_on_its_own() -> None:
         {"jobid": 3, "alloc": [{"host": "b", "ntasks": 2}], "more": [[{"host": "c", "ntasks": 2}]]},
     ]}) in calls
     st = alloc.status.as_dict()
-    assert (st["dispatched"], st["refused"], st["failed"]) == (2, 1, 0)
+    assert (st["dispatched"], st["refused"], st["failed"], st["batches"]) == (2, 1, 0, 1)
 
 
 @pytest.mark.parametrize("error", [RemoteError("STORAGE", "disk full"), RuntimeError("boom"),

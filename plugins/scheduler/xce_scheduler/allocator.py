@@ -204,7 +204,7 @@ class Allocator:
                             "next push corrects the view", item.jobid, item.where(),
                             answer.get("code"), answer.get("message"))
                 self._on_answer(item.jobid, False)
-        self.status.add(dispatched=ok, refused=len(items) - ok)
+        self.status.add(dispatched=ok, refused=len(items) - ok, batches=1)
         self._dispatched += ok
         self._summary(False)
 

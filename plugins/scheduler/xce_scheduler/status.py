@@ -29,6 +29,7 @@ class SchedulerStatus:
     """Counters of the picker and the allocator; read with :meth:`as_dict`.
 
     ``cycles`` counts every picker cycle (``idle_cycles`` those that found the view unchanged),
+    ``batches`` the ``jobdispatch_many`` calls the controller answered,
     ``inflight`` the proposals not yet seen leaving PEND, ``allocator_busy`` the controller
     calls the allocator is waiting on (they wait through a reconnect), ``looked`` the jobs the
     last full cycle looked at, ``view_epoch`` the syncs begun and ``view_complete`` whether
@@ -46,6 +47,7 @@ class SchedulerStatus:
     dispatched: int = 0
     refused: int = 0
     failed: int = 0
+    batches: int = 0
     inflight: int = 0
     allocator_busy: int = 0
     reasons_sent: int = 0
@@ -93,6 +95,7 @@ class SchedulerStatus:
                           ("dispatched", "dispatches the controller accepted"),
                           ("refused", "dispatches the controller refused"),
                           ("failed", "dispatches that failed (no answer)"),
+                          ("batches", "jobdispatch_many calls the controller answered"),
                           ("reasons_sent", "pending-reason changes sent")):
             c = CounterMetricFamily(f"xce_scheduler_{key}", what)
             c.add_metric([], float(now[key]))
