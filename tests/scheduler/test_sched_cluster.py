@@ -188,3 +188,53 @@ def test_failover_sends_no_reason_the_queue_says(xce_cluster: Any, tmp_path: Pat
         wait_for(lambda: {j["pend_reason"] for j in cli.call("jobinfo", {"queue": "parked"})["jobs"]}
                  == {NO_SLOTS}, 20, what="the activated queue's reasons")
     assert sched.alive()
+
+
+def test_a_pass_goes_in_one_batch_through_a_sigkill_each_job_runs_once(
+        xce_cluster: Any, tmp_path: Path) -> None:
+    """150 jobs released at once go in one jobdispatch_many; the primary is frozen before the
+    batch reaches it and SIGKILLed while it is in flight: the scheduler's client sends it
+    again under its key to the new primary, and every job runs exactly once."""
+    cluster: LocalCluster = xce_cluster(3, extra_config=PARKED_CONFIG)
+    status_file = tmp_path / "status.json"
+    sched = start_scheduler(cluster, status_file, standby_first=False)
+    with client(cluster, "worker", "n1", hname="n1", ncpus=100) as _n1, \
+            client(cluster, "worker", "n2", hname="n2", ncpus=50) as _n2, \
+            client(cluster, "cli", "test") as cli:
+        ids = [submit(cli, queue="parked") for _ in range(150)]
+        wait_for(lambda: read_status(status_file).get("pending") == 150, 20,
+                 what=f"150 parked jobs in the scheduler's view, {read_status(status_file)}")
+        primary = cluster.wait_primary()
+        victim = cluster.candidates[primary]
+        # The scheduler frozen, the queue activated (its push waits in the scheduler's
+        # socket), the primary frozen, the scheduler thawed: its batch can only wait.
+        os.kill(sched.pid, signal.SIGSTOP)
+        try:
+            cli.call("queuectrl", {"queue": "parked", "action": "activate"})
+            os.kill(victim.pid, signal.SIGSTOP)
+        finally:
+            os.kill(sched.pid, signal.SIGCONT)
+        wait_for(lambda: read_status(status_file).get("inflight") == 150
+                 and read_status(status_file).get("allocator_busy", 0) >= 1, 20,
+                 what=f"the batch in flight, {read_status(status_file)}")
+        victim.kill()
+        cluster.wait_primary(30, exclude=primary)
+
+        def running() -> list[dict[str, Any]]:
+            return [j for j in cli.call("jobinfo", {"queue": "parked", "limit": 1000})["jobs"]
+                    if j["state"] == "RUN"]
+
+        wait_for(lambda: len(running()) == 150, 40, what="every job RUN on the new primary")
+        jobs = cli.call("jobinfo", {"queue": "parked", "limit": 1000})["jobs"]
+        assert sorted(j["jobid"] for j in jobs) == ids
+        assert all(j["attempt"] == 0 and [a["ntasks"] for a in j["alloc"]] == [1] for j in jobs)
+        hosts = {h["name"]: h["used_slots"] for h in cli.call("hostinfo", {})["hosts"]}
+        assert hosts == {"n1": 100, "n2": 50}
+        wait_for(lambda: read_status(status_file).get("dispatched") == 150, 10,
+                 what=f"150 accepted dispatches counted, {read_status(status_file)}")
+        st = read_status(status_file)
+        # Each job accepted once (refusals only while the hosts' workers were re-joining), in
+        # a few batches: the one in flight, and any pass that proposed the refused again.
+        assert st["dispatched"] == 150 and st["failed"] == 0, st
+        assert 1 <= st["batches"] <= 10, st
+    assert sched.alive()
