@@ -70,8 +70,8 @@ class DispatchBatch:
 
 
 def batches(items: Iterable[Any]) -> list[Any]:
-    """``items`` with their :class:`Dispatch` runs cut into :class:`DispatchBatch` es within
-    :data:`BATCH_ITEMS` and :data:`BATCH_ELEMENTS`; other items as they are, in order."""
+    """``items`` with each run of :class:`Dispatch` cut into batches (:class:`DispatchBatch`)
+    within :data:`BATCH_ITEMS` and :data:`BATCH_ELEMENTS`; other items as they are, in order."""
     out: list[Any] = []
     run: list[Dispatch] = []
     elements = 0
@@ -191,7 +191,7 @@ class Allocator:
             for item in items:
                 self._on_answer(item.jobid, False)
             return
-        ok = 0
+        ok, refused = 0, []
         for item, answer in zip(items, answers, strict=True):
             if answer.get("state") == "RUN":
                 ok += 1
@@ -200,10 +200,16 @@ class Allocator:
                 logger.debug("scheduler: dispatched job {} to {}", item.jobid, item.where())
                 self._on_answer(item.jobid, True)
             else:
-                logger.info("scheduler: controller refused job {} on {} ({}: {}); dropped, the "
-                            "next push corrects the view", item.jobid, item.where(),
-                            answer.get("code"), answer.get("message"))
+                logger.debug("scheduler: controller refused job {} on {} ({}: {})", item.jobid,
+                             item.where(), answer.get("code"), answer.get("message"))
+                refused.append((item, answer))
                 self._on_answer(item.jobid, False)
+        if refused:  # one line per batch, naming the first
+            item, answer = refused[0]
+            logger.info("scheduler: controller refused {} of {} dispatch(es) in a batch (the first: "
+                        "job {} on {}, {}: {}); dropped, the next push corrects the view",
+                        len(refused), len(items), item.jobid, item.where(), answer.get("code"),
+                        answer.get("message"))
         self.status.add(dispatched=ok, refused=len(items) - ok, batches=1)
         self._dispatched += ok
         self._summary(False)
