@@ -698,6 +698,24 @@ def test_an_exclusive_job_never_shares_a_host(force: bool) -> None:
     st.dispatch(x2, [{"host": "n2", "ntasks": 1}], force)
 
 
+def test_the_exclusive_index_follows_the_jobs_and_a_reload() -> None:
+    st = with_hosts(new_state(), "n1", "n2", slots=4)
+    x = submit_x(st)
+    st.dispatch(x, [{"host": "n1", "ntasks": 1}], False)
+    plain = running(st, "n2")
+    assert st.jobs.exclusive_on == {"n1": {x}}
+    fresh = new_state()
+    fresh.take_head(orjson.loads(orjson.dumps(st.hosts)), {}, 40, T0)
+    fresh.take_jobs(JobTable.build([_stored(j) for j in st.jobs.values()]))
+    assert fresh.jobs.exclusive_on == {"n1": {x}} and fresh.jobs.active_on == {"n1": {x}, "n2": {plain}}
+    other = submit(fresh)
+    err = refused(fresh, fresh.dispatch, other, [{"host": "n1", "ntasks": 1}], False)
+    assert f"host n1 is held by exclusive job {x} (-x)" in err.message
+    fresh.control(x, "requeue", T0, "owner alice")  # no longer active: the hold goes
+    assert fresh.jobs.exclusive_on == {}
+    fresh.dispatch(other, [{"host": "n1", "ntasks": 1}], False)
+
+
 def test_an_exclusive_array_puts_its_elements_on_hosts_of_their_own() -> None:
     st = with_hosts(new_state(), "n1", "n2", slots=4)
     arr = submit_x(st, array="1-3")

@@ -141,6 +141,14 @@ class Job:
         return out
 
 
+def is_exclusive(job: Job) -> bool:
+    """Whether ``job`` was submitted with ``-x`` (its submission's ``exclusive``). The
+    submission stays encoded: it is decoded only when the word is in it."""
+    if b'"exclusive"' not in job._spec:
+        return False
+    return bool(job.spec().get("exclusive") is True)
+
+
 STORED: Final[tuple[str, ...]] = tuple(f for f in Job.__dataclass_fields__ if f != "_spec")
 """The fields of a stored row, in order."""
 _stored = operator.attrgetter(*STORED)
@@ -249,6 +257,7 @@ class JobTable:
         self.elements: dict[tuple[int, int], int] = {}  # (array id, index) -> element id
         self.waiting: set[int] = set()  # pending jobs held by a dependency
         self.active_on: dict[str, set[int]] = {}  # host -> its active jobs
+        self.exclusive_on: dict[str, set[int]] = {}  # host -> its active exclusive (-x) jobs
         self.reasons = IdSet()  # pending jobs with a pend reason
         self.counts: dict[tuple[str, str], int] = {}  # (queue, state) -> jobs
         self.ends: TimeBuckets[int] = TimeBuckets(clean_width)  # finished jobs by end time
@@ -368,18 +377,22 @@ class JobTable:
                 _unindex(self.by_host, s.host, jid)
             if was_active:
                 self._inactive(s.host, jid)
+        exclusive = now_active and bool(job.alloc) and is_exclusive(job)
         for s in job.alloc:
             if s not in alloc0:
                 _index(self.by_host, s.host, jid)
             if now_active:
                 self.active_on.setdefault(s.host, set()).add(jid)
+            if exclusive:
+                self.exclusive_on.setdefault(s.host, set()).add(jid)
 
     def _inactive(self, host: str, jid: int) -> None:
-        on = self.active_on.get(host)
-        if on is not None:
-            on.discard(jid)
-            if not on:
-                del self.active_on[host]
+        for index in (self.active_on, self.exclusive_on):
+            on = index.get(host)
+            if on is not None:
+                on.discard(jid)
+                if not on:
+                    del index[host]
 
     def _count(self, queue: str, state: str, n: int) -> None:
         key = (queue, state)
@@ -522,10 +535,13 @@ class JobTable:
             counts[key] = counts.get(key, 0) + 1
             if job.alloc:
                 active = state in ACTIVE
+                exclusive = active and is_exclusive(job)
                 for s in job.alloc:
                     _append(ho, s.host, jid)
                     if active:
                         t.active_on.setdefault(s.host, set()).add(jid)
+                    if exclusive:
+                        t.exclusive_on.setdefault(s.host, set()).add(jid)
             if job.pend_reason is not None and state in PENDING:
                 reasons.append(jid)
             if job.waiting is not None and state in PENDING:

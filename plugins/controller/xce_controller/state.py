@@ -32,7 +32,7 @@ from typing import Any, cast
 from xce_controller import arrays, depends, tasks
 from xce_controller.buckets import TimeBuckets
 from xce_controller.events import EventLog
-from xce_controller.jobs import EMPTY, Job, JobTable, make_alloc, new_spec
+from xce_controller.jobs import EMPTY, Job, JobTable, is_exclusive, make_alloc, new_spec
 from xce_controller.revocations import EXPIRE_BATCH as REVOKE_BATCH
 from xce_controller.revocations import TABLE as REVOCATIONS
 from xce_controller.revocations import Revocations
@@ -101,14 +101,6 @@ def _queue_status(q: Record) -> Record:
 def _killed(by: str | None) -> str:
     """A kill's reason: ``killed by owner alice``, ``killed by administrator root``."""
     return "killed" if not by else f"killed by {by}"
-
-
-def is_exclusive(job: Job) -> bool:
-    """Whether ``job`` was submitted with ``-x`` (its submission's ``exclusive``). The
-    submission stays encoded: it is decoded only when the word is in it."""
-    if b'"exclusive"' not in job._spec:
-        return False
-    return bool(job.spec().get("exclusive") is True)
 
 
 def _host_state(h: Record) -> Record:
@@ -625,27 +617,29 @@ class ClusterState:
         an exclusive job gets hosts no active job runs on (nor another element of its own
         dispatch), and no job goes to a host an active exclusive job holds. Forced dispatches
         too: LSF's ``brun`` overrides scheduling policy (closed hosts, slot limits, resource
-        reservations), never another job's exclusive hold. The cost is the active jobs of
-        the hosts named (a host's slots bound them), never all jobs."""
+        reservations), never another job's exclusive hold. A job that is not exclusive costs
+        a look-up per host (the index of active exclusive jobs), not a look at every job the
+        host runs (a 128-slot host filled one job at a time was quadratic)."""
         mine = is_exclusive(job)
         seen: set[str] = set()
+        jobid, table = job.jobid, self.jobs
         for each in allocs:
             for a in each:
                 name = a["host"]
                 if mine and name in seen:
-                    raise conflict(f"job {job.jobid} is exclusive (-x): two of its elements "
+                    raise conflict(f"job {jobid} is exclusive (-x): two of its elements "
                                    f"cannot share host {name}")
                 seen.add(name)
-                for other in sorted(self.jobs.active_on.get(name, ())):
-                    held = self.jobs.get(other)
-                    if held is None or held.jobid == job.jobid:
-                        continue
-                    if mine:
-                        raise conflict(f"host {name} runs job {other}: exclusive job "
-                                       f"{job.jobid} (-x) needs its hosts to itself")
-                    if is_exclusive(held):
-                        raise conflict(f"host {name} is held by exclusive job {other} (-x): "
-                                       f"cannot dispatch job {job.jobid} to it")
+                held = table.active_on.get(name) if mine else table.exclusive_on.get(name)
+                if not held:
+                    continue
+                others = [other for other in held if other != jobid]
+                if others and mine:
+                    raise conflict(f"host {name} runs job {min(others)}: exclusive job "
+                                   f"{jobid} (-x) needs its hosts to itself")
+                if others:
+                    raise conflict(f"host {name} is held by exclusive job {min(others)} (-x): "
+                                   f"cannot dispatch job {jobid} to it")
 
     def take_slots(self, ch: Changes, job: Job, alloc: list[dict[str, Any]], force: bool) -> None:
         """A pending job (hosts checked) runs on ``alloc``: its slots are taken."""
