@@ -61,7 +61,7 @@ def xce_config_sections() -> Iterable[ConfigSection]:
                 "load_interval": Field((float, int), 1.0,
                                        "seconds between re-evaluations caused only by changed "
                                        "load values (r1m, mem...)"),
-                "dispatch_concurrency": Field((int,), 256, "jobdispatch_many calls (batches) in flight at once"),
+                "dispatch_concurrency": Field((int,), 2, "jobdispatch_many calls (batches) in flight at once"),
                 "status_file": Field((str,), None, "write the picker/allocator status here (JSON)"),
                 "status_log_interval": Field((float, int), 5.0,
                                              "seconds between DEBUG status lines"),
