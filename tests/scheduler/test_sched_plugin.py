@@ -17,7 +17,7 @@ def test_role_through_the_plugin_manager(xce_plugin_manager: Any, xce_role: Any)
     pm = xce_plugin_manager(plugin)
     assert "scheduler" in pm.roles()
     role = xce_role(pm, "scheduler")
-    assert role.rejoin_points == {"hello", "jobdispatch"}
+    assert role.rejoin_points == {"hello", "jobdispatch_many"}
     assert role.join_attributes() == {}
     assert role.ctx.section["interval"] == 0.05
 
