@@ -25,6 +25,8 @@ Members (branch ``scale-members``):
   simulated hosts, a real scheduler and controller: activation -> the last job RUN (target
   <= 2 s), and the picker's CPU per full cycle (its status file); ``--in-state N``: with N
   parked jobs in state besides (the 10,000 wait in queue ``normal``, inactive meanwhile).
+  ``XCE_SCALE_PROFILE=DIR``: py-spy samples each of its processes over the dispatch (collapsed
+  stacks in DIR, to read; a profiled run's figures are not the benchmark's).
 - ``apiserver``: a real API server with N jobs (``--sizes 0,...``: 0 is an empty cluster):
   ``GET /jobs?limit=100`` latency (p50 <= 10 ms at 1,000,000); ``POST /jobs`` per second with
   16 requests in flight (>= 2,000) and the CPU each costs the API server, the primary and a
