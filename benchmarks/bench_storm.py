@@ -70,10 +70,11 @@ JOIN_TIMEOUT = 120  # a size whose workers have not all joined by then is report
 class SimProc:
     """One simworkers.py process and its line protocol."""
 
-    def __init__(self, root: Path, config: Path, first: int, count: int, spread: float) -> None:
+    def __init__(self, root: Path, config: Path, first: int, count: int, spread: float,
+                 heartbeat: float = HEARTBEAT) -> None:
         self.log = root / f"sim{first}.log"
         cmd = [sys.executable, str(HERE / "simworkers.py"), "--config", str(config),
-               "--first", str(first), "--count", str(count), "--heartbeat", str(HEARTBEAT),
+               "--first", str(first), "--count", str(count), "--heartbeat", str(heartbeat),
                "--liveness", str(LIVENESS), "--connect-timeout", str(CONNECT_TIMEOUT),
                "--backoff-base", str(BACKOFF_BASE), "--backoff-cap", str(BACKOFF_CAP),
                "--spread", str(spread), "--join-timeout", str(JOIN_TIMEOUT),

@@ -530,6 +530,9 @@ class UpdateJusageArgs(TypedDict):
     usage: Annotated[t.JsonObject, _d("the worker sends `utime`, `stime`, `cputime` (s), `mem`, "
                                       "`max_mem` (MB, the peak so far), `swap` where accounted, "
                                       "`nprocs`, `pids`")]
+    task: NotRequired[Annotated[t.TaskId, _d("a launched task's usage (a parallel job's task on "
+                                             "this host), not the job's first task's: the job's "
+                                             "figure pushed is the sum over its tasks")]]
     user: NotRequired[User]
 
 

@@ -286,7 +286,7 @@ def op_notify_job(srv: ServerView, caller: Caller, args: dict[str, Any], now: fl
 
 def op_update_jusage(srv: ServerView, caller: Caller, args: dict[str, Any], now: float) -> Changes:
     assert caller.worker_host is not None
-    return srv.state.set_jusage(caller.worker_host, args["jobid"], args["usage"])
+    return srv.state.set_jusage(caller.worker_host, args["jobid"], args["usage"], args.get("task"))
 
 
 def _own_job(srv: ServerView, caller: Caller, op: str, jobid: int, user: str) -> Any:

@@ -838,11 +838,17 @@ class ClusterState:
         return Changes(result={"host": name},
                        events=[Event("resvals", {"host": name, "values": values}, frozenset({name}))])
 
-    def set_jusage(self, host: str, jobid: int, usage: dict[str, Any]) -> Changes:
+    def set_jusage(self, host: str, jobid: int, usage: dict[str, Any],
+                   task: int | None = None) -> Changes:
+        """A running job's usage sample from ``host``: its first task's, or launched
+        ``task``'s; the job's figure becomes the sum over its tasks (:func:`tasks.live_usage`)."""
         job = self.job(jobid)
         if not job.runs_on(host):
             raise RemoteError(ErrorCode.DENIED, f"job {jobid} does not run on host {host}")
-        job.usage = usage or EMPTY
+        live = tasks.live_usage(job, host, task, usage)
+        if live is None:  # a task's sample that does not change the figure (see live_usage)
+            return Changes(result={"jobid": jobid})
+        job.usage = usage = live or EMPTY
         return Changes(result={"jobid": jobid},
                        events=[Event("jusage", {"jobid": jobid, "usage": usage}, job.hosts())])
 

@@ -15,7 +15,10 @@ task runs there fails the job: it is killed with the reason naming the host
 
 A task record: ``{"task", "host", "launch" (its command: ``commands[launch]``, one per
 ``task_launch``), "state" (PEND, RUN, DONE, EXIT), "pid", "exit_status", "launch_time",
-"start_time", "end_time", "reason", "usage"}``. The record travels with every push of its
+"start_time", "end_time", "reason", "usage"}`` (``usage``: the worker's latest sample while
+the task runs, its final figures once it ended; the job's live usage sums its first task's
+latest sample, kept in ``tasks`` as ``first_usage``, and every task's: :func:`live_usage`).
+The record travels with every push of its
 job (to the job's hosts), so a job's tasks are bounded: at most :data:`TASKS_MAX`, their
 commands at most :data:`TASK_COMMANDS_MAX` characters in all. All of it is pure: state
 changes returned as :class:`~xce_controller.state.Changes`, as in ``state.py``.
@@ -53,6 +56,10 @@ class ClusterState(Protocol):
 TASK_ENDED = frozenset({"DONE", "EXIT"})
 SUMMED = ("utime", "stime", "cputime", "max_mem")
 """Usage figures a task adds to its job's (CPU seconds; peak memory per host, summed)."""
+LIVE_SUMMED = (*SUMMED, "mem", "swap", "nprocs")
+"""...and while the job runs, what its tasks use now (memory, processes) too."""
+FIRST_USAGE = "first_usage"
+"""The key, in a running job's ``tasks``, of its first task's latest sample (the live sum)."""
 
 
 def _tasks(job: Job) -> dict[str, Any]:
@@ -132,19 +139,53 @@ def _task(job: Job, host: str, n: int) -> dict[str, Any]:
     raise RemoteError(ErrorCode.NOT_FOUND, f"job {job.jobid} has no task {n}")
 
 
-def _add_usage(total: dict[str, Any], usage: Any) -> dict[str, Any]:
+def _add_usage(total: dict[str, Any], usage: Any,
+               keys: tuple[str, ...] = SUMMED) -> dict[str, Any]:
     if not isinstance(usage, dict):
         return total
     out = dict(total)
-    for k in SUMMED:
+    for k in keys:
         v = usage.get(k)
         if isinstance(v, int | float) and not isinstance(v, bool):
             out[k] = round(float(out.get(k, 0)) + v, 6)
     return out
 
 
+def live_usage(job: Job, host: str, task: int | None,
+               usage: dict[str, Any]) -> dict[str, Any] | None:
+    """A sample of a running job's usage from ``host``: its first task's (``task`` None) or
+    a launched task's. The job's live figure: its first task's latest sample plus every
+    task's latest (a running one's sample, an ended one's final figures), as the final
+    figure counts every task; None for a sample of a task that is not running (late).
+
+    The first task's latest sample is kept in ``tasks`` (:data:`FIRST_USAGE`), each task's
+    in its record's ``usage``. A primary that has no first-task sample yet (just promoted)
+    records a task's sample and sums at the first task's next one."""
+    t = job.tasks
+    if task is None:
+        if not t or not t.get("list"):
+            return usage  # no launched tasks: the first task's is the job's
+        t[FIRST_USAGE] = usage
+        return _live_sum(t)
+    rec = _task(job, host, task)
+    if rec["state"] != "RUN":
+        return None
+    rec["usage"] = usage
+    return _live_sum(t) if t and FIRST_USAGE in t else None
+
+
+def _live_sum(t: dict[str, Any]) -> dict[str, Any]:
+    total = dict(t[FIRST_USAGE])
+    for rec in t.get("list", ()):
+        total = _add_usage(total, rec.get("usage"), LIVE_SUMMED)
+    return total
+
+
 def total_usage(job: Job, usage: dict[str, Any]) -> dict[str, Any]:
-    """The job's final usage: its first task's plus every task's that ended before it."""
+    """The job's final usage: its first task's plus every task's that ended before it (the
+    live sum's first-task sample is dropped: the job ended)."""
+    if job.tasks:
+        job.tasks.pop(FIRST_USAGE, None)
     for rec in (job.tasks or {}).get("list", ()):
         if rec["state"] in TASK_ENDED:
             usage = _add_usage(usage, rec.get("usage"))
@@ -173,6 +214,8 @@ def notify(st: ClusterState, ch: Changes, host: str, job: Job, args: dict[str, A
             rec["usage"] = args["usage"]
             if job.state in FINISHED:  # ended after its job (killed then): adds to it now
                 job.usage = _add_usage(job.usage, args["usage"])
+            elif job.tasks and FIRST_USAGE in job.tasks:  # the live sum, with its final
+                job.usage = _live_sum(job.tasks)
     st.job_changed(ch, job, job.state)
 
 

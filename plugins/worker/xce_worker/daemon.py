@@ -81,7 +81,7 @@ class Worker:
             Monitor("system", lambda stop: system_monitor(
                 self.board, s.hname, s.monitor_interval, stop)),
             Monitor("jobs", lambda stop: jobs_monitor(
-                self.procman, s.hname, s.monitor_interval, stop)),
+                self.procman, s.hname, s.monitor_interval, stop, self.pushes.tasks.sample)),
             Monitor("pushes", lambda stop: self.pushes.run(self.inbox, stop)),
             Monitor("notifier", lambda stop: self.notifier.run(stop)),
         ]

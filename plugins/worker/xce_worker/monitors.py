@@ -15,8 +15,10 @@ Job usage (``update_jusage``, newest value kept per job) comes from each job's g
 (:meth:`xce_worker.containment.JobGroup.usage`): cumulative CPU time (``utime``, ``stime``,
 ``cputime``, s), memory now and at its peak so far (``mem``, ``max_mem``, MB), ``swap`` where
 the group accounts it, ``nprocs`` and ``pids``. The same sample enforces memory limits the
-kernel does not (:meth:`xce_worker.procman.ProcessManager.sample_jobs`). Final figures are
-not sampled: they come with the job's end report.
+kernel does not (:meth:`xce_worker.procman.ProcessManager.sample_jobs`). A parallel job's
+tasks on this host are sampled alike and posted with their task number
+(:meth:`xce_worker.tasks.TaskRunner.sample`): the controller adds them to the job's live
+figure. Final figures are not sampled: they come with the job's (or the task's) end report.
 """
 
 from __future__ import annotations
@@ -186,6 +188,12 @@ def system_monitor(board: ResvalBoard, hname: str, interval: float,
 
 
 def jobs_monitor(procman: ProcessManager, hname: str, interval: float,
-                 stop: threading.Event) -> None:
-    """Each running job's usage every ``interval`` seconds (and the sampled memory limits)."""
-    _loop("jobs", hname, interval, stop, procman.sample_jobs)
+                 stop: threading.Event, tasks: Callable[[], object] | None = None) -> None:
+    """Each running job's usage every ``interval`` seconds (and the sampled memory limits),
+    and with ``tasks`` (:meth:`xce_worker.tasks.TaskRunner.sample`) each running task's."""
+    def tick() -> None:
+        procman.sample_jobs()
+        if tasks is not None:
+            tasks()
+
+    _loop("jobs", hname, interval, stop, tick)

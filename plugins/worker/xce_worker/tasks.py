@@ -232,6 +232,25 @@ class TaskRunner:
         self._report(rt.jobid, rt.attempt, rt.task, "task_finish", time_=ended,
                      exit_status=code, usage=usage.report())
 
+    # ------------------------------------------------------------------ usage
+    def sample(self) -> None:
+        """Post each running task's usage (``update_jusage`` with its ``task``, newest kept
+        per task): the controller adds the job's tasks to its live figure, as the final one
+        counts every task. On the jobs monitor's thread, after the jobs' own samples."""
+        post = self.pm.post
+        if post is None:
+            return
+        with self._lock:
+            tasks = list(self.running.values())
+        for rt in tasks:
+            try:
+                usage = rt.group.usage()
+            except OSError:
+                continue  # ending right now: its final figures come with its end report
+            if not rt.done.is_set():
+                post(f"jusage:{rt.key}", "update_jusage",
+                     {"jobid": rt.jobid, "task": rt.task, "usage": usage.report()})
+
     # ------------------------------------------------------------------ restart
     def _info_path(self, key: str) -> Path:
         return self.pm.jobs_dir / f"{key}.json"
@@ -256,17 +275,19 @@ class TaskRunner:
         for path in sorted(self.pm.jobs_dir.glob("*.t*.json")):
             try:
                 info = orjson.loads(path.read_bytes())
+                problem = _bad_record(info)
+                if problem:
+                    raise ValueError(problem)
                 jobid, attempt, n, pid = (info[k] for k in ("jobid", "attempt", "task", "pid"))
-                if not all(is_int(v) for v in (jobid, attempt, n, pid)):
-                    raise ValueError("not integers")
-            except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                logger.error("worker {}: task record {} unreadable ({}); removed", self.hname,
-                             path.name, exc)
+            except (OSError, orjson.JSONDecodeError, ValueError) as exc:
+                logger.error("worker {}: task record {} is unreadable ({}); removed, its task "
+                             "not re-adopted (what runs in its group ends with the stale "
+                             "groups); going on with the other records", self.hname, path, exc)
                 path.unlink(missing_ok=True)
                 continue
             key = f"{jobid}.{attempt}.t{n}"
             group = self.pm.containment.adopt(key, pid) or EndedGroup(key)
-            status = Path(str(info.get("status") or self.pm.jobs_dir / f"{key}.status"))
+            status = Path(info.get("status") or self.pm.jobs_dir / f"{key}.status")
             rt = RunningTask(jobid, attempt, pid, status, group, task=n)
             with self._lock:
                 self._seen.setdefault((jobid, attempt), set()).add(n)
@@ -306,3 +327,23 @@ class TaskRunner:
         deadline = time.monotonic() + timeout
         for rt in tasks:
             rt.done.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _bad_record(info: Any) -> str:
+    """What is wrong with a task record read back at a restart ("" if nothing): ``jobid``,
+    ``attempt``, ``task``, ``pid`` integers, ``ct`` (the process start time) a number or
+    null, ``status`` a path or null."""
+    if not isinstance(info, dict):
+        return f"not a JSON object but {type(info).__name__}"
+    for k in ("jobid", "attempt", "task", "pid"):
+        if k not in info:
+            return f"no {k!r}"
+        if not is_int(info[k]):
+            return f"{k!r} is {info[k]!r}, not an integer"
+    ct = info.get("ct")
+    if ct is not None and (isinstance(ct, bool) or not isinstance(ct, int | float)):
+        return f"'ct' (the process start time) is {ct!r}, not a number"
+    status = info.get("status")
+    if status is not None and not isinstance(status, str):
+        return f"'status' is {status!r}, not a path"
+    return ""
