@@ -294,6 +294,25 @@ def test_call_gives_up_with_the_truth():
     in_flight.spend(None)  # unbounded: never raises
 
 
+def test_no_primary_tells_the_last_pass_that_dialed() -> None:
+    """The give-up reason: what each candidate of the last pass met; a pass cut short before
+    any dial failed keeps the previous pass's; reaching a primary forgets them."""
+    m = machine()
+    b = Budget(None)
+    assert m.no_primary(b) == "no candidate answered before the deadline"
+    walk = m.start_pass()
+    for cand in walk:
+        walk.failed(cand, Dialed(None, "refused or closed the connection (connection refused)"))
+    m.pass_over(walk)
+    told = m.no_primary(b)
+    assert told.startswith("last pass: ") and told.count("connection refused") == len(m.candidates)
+    m.start_pass()  # cut short by the deadline: nothing dialed yet
+    assert m.no_primary(b) == told
+    m.reached(m.candidates[0])
+    b.take(ConnectionError("gone"))
+    assert m.no_primary(b) == "last error: gone"
+
+
 def test_deadline_error():
     m = machine()
     b = Budget(None)

@@ -89,6 +89,25 @@ def test_refused_candidate_is_skipped_and_unlisted_redirect_refused(thread_fakes
     assert p.connections == 1
 
 
+def test_giving_up_when_every_candidate_refuses_says_what_each_refused() -> None:
+    """Every connection refused (nothing listens): the give-up message names each
+    candidate and what it met, for a connect (``whoami``) as for a call -- not "last error:
+    None"."""
+    dead = [nowhere(), nowhere()]
+    for attempt in ("whoami", "call"):
+        c, _ = oneshot(*dead)
+        with c, pytest.raises(BackendUnavailable) as err:
+            if attempt == "whoami":
+                c.whoami(deadline=0.5)
+            else:
+                c.call("hello", deadline=0.5)
+        text = str(err.value)
+        assert "None" not in text, text
+        assert "no primary within the deadline of 0.5 s (last pass: " + "; ".join(
+            f"{d} refused or closed the connection (connection refused)" for d in dead) + ")" \
+            in text, text
+
+
 def test_a_write_whose_primary_dies_is_retried_elsewhere_with_its_key(thread_fakes):
     store = SharedStore()
     a = thread_fakes("a", store=store)

@@ -146,6 +146,45 @@ def test_a_task_ending_after_its_job_still_adds_its_usage() -> None:
     assert job.usage["cputime"] == 1.25 and job.tasks["list"][0]["state"] == "EXIT"
 
 
+def test_the_live_usage_sums_the_first_task_and_every_task() -> None:
+    """Issue 22: while a parallel job runs, its usage counts every task, not rank 0's alone
+    (as the final figure does); the figure pushed is the sum."""
+    st, jobid = parallel_job()
+    assert st.set_jusage("n1", jobid, {"cputime": 1.0, "mem": 10.0}).events[0].data["usage"] == \
+        {"cputime": 1.0, "mem": 10.0}  # no launched task yet: the first task's is the job's
+    launch(st, jobid, ["n2", "n3"])
+    for host, n in (("n2", 1), ("n3", 2)):
+        st.notify(host, {"jobid": jobid, "event": "task_start", "task": n, "pid": 5}, T0 + 3)
+    # a task's sample before the first task's next one (as on a just promoted primary): kept
+    # on its record, summed once the first task's sample is known
+    assert not st.set_jusage("n2", jobid, {"cputime": 2.0, "mem": 20.0, "nprocs": 1}, 1).events
+    ch = st.set_jusage("n1", jobid, {"cputime": 1.5, "mem": 10.0, "nprocs": 2, "pids": [7]})
+    want = {"cputime": 3.5, "mem": 30.0, "nprocs": 3, "pids": [7]}
+    assert st.job(jobid).usage == ch.events[0].data["usage"] == want
+    ch = st.set_jusage("n3", jobid, {"cputime": 0.5, "mem": 5.0, "nprocs": 1}, 2)
+    assert ch.events[0].data["usage"]["cputime"] == 4.0 and st.job(jobid).usage["mem"] == 35.0
+    with pytest.raises(RemoteError) as err:  # n3 may not report n2's task
+        st.set_jusage("n3", jobid, {"cputime": 9.0}, 1)
+    assert err.value.code == "DENIED"
+    with pytest.raises(RemoteError) as err:
+        st.set_jusage("n2", jobid, {"cputime": 9.0}, 7)
+    assert err.value.code == "NOT_FOUND"
+    # task 1 ends: its final figures replace its sample in the live sum; a late sample of it
+    # changes nothing
+    st.notify("n2", {"jobid": jobid, "event": "task_finish", "task": 1, "exit_status": 0,
+                     "usage": {"cputime": 2.5, "max_mem": 21.0}}, T0 + 4)
+    assert st.job(jobid).usage["cputime"] == 4.5
+    assert not st.set_jusage("n2", jobid, {"cputime": 9.0}, 1).events
+    assert st.job(jobid).usage["cputime"] == 4.5
+    # the job ends: its final figures are the first task's and the ended tasks' (task 2 is
+    # still running: it adds its own when it ends)
+    st.notify("n1", {"jobid": jobid, "event": "finish", "exit_status": 0,
+                     "usage": {"cputime": 2.0, "max_mem": 12.0}}, T0 + 5)
+    job = st.job(jobid)
+    assert job.usage == {"cputime": 4.5, "max_mem": 33.0}
+    assert tasks.FIRST_USAGE not in job.tasks
+
+
 def test_a_task_host_lost_kills_the_job_naming_the_host() -> None:
     st, jobid = parallel_job()
     launch(st, jobid, ["n2", "n3"])

@@ -164,3 +164,50 @@ def test_a_restarted_worker_re_adopts_its_running_task_and_kills_it_with_the_job
     assert f"task {task['task']} of job {jobid} finished with exit status" in again.text()
     wait_for(lambda: not groups_left(tmp_path, "p2", key), 10, what="the task's group removed")
     assert not list((tmp_path / "p2" / "jobs").glob(f"{key}.*"))  # its files too
+
+
+BURN = ("import time\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.8: pass\n"
+        "time.sleep(300)\n")
+
+
+def test_a_running_parallel_jobs_usage_counts_every_task(
+        xce_cluster: Callable[..., LocalCluster], xce_client: Callable[..., SyncClient],
+        tmp_path: Path) -> None:
+    """Issue 22: while the job runs, its usage is its first task's plus its tasks' (the
+    workers' periodic samples), not rank 0's alone; at its end, every task's final figures."""
+    cl = xce_cluster(1)
+    for h in ("p1", "p2"):
+        start_worker(cl, tmp_path, h)
+    c = xce_client(cl, "cli")
+    wait_for(lambda: two_hosts(c), 30, what="two workers joined")
+    burn, release = tmp_path / "burn.py", tmp_path / "release"
+    burn.write_text(BURN)
+    cmd = (f"{PY} -m xcecore task launch p2 -- {PY} {burn} & "
+           f"while [ ! -e {release} ]; do sleep 0.05; done; exit 0")
+    jobid: int = c.call("jobsubmit", {"command": cmd, "ntasks": 2, "stdout": str(tmp_path / "out"),
+                                      "env": job_env(cl)})["jobid"]
+    c.call("jobdispatch", {"jobid": jobid, "alloc": [{"host": "p1", "ntasks": 1},
+                                                     {"host": "p2", "ntasks": 1}], "force": True})
+
+    def burnt() -> dict[str, Any] | None:
+        rec = job(c, jobid)
+        ts = tasks_of(rec)
+        if rec["state"] == "RUN" and ts and ts[0]["state"] == "RUN" and \
+                (ts[0].get("usage") or {}).get("cputime", 0) >= 0.8:
+            return rec
+        return None
+
+    rec = wait_for(burnt, 60, what="the task's CPU burn sampled while the job runs")
+    first, (t,) = rec["tasks"]["first_usage"], tasks_of(rec)
+    live = rec["usage"]
+    assert live["cputime"] == pytest.approx(first["cputime"] + t["usage"]["cputime"], abs=1e-3), rec
+    assert live["cputime"] >= 0.8 and live["nprocs"] == first["nprocs"] + t["usage"]["nprocs"], rec
+    assert live["mem"] == pytest.approx(first["mem"] + t["usage"]["mem"], abs=1e-2), rec
+
+    release.touch()
+    rec = wait_for(lambda: ended(c, jobid), 60, what="the job and its task ended")
+    (t,) = tasks_of(rec)
+    assert rec["state"] == "DONE" and t["usage"]["cputime"] >= 0.8, rec
+    assert rec["usage"]["cputime"] >= t["usage"]["cputime"] and "first_usage" not in rec["tasks"], rec

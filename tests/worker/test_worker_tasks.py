@@ -86,6 +86,64 @@ def test_a_task_starts_once_in_its_group_and_the_jobs_end_kills_it(tmp_path: Pat
         assert is_dead(rt.pid) and not runner.running
 
 
+def test_a_running_tasks_usage_is_posted_with_its_task_number(tmp_path: Path) -> None:
+    """Issue 22: the jobs monitor's sample of a task (``TaskRunner.sample``) posts
+    ``update_jusage`` with the task, under its own key (newest kept per task)."""
+    with runner_on(tmp_path) as runner:
+        pm = runner.pm
+        rec = parallel(9, [task(1, "exec sleep 60")], tmp_path / "out")
+        runner.job(rec)
+        wait_for(lambda: any(n["event"] == "task_start" for n in notes(pm, 9)), 20,
+                 what="the task started")
+        runner.sample()
+        (key, op, args), = [p for p in pm.posts if p[0].startswith("jusage:9.")]  # type: ignore[attr-defined]
+        assert (key, op) == ("jusage:9.0.t1", "update_jusage")
+        assert args["jobid"] == 9 and args["task"] == 1, args
+        assert args["usage"]["nprocs"] >= 1 and "cputime" in args["usage"], args
+        runner.job({**rec, "state": "DONE"})
+        wait_for(lambda: not runner.running, 20, what="the task killed with its job")
+        pm.posts.clear()  # type: ignore[attr-defined]
+        runner.sample()  # nothing runs: nothing posted
+        assert not pm.posts  # type: ignore[attr-defined]
+
+
+def test_a_corrupted_task_record_is_an_error_naming_the_file_and_the_others_go_on(
+        tmp_path: Path) -> None:
+    """A record whose ``ct`` (or ``status``) has the wrong type is logged as an error
+    naming its file and removed; the worker re-adopts or reports the other records."""
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="ERROR", format="{message}")
+    try:
+        with runner_on(tmp_path) as runner:
+            pm = runner.pm
+            gone = subprocess.Popen(["true"])
+            gone.wait()
+            bad = {"21.0.t1.json": {"ct": "yesterday"}, "21.0.t2.json": {"ct": True},
+                   "21.0.t3.json": {"status": ["x"]}}
+            for name, field in bad.items():
+                n = int(name.split(".t")[1].split(".")[0])
+                (pm.jobs_dir / name).write_text(json.dumps(
+                    {"jobid": 21, "attempt": 0, "task": n, "pid": gone.pid, "ct": 1.0,
+                     "status": None, **field}))
+            (pm.jobs_dir / "22.0.t1.status").write_text("4\n")
+            (pm.jobs_dir / "22.0.t1.json").write_text(json.dumps(
+                {"jobid": 22, "attempt": 0, "task": 1, "pid": gone.pid, "ct": 1,
+                 "status": str(pm.jobs_dir / "22.0.t1.status")}))
+            assert runner.adopt() == set()
+            (end,) = notes(pm, 22)  # the good record: its end reported
+            assert end["event"] == "task_finish" and end["exit_status"] == 4, end
+            assert not notes(pm, 21) and not list(pm.jobs_dir.glob("2[12].0.t*"))
+    finally:
+        logger.remove(sink)
+    text = "\n".join(lines)
+    assert f"{pm.jobs_dir / '21.0.t1.json'} is unreadable ('ct' (the process start time) " \
+        "is 'yesterday', not a number)" in text, text
+    assert "'ct' (the process start time) is True, not a number" in text, text
+    assert "21.0.t3.json is unreadable ('status' is ['x'], not a path)" in text, text
+
+
 def test_a_task_shown_running_that_this_worker_does_not_run_is_reported_failed(
         tmp_path: Path) -> None:
     with runner_on(tmp_path) as runner:

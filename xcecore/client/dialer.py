@@ -254,7 +254,8 @@ class Walk:
     """One pass over the candidates in ``order``, following redirects.
 
     Iterate it for the candidates to dial; after each failed dial, call :meth:`failed` and
-    log what it returns. ``last_error`` is the last failure (for the give-up message),
+    log what it returns. ``last_error`` is the last failure, ``failures`` every candidate's
+    (for the give-up message),
     ``timed_out`` whether some candidate was too busy to finish its handshake, ``takeover``
     the standby that promised to take over from a hung primary, and in how many seconds: the
     pass ends there (the other standbys watch the same primary, and the hung primary would only
@@ -268,6 +269,7 @@ class Walk:
         self.allow_unlisted = allow_unlisted
         self.name = name
         self.tried: set[Candidate] = set()
+        self.failures: list[str] = []  # what each failed dial of this pass met, in order
         self.last_error: BaseException | None = None
         self.timed_out = False
         self.refused: tuple[Candidate, str] | None = None
@@ -290,6 +292,7 @@ class Walk:
         """``cand`` did not give a link: record it, choose the redirect; the ``(level, line)``
         to log."""
         self.last_error = ConnectionError(f"{cand} {dialed.failure}")
+        self.failures.append(f"{cand} {dialed.failure}")
         self.timed_out = self.timed_out or dialed.timed_out
         if dialed.refused is not None:
             # Not an outage: the machine reports it once (Machine.auth_refused), not per dial.
@@ -307,6 +310,7 @@ class Walk:
         target, why = resolve_redirect(primary, self.candidates, self.allow_unlisted)
         if target is None:
             self.last_error = ConnectionError(f"{cand} redirected to unlisted {primary}")
+            self.failures[-1] = f"{cand} redirected to unlisted {primary}"
             return "WARNING", (f"{self.name}: candidate {cand} is a standby redirecting to "
                                f"{primary}, not followed: {why}")
         if target in self.tried:

@@ -398,6 +398,8 @@ class Machine:
         self.lost: Candidate | None = None  # whose link died; tried last until one works
         self.lost_at: float | None = None
         self.last_error: BaseException | None = None
+        self.walk: Walk | None = None  # the pass under way or last made, while no primary
+        self.last_pass: tuple[str, ...] = ()  # the failures of the last pass that ended
         self.pass_timed_out = False  # a candidate of the last pass timed out: it is busy
         self.refused: tuple[Candidate, str] | None = None  # the last pass's refusal, if any
         self.takeover: tuple[Candidate, float] | None = None  # the last pass's takeover promise
@@ -424,12 +426,14 @@ class Machine:
                                 None if preferred else self.lost)
         self.preferred = None
         self.pass_timed_out = False
-        return Walk(order, self.candidates, allow_unlisted=self.allow_unlisted, name=self.name)
+        self.walk = Walk(order, self.candidates, allow_unlisted=self.allow_unlisted, name=self.name)
+        return self.walk
 
     def pass_over(self, walk: Walk) -> None:
         """Take what a finished walk learnt (its last error, whether a candidate was busy)."""
         if walk.last_error is not None:
             self.last_error = walk.last_error
+        self.last_pass = tuple(walk.failures)
         self.pass_timed_out = self.pass_timed_out or walk.timed_out
         self.refused = walk.refused
         self.takeover = walk.takeover
@@ -499,6 +503,7 @@ class Machine:
 
     def reached(self, candidate: Candidate) -> None:
         """A pass reached the primary at ``candidate``."""
+        self.walk, self.last_pass = None, ()  # no longer why there is no primary
         self.last_good = candidate
         self.lost = None
         self.takeover_told = None
@@ -569,10 +574,23 @@ class Machine:
         return [Log("WARNING", f"{self.name}: giving up on {what}: {exc}"),
                 *self.set_state(DEGRADED, self.candidate, f"{what}: {exc}")]
 
+    def no_primary(self, budget: Budget) -> str:
+        """Why no primary answered, for a give-up message: what each candidate of the last
+        pass met (``127.0.0.1:7001 refused or closed the connection (connection refused);
+        ...``), else the last error the call saw."""
+        # The pass under way, unless the deadline cut it short before a dial failed.
+        failures = self.walk.failures if self.walk is not None and self.walk.failures \
+            else self.last_pass
+        if failures:
+            return "last pass: " + "; ".join(failures)
+        if budget.last_error is not None:
+            return f"last error: {budget.last_error}"
+        return "no candidate answered before the deadline"
+
     def deadline_error(self, what: str, deadline: float, call: Call | None,
                        budget: Budget) -> BackendUnavailable | OutcomeUnknown:
         """The error for ``what`` whose ``deadline`` (seconds) passed."""
-        why = f"{what}: no primary within the deadline of {deadline:g} s (last error: {budget.last_error})"
+        why = f"{what}: no primary within the deadline of {deadline:g} s ({self.no_primary(budget)})"
         if call is None:
             return BackendUnavailable(why, budget.last_error)
         return call.give_up(why)
