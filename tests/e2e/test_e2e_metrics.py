@@ -91,6 +91,17 @@ def test_every_role_exports_metrics_that_follow_the_cluster(xce_cluster: Any, tm
     assert value(api_m, "xce_apiserver_backend_breaker", state="closed") == 1.0
     assert value(api_m, "xce_apiserver_replica_jobs") == 1.0
 
+    # every role measures its own scrapes (issue 25): the reply reports the scrapes before it
+    for role, port in ports.items():
+        before = value(scrape(port), "xce_metrics_scrape_cpu_seconds_count") or 0
+        got = scrape(port)
+        assert value(got, "xce_metrics_scrape_cpu_seconds_count") == before + 1, role
+        assert value(got, "xce_metrics_scrape_seconds_bucket", le="+Inf") == before + 1, role
+        build, cpu, served = (value(got, "xce_metrics_last_scrape_seconds", part=p)
+                              for p in ("build", "build_cpu", "served"))
+        assert build is not None and cpu is not None and served is not None, role
+        assert cpu > 0 and 0 < build <= served < 10, (role, build, cpu, served)
+
 
 def test_a_metrics_port_in_use_is_refused_by_name(xce_cluster: Any, tmp_path: Path) -> None:
     with socket.socket() as taken:

@@ -4,6 +4,7 @@ to use the fallback, the clean environment, input files, and GPUs (with a fake N
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import types
 from collections.abc import Callable
@@ -58,6 +59,11 @@ def test_limits_and_reasons_through_a_real_controller(
         assert rec["start_time"] <= rec["end_time"]
         assert finished(c, ok)["reason"] == "exit code 3"
         assert finished(c, timed)["reason"] == "run limit reached"
+        for jobid, reason in ((hog, "memory limit exceeded"), (timed, "run limit reached")):
+            long = subprocess.run([sys.executable, "-m", "xcecore", "--config", str(cl.config_path),
+                                   "--timeout", "10", "jobs", "-l", str(jobid)],
+                                  capture_output=True, text=True, timeout=60, check=False)
+            assert long.returncode == 0 and f"Reason: {reason}" in long.stdout, long
         assert finished(c, signalled)["reason"] == "killed by signal 9"
         assert finished(c, nowhere)["reason"].startswith("could not start: ")
         assert finished(c, neighbour)["state"] == "DONE"  # the neighbour was untouched
