@@ -14,7 +14,9 @@ The exporter is a small HTTP server on the role's event loop (:func:`serve`: ``G
 /metrics`` only, bounded requests, a few scrapes at a time), started for a role only when
 ``[metrics] ports`` gives that role a port (off by default; port 0 takes a free one and logs
 it; the section is declared in :mod:`xcecore.config`). Names are ``xce_<role>_*`` and
-documented in ``docs/operator.md``.
+documented in ``docs/operator.md``. The exporter measures its own scrapes in every role
+(:class:`ScrapeTimes`, ``xce_metrics_scrape_*``): what a scrape costs the role, measured where
+it is spent rather than guessed from the process's CPU ticks.
 """
 
 from __future__ import annotations
@@ -249,7 +251,8 @@ async def _scrape(stream: Any, registry: CollectorRegistry, limiter: Any,
                 reply = answer(data, registry)
                 build_cpu, built = time.thread_time() - cpu0, time.perf_counter()
                 await stream.send(reply)
-                times.observe(built - wall0, build_cpu, time.perf_counter() - accepted)
+                if reply.startswith(b"HTTP/1.1 200"):  # a scrape, not a refused request
+                    times.observe(built - wall0, build_cpu, time.perf_counter() - accepted)
         except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
             return  # a scraper that went away or stalled: nothing to answer
 
