@@ -183,6 +183,8 @@ def test_the_live_usage_sums_the_first_task_and_every_task() -> None:
     job = st.job(jobid)
     assert job.usage == {"cputime": 4.5, "max_mem": 33.0}
     assert tasks.FIRST_USAGE not in job.tasks
+    assert not st.set_jusage("n1", jobid, {"cputime": 9.0}).events  # overtaken by the end
+    assert job.usage == {"cputime": 4.5, "max_mem": 33.0}
 
 
 def test_a_task_host_lost_kills_the_job_naming_the_host() -> None:

@@ -156,7 +156,8 @@ def live_usage(job: Job, host: str, task: int | None,
     """A sample of a running job's usage from ``host``: its first task's (``task`` None) or
     a launched task's. The job's live figure: its first task's latest sample plus every
     task's latest (a running one's sample, an ended one's final figures), as the final
-    figure counts every task; None for a sample of a task that is not running (late).
+    figure counts every task; None for a late sample (of a task that is not running, or of
+    a job with tasks that ended).
 
     The first task's latest sample is kept in ``tasks`` (:data:`FIRST_USAGE`), each task's
     in its record's ``usage``. A primary that has no first-task sample yet (just promoted)
@@ -165,6 +166,8 @@ def live_usage(job: Job, host: str, task: int | None,
     if task is None:
         if not t or not t.get("list"):
             return usage  # no launched tasks: the first task's is the job's
+        if job.state in FINISHED:
+            return None  # a sample overtaken by the end report: the final sum stands
         t[FIRST_USAGE] = usage
         return _live_sum(t)
     rec = _task(job, host, task)
