@@ -306,8 +306,13 @@ def test_no_primary_tells_the_last_pass_that_dialed() -> None:
     m.pass_over(walk)
     told = m.no_primary(b)
     assert told.startswith("last pass: ") and told.count("connection refused") == len(m.candidates)
-    m.start_pass()  # cut short by the deadline: nothing dialed yet
+    walk = m.start_pass()  # cut short by the deadline: nothing dialed yet
     assert m.no_primary(b) == told
+    first = next(walk)  # ... or after one dial: its news, the others' from the last pass
+    walk.failed(first, Dialed(None, "timed out"))
+    assert m.no_primary(b) == told.replace(
+        f"{first} refused or closed the connection (connection refused)", f"{first} timed out")
+    assert m.no_primary(b).count("connection refused") == len(m.candidates) - 1
     m.reached(m.candidates[0])
     b.take(ConnectionError("gone"))
     assert m.no_primary(b) == "last error: gone"

@@ -3,6 +3,7 @@ verdicts as the event-loop client, against fake controllers on real loopback soc
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -96,11 +97,9 @@ def test_giving_up_when_every_candidate_refuses_says_what_each_refused() -> None
     dead = [nowhere(), nowhere()]
     for attempt in ("whoami", "call"):
         c, _ = oneshot(*dead)
+        go = functools.partial(c.whoami) if attempt == "whoami" else functools.partial(c.call, "hello")
         with c, pytest.raises(BackendUnavailable) as err:
-            if attempt == "whoami":
-                c.whoami(deadline=0.5)
-            else:
-                c.call("hello", deadline=0.5)
+            go(deadline=0.5)
         text = str(err.value)
         assert "None" not in text, text
         assert "no primary within the deadline of 0.5 s (last pass: " + "; ".join(

@@ -269,7 +269,7 @@ class Walk:
         self.allow_unlisted = allow_unlisted
         self.name = name
         self.tried: set[Candidate] = set()
-        self.failures: list[str] = []  # what each failed dial of this pass met, in order
+        self.failures: list[tuple[Candidate, str]] = []  # what each failed dial met, in order
         self.last_error: BaseException | None = None
         self.timed_out = False
         self.refused: tuple[Candidate, str] | None = None
@@ -292,7 +292,7 @@ class Walk:
         """``cand`` did not give a link: record it, choose the redirect; the ``(level, line)``
         to log."""
         self.last_error = ConnectionError(f"{cand} {dialed.failure}")
-        self.failures.append(f"{cand} {dialed.failure}")
+        self.failures.append((cand, str(dialed.failure)))
         self.timed_out = self.timed_out or dialed.timed_out
         if dialed.refused is not None:
             # Not an outage: the machine reports it once (Machine.auth_refused), not per dial.
@@ -310,7 +310,7 @@ class Walk:
         target, why = resolve_redirect(primary, self.candidates, self.allow_unlisted)
         if target is None:
             self.last_error = ConnectionError(f"{cand} redirected to unlisted {primary}")
-            self.failures[-1] = f"{cand} redirected to unlisted {primary}"
+            self.failures[-1] = (cand, f"redirected to unlisted {primary}")
             return "WARNING", (f"{self.name}: candidate {cand} is a standby redirecting to "
                                f"{primary}, not followed: {why}")
         if target in self.tried:

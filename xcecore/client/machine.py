@@ -399,7 +399,7 @@ class Machine:
         self.lost_at: float | None = None
         self.last_error: BaseException | None = None
         self.walk: Walk | None = None  # the pass under way or last made, while no primary
-        self.last_pass: tuple[str, ...] = ()  # the failures of the last pass that ended
+        self.last_pass: tuple[tuple[Candidate, str], ...] = ()  # the last ended pass's failures
         self.pass_timed_out = False  # a candidate of the last pass timed out: it is busy
         self.refused: tuple[Candidate, str] | None = None  # the last pass's refusal, if any
         self.takeover: tuple[Candidate, float] | None = None  # the last pass's takeover promise
@@ -578,11 +578,12 @@ class Machine:
         """Why no primary answered, for a give-up message: what each candidate of the last
         pass met (``127.0.0.1:7001 refused or closed the connection (connection refused);
         ...``), else the last error the call saw."""
-        # The pass under way, unless the deadline cut it short before a dial failed.
-        failures = self.walk.failures if self.walk is not None and self.walk.failures \
-            else self.last_pass
+        # The pass under way, and the last one's for candidates it had not dialed yet when
+        # the deadline cut it short.
+        failures = dict(self.last_pass)
+        failures.update(self.walk.failures if self.walk is not None else ())
         if failures:
-            return "last pass: " + "; ".join(failures)
+            return "last pass: " + "; ".join(f"{c} {why}" for c, why in failures.items())
         if budget.last_error is not None:
             return f"last error: {budget.last_error}"
         return "no candidate answered before the deadline"
