@@ -81,19 +81,26 @@ def window(args: argparse.Namespace, bc: BenchCluster, root: Path, url: str,
             sims.append(SimProc(root, bc.cluster.config_path, first,
                                 min(PER_PROCESS, args.hosts - first),
                                 spread=max(2.0, heartbeat), heartbeat=heartbeat))
+        joined = 0
         for s in sims:
             line = s.readline(JOIN_TIMEOUT + 30)
             if not line.startswith("ready"):
                 raise RuntimeError(f"a simulator did not get ready: {line!r}\n"
                                    f"{s.log.read_text()[-3000:]}")
-        log(PART, f"{args.hosts:,} simulated hosts joined (heartbeat every {heartbeat:g} s) "
-                  f"in {time.monotonic() - t0:.1f} s")
+            joined += int(line.split()[1])  # "ready <joined> ...": the others timed out
+        join_s = time.monotonic() - t0
+        log(PART, f"{joined:,} of {args.hosts:,} simulated hosts joined (heartbeat every "
+                  f"{heartbeat:g} s) in {join_s:.1f} s")
+        if joined < args.hosts:
+            log(PART, f"WARNING: {args.hosts - joined:,} simulated hosts did not join within "
+                      f"{JOIN_TIMEOUT} s (an overloaded machine): the window has fewer hosts")
         time.sleep(max(3.0, heartbeat))  # the join storm settled, every host beat once
         walls: list[float] = []
         parts: dict[str, list[float]] = {"build": [], "build_cpu": [], "served": []}
         with httpx.Client(timeout=30) as http:
             text = http.get(url).text
             assert "xce_metrics_scrape_seconds" in text, text[:500]
+            connected = int(one(WORKERS, text))
             size = len(text.encode())
             beats0, tb0 = one(BEATS, text), time.monotonic()
             cpu0 = cpu_seconds(ctl_pid)
@@ -120,14 +127,16 @@ def window(args: argparse.Namespace, bc: BenchCluster, root: Path, url: str,
             line = s.readline(30)
             if line.startswith("rtt"):
                 rtts += json.loads(line[3:])
-        res = {"heartbeat_interval_s": heartbeat, "heartbeats_per_s": round(beats / span, 1),
+        res = {"heartbeat_interval_s": heartbeat, "hosts_joined": joined,
+               "worker_connections": connected,
+               "join_s": round(join_s, 1), "heartbeats_per_s": round(beats / span, 1),
                "bytes": size, "scrape_wall_ms": stats(walls),
                "build_cpu_ms": stats(parts["build_cpu"]), "build_ms": stats(parts["build"]),
                "served_ms": stats(parts["served"]),
                "controller_cores": round(ctl_cores, 3), "simulators_cores": round(sim_cores, 3),
                "loadavg_1min": round(os.getloadavg()[0], 2),
                "heartbeat_rtt_ms_after": stats(rtts) if rtts else None}
-        log(PART, f"{args.hosts:,} hosts, {res['heartbeats_per_s']:,.0f} heartbeats/s: controller "
+        log(PART, f"{connected:,} hosts connected, {res['heartbeats_per_s']:,.0f} heartbeats/s: controller "
                   f"CPU per scrape p50 {res['build_cpu_ms'].get('p50')} ms, p99 "
                   f"{res['build_cpu_ms'].get('p99')} ms; wall p50 {res['scrape_wall_ms']['p50']} ms, "
                   f"p99 {res['scrape_wall_ms']['p99']} ms (served inside p99 "

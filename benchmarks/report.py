@@ -1237,6 +1237,8 @@ def metrics_section(d: dict[str, Any] | None) -> list[str]:
     for w in d["windows"]:
         rtt = w.get("heartbeat_rtt_ms_after") or {}
         lines += [f"**Heartbeat every {fmt(w['heartbeat_interval_s'], 0)} s**: "
+                  f"{w.get('hosts_joined', 0):,} hosts joined in {fmt(w.get('join_s'), 0)} s, "
+                  f"{w.get('worker_connections', 0):,} connected during the scrapes; "
                   f"{fmt(w['heartbeats_per_s'], 0)} heartbeats/s counted by the controller; the "
                   f"controller used {fmt(w['controller_cores'], 2)} cores, the simulators "
                   f"{fmt(w['simulators_cores'], 2)}; 1-minute load average "
