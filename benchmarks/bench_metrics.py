@@ -80,10 +80,11 @@ def window(args: argparse.Namespace, bc: BenchCluster, root: Path, url: str,
             # real cluster's, not every beat of a process at the same instant
             sims.append(SimProc(root, bc.cluster.config_path, first,
                                 min(PER_PROCESS, args.hosts - first),
-                                spread=max(2.0, heartbeat), heartbeat=heartbeat))
+                                spread=max(2.0, heartbeat), heartbeat=heartbeat,
+                                join_timeout=args.join_timeout))
         joined = 0
         for s in sims:
-            line = s.readline(JOIN_TIMEOUT + 30)
+            line = s.readline(args.join_timeout + 30)
             if not line.startswith("ready"):
                 raise RuntimeError(f"a simulator did not get ready: {line!r}\n"
                                    f"{s.log.read_text()[-3000:]}")
@@ -93,7 +94,7 @@ def window(args: argparse.Namespace, bc: BenchCluster, root: Path, url: str,
                   f"{heartbeat:g} s) in {join_s:.1f} s")
         if joined < args.hosts:
             log(PART, f"WARNING: {args.hosts - joined:,} simulated hosts did not join within "
-                      f"{JOIN_TIMEOUT} s (an overloaded machine): the window has fewer hosts")
+                      f"{args.join_timeout:g} s (an overloaded machine): the window has fewer hosts")
         time.sleep(max(3.0, heartbeat))  # the join storm settled, every host beat once
         walls: list[float] = []
         parts: dict[str, list[float]] = {"build": [], "build_cpu": [], "served": []}
@@ -186,6 +187,8 @@ def main() -> None:
     p.add_argument("--heartbeats", type=lambda s: [float(x) for x in s.split(",")],
                    default=[1.0, 10.0], help="heartbeat intervals (s), one window each "
                    "(default 1,10)")
+    p.add_argument("--join-timeout", type=float, default=JOIN_TIMEOUT,
+                   help="seconds a simulated host may take to join (default %(default)s)")
     p.add_argument("--quick", action="store_true", help="1,000 hosts, 1,000 jobs, 50 scrapes")
     args = p.parse_args()
     if args.quick:

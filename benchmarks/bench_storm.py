@@ -71,13 +71,13 @@ class SimProc:
     """One simworkers.py process and its line protocol."""
 
     def __init__(self, root: Path, config: Path, first: int, count: int, spread: float,
-                 heartbeat: float = HEARTBEAT) -> None:
+                 heartbeat: float = HEARTBEAT, join_timeout: float = JOIN_TIMEOUT) -> None:
         self.log = root / f"sim{first}.log"
         cmd = [sys.executable, str(HERE / "simworkers.py"), "--config", str(config),
                "--first", str(first), "--count", str(count), "--heartbeat", str(heartbeat),
                "--liveness", str(LIVENESS), "--connect-timeout", str(CONNECT_TIMEOUT),
                "--backoff-base", str(BACKOFF_BASE), "--backoff-cap", str(BACKOFF_CAP),
-               "--spread", str(spread), "--join-timeout", str(JOIN_TIMEOUT),
+               "--spread", str(spread), "--join-timeout", str(join_timeout),
                "--log-level", os.environ.get("XCE_BENCH_SIM_LOG", "ERROR")]
         with self.log.open("ab") as err:
             self.popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
