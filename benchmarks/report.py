@@ -1220,8 +1220,8 @@ def tasks_section(d: dict[str, Any] | None) -> list[str]:
 
 def metrics_section(d: dict[str, Any] | None) -> list[str]:
     """The controller's scrape cost at many hosts (``bench_metrics.py``, issue #25)."""
-    lines = ["## 19. Prometheus scrape of the controller at 10,000 hosts (`bench_metrics.py`, "
-             "issue #25)", ""]
+    lines = ["## 19. Prometheus scrape of the controller with many hosts joined "
+             "(`bench_metrics.py`, issue #25)", ""]
     if d is None or "windows" not in d:
         return [*lines, "Not run yet (`python benchmarks/bench_metrics.py`).", ""]
     lines += [f"Source: {provenance(d)}. One controller candidate (real process, loopback) with "
@@ -1252,7 +1252,9 @@ def metrics_section(d: dict[str, Any] | None) -> list[str]:
                            w["served_ms"], "", 2),
                   dist_row("`GET /metrics` wall, from the scraper (ms)", w["scrape_wall_ms"], "",
                            2), ""]
-    lines += ["The wall time beyond `served` is time the scrape waited before the controller "
+    lines += ["`build` above `build_cpu` is time the controller's thread did not run while it "
+              "built the reply (other processes held the cores); the wall time beyond `served` "
+              "is time the scrape waited before the controller "
               "took its connection (its event loop busy with heartbeats, or the controller not "
               "running at all while the simulators held both cores) and the scraper's own "
               "scheduling: it follows the heartbeat rate and the machine's load, not the "
