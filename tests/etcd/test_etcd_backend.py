@@ -13,7 +13,7 @@ import orjson
 import pytest
 from xce_controller.jobs import Job
 from xce_controller.store import Write
-from xce_etcd.client import EtcdClient
+from xce_etcd.client import EtcdClient, delete_op
 from xce_etcd.election import EtcdElection
 from xce_etcd.settings import EtcdSettings
 from xce_etcd.store import EtcdStore
@@ -200,7 +200,7 @@ def test_a_full_etcd_gives_a_storage_fault(etcd_factory) -> None:
 def test_an_idle_primary_whose_leader_key_is_deleted_stops(etcd_one: EtcdCluster) -> None:
     with candidate(etcd_one, "a") as a:
         win(a)
-        a.client.txn([], [{"request_delete_range": {"key": "L3QvbGVhZGVy"}}])  # /t/leader
+        a.client.txn([], [delete_op(b"/t/leader")])
 
         def stopped() -> str | None:
             a.heartbeat()

@@ -5,7 +5,20 @@ from __future__ import annotations
 import time
 
 import pytest
-from xce_etcd.client import EtcdClient, EtcdError, OutcomeUnknown, absent, delete_op, mod_revision_is, put_op, range_op
+from xce_etcd.client import (
+    Compare,
+    Delete,
+    EtcdClient,
+    EtcdError,
+    OutcomeUnknown,
+    absent,
+    delete_op,
+    gateway_compare,
+    gateway_op,
+    mod_revision_is,
+    put_op,
+    range_op,
+)
 from xce_etcd.grpcwire import decode_txn, encode_txn, field_bytes, field_int, fields, varint
 from xce_etcd.testing import EtcdCluster
 
@@ -22,12 +35,33 @@ def test_the_wire_format_round_trips_and_refuses_what_it_cannot_encode() -> None
         fields(field_bytes(1, b"abc")[:-1])
     with pytest.raises(ValueError, match="puts and deletes only"):
         encode_txn([], [range_op(b"k")])
+    assert varint(127) == b"\x7f" and varint(128) == b"\x80\x01"
     # compare key=b"k" MOD EQUAL 5; put b"x"=b"y" on lease 7; delete b"z"
     raw = encode_txn([mod_revision_is(b"k", 5)], [put_op(b"x", b"y", 7), delete_op(b"z")])
     (c, put, delete) = fields(raw)
     assert c == (1, b"\x08\x00\x10\x02\x1a\x01k\x30\x05")
     assert put == (2, field_bytes(2, b"\x0a\x01x\x12\x01y\x18\x07"))
     assert delete == (2, field_bytes(3, b"\x0a\x01z"))
+    # a value compare, a range delete, and lengths past one varint byte
+    big = b"v" * 300
+    raw = encode_txn([Compare(b"k", "VALUE", b"abc", "NOT_EQUAL")],
+                     [put_op(b"x", big), Delete(b"a", b"b")])
+    (c, put, delete) = fields(raw)
+    assert c == (1, b"\x08\x03\x10\x03\x1a\x01k\x3a\x03abc")
+    assert put == (2, field_bytes(2, field_bytes(1, b"x") + field_bytes(2, big)))
+    assert delete == (2, field_bytes(3, b"\x0a\x01a\x12\x01b"))
+
+
+def test_the_gateway_form_of_operations_and_compares() -> None:
+    assert gateway_op(put_op(b"k", b"v", 7)) == {"request_put": {"key": "aw==", "value": "dg==",
+                                                                 "lease": "7"}}
+    assert gateway_op(Delete(b"a", b"b")) == {"request_delete_range": {"key": "YQ==",
+                                                                       "range_end": "Yg=="}}
+    assert gateway_op(range_op(b"k")) == {"request_range": {"key": "aw=="}}
+    assert gateway_compare(mod_revision_is(b"k", 5)) == {
+        "key": "aw==", "target": "MOD", "result": "EQUAL", "mod_revision": "5"}
+    assert gateway_compare(absent(b"k"))["create_revision"] == "0"
+    assert gateway_compare(Compare(b"k", "VALUE", b"v"))["value"] == "dg=="
 
 
 def test_a_guarded_transaction_over_grpc_on_a_real_etcd(etcd_one: EtcdCluster) -> None:

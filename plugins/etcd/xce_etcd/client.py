@@ -103,34 +103,98 @@ def _kv(raw: dict[str, Any]) -> KV:
               int(raw.get("mod_revision", 0)), int(raw.get("lease", 0)))
 
 
-# -- request bodies (pure) ----------------------------------------------------------------------
+# -- operations and compares (pure) --------------------------------------------------------------
+# One form, raw bytes, for both transports: the gateway turns them into its JSON (base64) at
+# send time (:func:`gateway_op`, :func:`gateway_compare`), gRPC straight into protobuf
+# (:mod:`xce_etcd.grpcwire`), so a write's bytes are never base64-encoded only to be decoded.
 
-def put_op(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Put:
     """A transaction's put."""
-    body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
-    if lease:
-        body["lease"] = str(lease)
-    return {"request_put": body}
+
+    key: bytes
+    value: bytes
+    lease: int = 0
 
 
-def delete_op(key: bytes) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """A transaction's delete of one key (or of ``[key, range_end)``)."""
+
+    key: bytes
+    range_end: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """A transaction's read of one key (gateway only: gRPC answers are not decoded)."""
+
+    key: bytes
+
+
+Op = Put | Delete | Read
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """A transaction's compare: ``target`` (VERSION, CREATE, MOD, VALUE, LEASE) of ``key``
+    ``result`` (EQUAL, GREATER, LESS, NOT_EQUAL) ``value`` (bytes for VALUE, else an int)."""
+
+    key: bytes
+    target: str
+    value: int | bytes
+    result: str = "EQUAL"
+
+
+def put_op(key: bytes, value: bytes, lease: int = 0) -> Put:
+    """A transaction's put."""
+    return Put(key, value, lease)
+
+
+def delete_op(key: bytes) -> Delete:
     """A transaction's delete of one key."""
-    return {"request_delete_range": {"key": b64(key)}}
+    return Delete(key)
 
 
-def range_op(key: bytes) -> dict[str, Any]:
+def range_op(key: bytes) -> Read:
     """A transaction's read of one key."""
-    return {"request_range": {"key": b64(key)}}
+    return Read(key)
 
 
-def mod_revision_is(key: bytes, revision: int) -> dict[str, Any]:
+def mod_revision_is(key: bytes, revision: int) -> Compare:
     """Compare: ``key``'s mod_revision equals ``revision`` (the fencing token)."""
-    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
+    return Compare(key, "MOD", revision)
 
 
-def absent(key: bytes) -> dict[str, Any]:
+def absent(key: bytes) -> Compare:
     """Compare: ``key`` does not exist (its create_revision is 0)."""
-    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+    return Compare(key, "CREATE", 0)
+
+
+_COMPARE_FIELD = {"VERSION": "version", "CREATE": "create_revision", "MOD": "mod_revision",
+                  "VALUE": "value", "LEASE": "lease"}
+
+
+def gateway_op(op: Op) -> dict[str, Any]:
+    """``op`` as the JSON gateway takes it."""
+    if isinstance(op, Put):
+        body: dict[str, Any] = {"key": b64(op.key), "value": b64(op.value)}
+        if op.lease:
+            body["lease"] = str(op.lease)
+        return {"request_put": body}
+    if isinstance(op, Delete):
+        body = {"key": b64(op.key)}
+        if op.range_end:
+            body["range_end"] = b64(op.range_end)
+        return {"request_delete_range": body}
+    return {"request_range": {"key": b64(op.key)}}
+
+
+def gateway_compare(c: Compare) -> dict[str, Any]:
+    """``c`` as the JSON gateway takes it."""
+    value = b64(c.value) if isinstance(c.value, bytes) else str(c.value)
+    return {"key": b64(c.key), "target": c.target, "result": c.result,
+            _COMPARE_FIELD[c.target]: value}
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,16 +377,17 @@ class EtcdClient:
         data = self.post("/v3/kv/put", body)
         return int(data.get("header", {}).get("revision", 0))
 
-    def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
-            failure: list[dict[str, Any]] | None = None, timeout: float | None = None) -> TxnResult:
+    def txn(self, compare: list[Compare], success: list[Op], failure: list[Op] | None = None,
+            timeout: float | None = None) -> TxnResult:
         """One transaction (a write-only one over gRPC when the client has that transport:
         its result then has no responses)."""
-        if self.grpc is not None and not any("request_range" in op for op in (*success, *(failure or ()))):
+        if self.grpc is not None and not any(isinstance(op, Read) for op in (*success, *(failure or ()))):
             ok, revision = self.grpc.txn(compare, success, failure, timeout or self.timeout)
             return TxnResult(ok, revision, [])
-        body: dict[str, Any] = {"compare": compare, "success": success}
+        body: dict[str, Any] = {"compare": [gateway_compare(c) for c in compare],
+                                "success": [gateway_op(op) for op in success]}
         if failure:
-            body["failure"] = failure
+            body["failure"] = [gateway_op(op) for op in failure]
         data = self.post("/v3/kv/txn", body, timeout)
         return TxnResult(bool(data.get("succeeded", False)),
                          int(data.get("header", {}).get("revision", 0)),

@@ -8,10 +8,10 @@ gRPC. The store's transactions are its hot path; everything else (ranges, leases
 status) stays on the gateway client, which the tests and the operator's ``curl`` share.
 
 Only what a write transaction needs is encoded, by hand (protobuf's wire format: the field
-numbers are etcd's ``rpc.proto``), so nothing is generated: the request from the same
-operation dicts the gateway takes (:mod:`xce_etcd.client`'s ``put_op``, ``delete_op``,
-``mod_revision_is``, ``absent``), the answer's header revision and ``succeeded``. A
-transaction with a range operation is not sent here (its answer is not decoded).
+numbers are etcd's ``rpc.proto``), so nothing is generated: the request straight from the
+raw operations the gateway client also takes (:mod:`xce_etcd.client`'s ``Put``, ``Delete``,
+``Compare``: no base64 on this path), the answer's header revision and ``succeeded``. A
+transaction with a read is not sent here (its answer is not decoded).
 
 Outcomes as the gateway client gives them: an error etcd answers before proposing
 (:data:`~xce_etcd.client.DEFINITE`) is :class:`~xce_etcd.client.EtcdError`; anything else
@@ -22,24 +22,25 @@ answer", so neither is retried here -- and the next call goes to the next endpoi
 
 from __future__ import annotations
 
-import base64
 import threading
 from typing import Any
 from urllib.parse import urlsplit
 
-from xce_etcd.client import EtcdError, OutcomeUnknown
+from xce_etcd.client import Compare, Delete, EtcdError, Op, OutcomeUnknown, Put
 
 _MAX_MESSAGE = 64 * 1024 * 1024
 _RESULT = {"EQUAL": 0, "GREATER": 1, "LESS": 2, "NOT_EQUAL": 3}
 _TARGET = {"VERSION": 0, "CREATE": 1, "MOD": 2, "VALUE": 3, "LEASE": 4}
-_TARGET_FIELD = {"VERSION": (4, "version"), "CREATE": (5, "create_revision"),
-                 "MOD": (6, "mod_revision"), "VALUE": (7, "value"), "LEASE": (8, "lease")}
+_TARGET_FIELD = {"VERSION": 4, "CREATE": 5, "MOD": 6, "VALUE": 7, "LEASE": 8}
+_SMALL = [bytes([i]) for i in range(0x80)]  # one-byte varints, the commonest by far
 
 
 # -- protobuf wire format (pure) ------------------------------------------------------------------
 
 def varint(n: int) -> bytes:
     """``n`` as a protobuf varint (negative int64: two's complement, ten bytes)."""
+    if 0 <= n < 0x80:
+        return _SMALL[n]
     if n < 0:
         n += 1 << 64
     out = bytearray()
@@ -100,42 +101,39 @@ def _read_varint(data: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _b(text: str | None) -> bytes:
-    return base64.b64decode(text) if text else b""
+def encode_op(op: Op) -> bytes:
+    """A ``RequestOp`` (put: field 2, delete_range: field 3)."""
+    if isinstance(op, Put):
+        key, value = op.key, op.value
+        body = b"\x0a" + varint(len(key)) + key + b"\x12" + varint(len(value)) + value
+        if op.lease:
+            body += b"\x18" + varint(op.lease)
+        return b"\x12" + varint(len(body)) + body
+    if isinstance(op, Delete):
+        body = b"\x0a" + varint(len(op.key)) + op.key
+        if op.range_end:
+            body += field_bytes(2, op.range_end)
+        return b"\x1a" + varint(len(body)) + body
+    raise ValueError(f"the gRPC transaction takes puts and deletes only, not {type(op).__name__}")
 
 
-def encode_op(op: dict[str, Any]) -> bytes:
-    """A ``RequestOp`` from a gateway operation dict (put or delete)."""
-    if "request_put" in op:
-        p = op["request_put"]
-        body = field_bytes(1, _b(p["key"])) + field_bytes(2, _b(p.get("value")))
-        if p.get("lease"):
-            body += field_int(3, int(p["lease"]))
-        return field_bytes(2, body)
-    if "request_delete_range" in op:
-        d = op["request_delete_range"]
-        body = field_bytes(1, _b(d["key"]))
-        if d.get("range_end"):
-            body += field_bytes(2, _b(d["range_end"]))
-        return field_bytes(3, body)
-    raise ValueError(f"the gRPC transaction takes puts and deletes only, not {sorted(op)}")
-
-
-def encode_compare(c: dict[str, Any]) -> bytes:
-    """A ``Compare`` from a gateway compare dict."""
-    number, name = _TARGET_FIELD[c["target"]]
-    body = (field_int(1, _RESULT[c.get("result", "EQUAL")]) + field_int(2, _TARGET[c["target"]])
-            + field_bytes(3, _b(c["key"])))
-    body += (field_bytes(number, _b(c.get(name))) if name == "value"
-             else field_int(number, int(c.get(name, 0))))
+def encode_compare(c: Compare) -> bytes:
+    """A ``Compare``."""
+    number = _TARGET_FIELD[c.target]
+    body = field_int(1, _RESULT[c.result]) + field_int(2, _TARGET[c.target]) + field_bytes(3, c.key)
+    if isinstance(c.value, bytes):
+        body += field_bytes(number, c.value)
+    else:
+        body += field_int(number, c.value)
     return body
 
 
-def encode_txn(compare: list[dict[str, Any]], success: list[dict[str, Any]],
-               failure: list[dict[str, Any]] | None = None) -> bytes:
+def encode_txn(compare: list[Compare], success: list[Op], failure: list[Op] | None = None) -> bytes:
     """A ``TxnRequest``."""
     parts = [field_bytes(1, encode_compare(c)) for c in compare]
-    parts += [field_bytes(2, encode_op(op)) for op in success]
+    for op in success:
+        one = encode_op(op)
+        parts.append(b"\x12" + varint(len(one)) + one)
     parts += [field_bytes(3, encode_op(op)) for op in failure or ()]
     return b"".join(parts)
 
@@ -214,8 +212,8 @@ class GrpcTxn:
                 self._channel = self._call = None
                 self._index = (index + 1) % len(self.endpoints)
 
-    def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
-            failure: list[dict[str, Any]] | None, timeout: float) -> tuple[bool, int]:
+    def txn(self, compare: list[Compare], success: list[Op], failure: list[Op] | None,
+            timeout: float) -> tuple[bool, int]:
         """One write transaction: (succeeded, the revision after it)."""
         request = encode_txn(compare, success, failure)
         call, index = self._stub()

@@ -64,10 +64,13 @@ from xce_controller.storeread import Delta, Head, Images
 from xce_etcd.client import (
     KV,
     Compacted,
+    Compare,
     EtcdClient,
     EtcdError,
     EtcdUnavailable,
+    Op,
     OutcomeUnknown,
+    Put,
     TxnResult,
     absent,
     delete_op,
@@ -90,10 +93,11 @@ class TooLarge(Exception):
     """One write alone exceeds a transaction's limits."""
 
 
-def op_size(op: dict[str, Any]) -> int:
-    """About the bytes ``op`` takes in a gateway request (its base64 fields and some JSON)."""
-    body = next(iter(op.values()))
-    return OP_OVERHEAD + sum(len(v) for v in body.values())
+def op_size(op: Op) -> int:
+    """About the bytes ``op`` takes in a gateway request (its base64 fields and some JSON:
+    more than over gRPC, so a transaction within the limit fits either transport)."""
+    raw = len(op.key) + (len(op.value) if isinstance(op, Put) else 0)
+    return OP_OVERHEAD + 4 * ((raw + 2) // 3)
 
 
 class EtcdStore:
@@ -136,11 +140,11 @@ class EtcdStore:
         out: bytes = self.state_prefix + table.encode() + b"/" + name.encode()
         return out
 
-    def guard(self) -> list[dict[str, Any]]:
+    def guard(self) -> list[Compare]:
         """The fencing compare every write carries."""
         return [mod_revision_is(self.election.leader_key, self.election.token)]
 
-    def chained(self) -> list[dict[str, Any]]:
+    def chained(self) -> list[Compare]:
         """The guard, and: no transaction committed since the last one this primary knows of."""
         return [*self.guard(), mod_revision_is(self.chain_key, self._chain_rev)]
 
@@ -375,9 +379,9 @@ class EtcdStore:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def ops_of(self, w: Write, now: float) -> dict[bytes, dict[str, Any]]:
+    def ops_of(self, w: Write, now: float) -> dict[bytes, Op]:
         """The write's operations by key (a key written twice: the last one)."""
-        ops: dict[bytes, dict[str, Any]] = {}
+        ops: dict[bytes, Op] = {}
         stamp = b"%d " % w.rev
         for table, key, data, spec in w.rows:
             k = self.key(table, key)
@@ -398,13 +402,13 @@ class EtcdStore:
             ops[k] = put_op(k, f"{now:.3f} ".encode() + w.result)
         return ops
 
-    def chunks(self, writes: list[Write], now: float) -> list[tuple[list[Write], list[dict[str, Any]]]]:
+    def chunks(self, writes: list[Write], now: float) -> list[tuple[list[Write], list[Op]]]:
         """``writes`` split into transactions within the limits, each write whole in one."""
         limit_ops = self.settings.max_txn_ops - 2  # the chain key and meta/rev are two more
         limit_bytes = self.settings.max_request_bytes - 1024
-        out: list[tuple[list[Write], list[dict[str, Any]]]] = []
+        out: list[tuple[list[Write], list[Op]]] = []
         cur: list[Write] = []
-        ops: dict[bytes, dict[str, Any]] = {}
+        ops: dict[bytes, Op] = {}
         size = 0
         for w in writes:
             mine = self.ops_of(w, now)
@@ -541,7 +545,7 @@ class EtcdStore:
             on_done(writes)
         return False
 
-    def _commit_chunk(self, ops: list[dict[str, Any]], rev: int = 0) -> TxnResult:
+    def _commit_chunk(self, ops: list[Op], rev: int = 0) -> TxnResult:
         """Commit ``ops`` once, whatever happens to a request: resolve unknown outcomes.
 
         Every transaction also writes its own id to ``P/w`` and requires ``P/w`` unchanged
