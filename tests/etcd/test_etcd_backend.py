@@ -171,6 +171,45 @@ def test_batches_split_within_the_txn_limits_and_a_too_large_write_is_refused(
             assert a.client.grpc.requests >= len(batches) + 1
 
 
+def test_the_next_round_commits_while_the_last_one_is_reported(etcd_one: EtcdCluster) -> None:
+    """Nothing queued behind a round: the writer's own thread commits it (no hand-off).
+    Writes queued behind a committed round: a helper commits them while the writer's thread
+    is still reporting the last round (on_done waits for the controller's loop)."""
+    with candidate(etcd_one, "a") as a:
+        win(a)
+        store = EtcdStore(a.client, a.settings, a)
+        store.open()
+        committed_on: list[str] = []
+        plain = store._commit_chunk
+
+        def chunk(ops: list, rev: int = 0):  # type: ignore[no-untyped-def]
+            if rev == 1:  # queued while round 1 is in flight
+                store.submit(job(2))
+                store.submit(job(3))
+            committed_on.append(threading.current_thread().name)
+            return plain(ops, rev)
+
+        store._commit_chunk = chunk  # type: ignore[method-assign]
+        reported: list[list[Write]] = []
+
+        def on_done(batch: list[Write]) -> None:
+            if not reported:  # round 2 commits while this report is pending
+                wait_for(lambda: store.commits >= 2, 10, what="the next round's commit")
+            reported.append(batch)
+            if len(reported) == 2:
+                store.stop()
+
+        store.submit(job(1))
+        t = threading.Thread(target=store.run_writer, args=(on_done,), name="writer")
+        t.start()
+        t.join(30)
+        assert not t.is_alive()
+        assert [[w.rid for w in b] for b in reported] == [["r1"], ["r2", "r3"]]
+        assert committed_on == ["writer", "xce-etcd-commit"]
+        assert all(w.error is None for b in reported for w in b)
+        assert load(store) == ([1, 2, 3], {"r1", "r2", "r3"})
+
+
 def test_a_full_etcd_gives_a_storage_fault(etcd_factory) -> None:
     etcd = etcd_factory(["127.0.0.1"], extra=("--quota-backend-bytes=4194304",), client_port=23990,
                         peer_port=23991)

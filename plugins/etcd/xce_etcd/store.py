@@ -52,6 +52,8 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -100,6 +102,48 @@ def op_size(op: Op) -> int:
     return OP_OVERHEAD + 4 * ((raw + 2) // 3)
 
 
+@dataclass(slots=True)
+class _Round:
+    """What one round of the writer did: the batches to report, in order, and whether the
+    writer stops after them (the stop came, or this candidate may not write any more)."""
+
+    batches: list[list[Write]]
+    halt: bool
+
+    def report(self, on_done: Callable[[list[Write]], None]) -> None:
+        for batch in self.batches:
+            on_done(batch)
+
+
+class _Ahead:
+    """The writer's helper: one daemon thread running the next round while the writer's
+    thread reports the last one."""
+
+    def __init__(self, fn: Callable[[Write], _Round]) -> None:
+        self._fn = fn
+        self._jobs: queue.SimpleQueue[tuple[Write, Future[_Round]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="xce-etcd-commit", daemon=True)
+        self._thread.start()
+
+    def start(self, first: Write) -> Future[_Round]:
+        """Run ``fn(first)`` on the helper thread."""
+        fut: Future[_Round] = Future()
+        self._jobs.put((first, fut))
+        return fut
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            first, fut = job
+            try:
+                fut.set_result(self._fn(first))
+            except BaseException as exc:  # raised on the writer's thread by result()
+                fut.set_exception(exc)
+
+    def close(self) -> None:
+        """End the thread after its current round (nothing waits for it)."""
+        self._jobs.put(None)
+
+
 class EtcdStore:
     """The controller's ``Store`` on etcd (see the module docstring)."""
 
@@ -129,6 +173,8 @@ class EtcdStore:
         self._watcher: Watcher | None = None
         self._follow_from = 0  # the etcd revision after a standby's snapshot
         self._snapshot_complained = 0.0
+        self._failed_epoch = -1  # the writer's: the epoch of its last failed commit
+        self._fault: StorageFault | None = None  # and its fault
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -450,54 +496,51 @@ class EtcdStore:
     def run_writer(self, on_done: Callable[[list[Write]], None]) -> None:
         """Commit queued writes in guarded transactions until :meth:`stop` (module docstring).
 
-        Two stages: a committer thread sends the transactions, and this thread (the
-        controller's) reports each committed batch, in commit order. So the next transaction
-        is on its way while the controller takes the last one's batch, instead of after."""
-        reports: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        committer = threading.Thread(target=self._commit_loop, args=(reports.put,),
-                                     name="xce-etcd-commit", daemon=True)
-        committer.start()
+        A round takes every write queued and commits it (:meth:`_round`). When nothing is
+        queued behind a round, this thread commits the next one itself and reports it (a
+        sequential submitter's path: no thread hand-off besides the loop's). When writes are
+        queued behind a committed round, the next round goes to a helper thread *before* this
+        one reports (``on_done`` waits for the controller's loop), so the next transaction is
+        on its way while the loop takes the last one's batch. Reports stay in commit order."""
+        ahead: _Ahead | None = None
         try:
             while True:
-                item = reports.get()
-                if item is _STOP:
+                first = self._queue.get()
+                if first is _STOP:
                     return
-                if isinstance(item, BaseException):
-                    raise item
-                on_done(item)
-        except BaseException:
-            self._queue.put(_STOP)  # the committer ends at its next look at the queue
-            raise
+                done = self._round(first)  # on this thread
+                while True:
+                    if done.halt:
+                        done.report(on_done)
+                        return
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        done.report(on_done)
+                        break
+                    if nxt is _STOP:
+                        done.report(on_done)
+                        return
+                    ahead = ahead or _Ahead(self._round)
+                    pending = ahead.start(nxt)
+                    done.report(on_done)
+                    done = pending.result()
         finally:
-            committer.join(self.settings.request_timeout + 1)
+            if ahead is not None:
+                ahead.close()
 
-    def _commit_loop(self, report: Callable[[Any], None]) -> None:
-        """The committer: batches from the queue, committed, handed to ``report``; _STOP
-        after the last (or an exception, then _STOP)."""
-        try:
-            self._commit_batches(report)
-        except BaseException as exc:  # handed to run_writer's thread, which raises it
-            report(exc)
-        finally:
-            report(_STOP)
-
-    def _commit_batches(self, on_done: Callable[[list[Write]], None]) -> None:
-        failed_epoch = -1
-        fault: StorageFault | None = None
-        while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            batch, stopping = take_batch(self._queue, first, stop=_STOP)
-            live = fail_doomed(batch, failed_epoch, fault, on_done)
-            if live:
-                got = self._commit_all(live, on_done)
-                if got is None:
-                    return  # not primary any more, or an outcome unknown: nothing is reported
-                if isinstance(got, StorageFault):
-                    fault, failed_epoch = got, max(w.epoch for w in live)
-            if stopping:
-                return
+    def _round(self, first: Write) -> _Round:
+        """Take ``first`` and every write queued behind it, commit them; what to report."""
+        batch, stopping = take_batch(self._queue, first, stop=_STOP)
+        out = _Round([], stopping)
+        live = fail_doomed(batch, self._failed_epoch, self._fault, out.batches.append)
+        if live:
+            got = self._commit_all(live, out.batches.append)
+            if got is None:
+                out.halt = True  # not primary any more, or an outcome unknown: stop there
+            elif isinstance(got, StorageFault):
+                self._fault, self._failed_epoch = got, max(w.epoch for w in live)
+        return out
 
     def _commit_all(self, live: list[Write], on_done: Callable[[list[Write]], None]
                     ) -> StorageFault | bool | None:
