@@ -67,6 +67,7 @@ from xce_etcd.client import (
     KV,
     Compacted,
     Compare,
+    Delete,
     EtcdClient,
     EtcdError,
     EtcdUnavailable,
@@ -168,6 +169,7 @@ class EtcdStore:
         self._head_rev = 0  # the rev head() read (a cold load's window floor)
         self._expire_from = self.idem_prefix  # housekeeping's cursor over the keys
         self.rev_key = self.key("meta", "rev")
+        self._jobs_prefix = self.state_prefix + b"jobs/"
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.cluster_prefix = prefix + b"/"  # what a standby watches
         self._watcher: Watcher | None = None
@@ -425,27 +427,27 @@ class EtcdStore:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def ops_of(self, w: Write, now: float) -> dict[bytes, Op]:
-        """The write's operations by key (a key written twice: the last one)."""
+    def ops_of(self, w: Write, now: float | bytes) -> dict[bytes, Op]:
+        """The write's operations by key (a key written twice: the last one). ``now``: the
+        commit time, or its stamp as :meth:`chunks` makes it once for every write."""
         ops: dict[bytes, Op] = {}
         stamp = b"%d " % w.rev
+        jobs = self._jobs_prefix
         for table, key, data, spec in w.rows:
-            k = self.key(table, key)
-            ops.pop(k, None)
+            k = jobs + b"%0*d" % (JOB_DIGITS, key) if table == "jobs" else self.key(table, key)
             if table == "meta":
-                ops[k] = delete_op(k) if data is None else put_op(k, data)
-                continue
-            if data is None:
-                ops[k] = delete_op(k)
+                ops[k] = Delete(k) if data is None else Put(k, data)
+            elif data is None:
+                ops[k] = Delete(k)
             elif table == "jobs":
                 if spec is None:
                     raise ValueError(f"job {key}'s row has no submission")
-                ops[k] = put_op(k, job_value(stamp, data, spec))
+                ops[k] = Put(k, job_value(stamp, data, spec))
             else:
-                ops[k] = put_op(k, stamp + data)
+                ops[k] = Put(k, stamp + data)
         if w.rid is not None:
             k = self.idem_prefix + w.rid.encode()
-            ops[k] = put_op(k, f"{now:.3f} ".encode() + w.result)
+            ops[k] = Put(k, (now if isinstance(now, bytes) else b"%.3f " % now) + w.result)
         return ops
 
     def chunks(self, writes: list[Write], now: float) -> list[tuple[list[Write], list[Op]]]:
@@ -456,21 +458,21 @@ class EtcdStore:
         cur: list[Write] = []
         ops: dict[bytes, Op] = {}
         size = 0
+        stamp = b"%.3f " % now
         for w in writes:
-            mine = self.ops_of(w, now)
+            mine = self.ops_of(w, stamp)
             mine_size = sum(op_size(op) for op in mine.values())
             if len(mine) > limit_ops or mine_size > limit_bytes:
                 raise TooLarge(f"one write has {len(mine)} operations, {mine_size} bytes; the "
                                f"limits are {limit_ops} and {limit_bytes} ([etcd] max_txn_ops, "
                                "max_request_bytes)")
-            merged = len(ops.keys() | mine.keys())
+            merged = len(ops) + sum(1 for k in mine if k not in ops)  # (not a set union: a
+            # union per write would be quadratic in the writes of a transaction)
             if cur and (merged > limit_ops or size + mine_size > limit_bytes):
                 out.append((cur, list(ops.values())))
                 cur, ops, size = [], {}, 0
             cur.append(w)
-            for k, op in mine.items():
-                ops.pop(k, None)
-                ops[k] = op
+            ops.update(mine)  # a key written again: one operation, the last write's
             size += mine_size
         if cur:
             out.append((cur, list(ops.values())))
