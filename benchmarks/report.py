@@ -787,6 +787,31 @@ ETCD_ALONE = (
 """bench_etcd's etcd-alone figures (the last two: results files from before the gRPC ones)."""
 
 
+def etcd_cpu_rows(cpu: dict[str, Any] | None) -> list[str]:
+    """bench_etcd's CPU split: CPU per submission by process, and etcd's counters."""
+    if not cpu:
+        return []
+    shapes = list(cpu)
+    procs = list(cpu[shapes[0]]["cpu_us_per_submission"])
+    lines = ["Where the CPU goes (the same benchmark, data on disk, gRPC: one more run of each "
+             "shape with every process's CPU time counted over it, per submission; what a shared "
+             "machine distorts least):", "",
+             "| CPU µs per submission | " + " | ".join(k.replace("_", " ") for k in shapes) + " |",
+             "|---|" + "---|" * len(shapes)]
+    for proc in [*procs, "total"]:
+        cells = [fmt(cpu[k]["cpu_us_total"] if proc == "total" else cpu[k]["cpu_us_per_submission"][proc], 0)
+                 for k in shapes]
+        lines.append(f"| {'**total**' if proc == 'total' else proc} | " + " | ".join(cells) + " |")
+    for label, key in (("submissions/s in this run", "per_s"), ("load average", "load"),
+                       ("etcd transactions", "etcd_txns"),
+                       ("submissions per transaction", "submissions_per_txn"),
+                       ("etcd puts per submission", "etcd_puts_per_submission"),
+                       ("WAL fsync mean (ms)", "wal_fsync_ms_mean")):
+        lines.append(f"| {label} | " + " | ".join(fmt(cpu[k].get(key), 1 if key != "per_s" else 0)
+                                                  for k in shapes) + " |")
+    return [*lines, ""]
+
+
 def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dict[str, Any] | None,
                  chaos: dict[str, Any] | None, stop_live1: dict[str, Any] | None = None,
                  poweroff: dict[str, Any] | None = None, freeze: dict[str, Any] | None = None) -> list[str]:
@@ -911,6 +936,7 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
                   "members, and the standbys decoding every event of their watches, all on 2 cores. "
                   "The aims are not met here (docs/operator.md, \"Throughput, and what is not done "
                   "yet\").", ""]
+        lines += etcd_cpu_rows(tp.get("cpu"))
     else:
         lines += ["Throughput: not run yet (`python benchmarks/bench_etcd.py`).", ""]
     if chaos is not None:
