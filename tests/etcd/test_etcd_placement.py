@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from xce_etcd.client import EtcdClient
+from xce_etcd.client import EtcdClient, put_op
 from xce_etcd.placement import AUTO, NONE, LeaderPlacement, MemberStatus, local_endpoint, move_target
 from xce_etcd.settings import EtcdSettings, check_etcd_section, settings_from
 from xce_etcd.testing import EtcdCluster
@@ -89,3 +89,39 @@ def test_a_client_asks_its_preferred_member_first(etcd_factory: Callable[..., Et
         assert c.status()["header"]["member_id"] == ids[2]
     finally:
         c.close()
+
+
+def test_a_check_points_the_writes_at_the_raft_leader(etcd_factory: Callable[..., EtcdCluster]) -> None:
+    """Whether or not a local member is known: the gRPC writes follow the raft leader, and
+    follow it again when leadership moves."""
+    etcd = etcd_factory(["127.0.0.1"] * 3, client_port=24810, peer_port=24811)
+    etcd.start()
+    wait_for(lambda: etcd.leader() is not None, 30, what="an etcd leader")
+    lead = etcd.leader()
+    assert lead is not None
+    client = etcd.client(transport="grpc")
+    client.prefer(etcd.members[(lead + 1) % 3].url)  # the writes start at a follower
+    settings = EtcdSettings(endpoints=tuple(etcd.endpoints), local_member="none")
+    route = LeaderPlacement(settings, "127.0.0.1:7600", lambda: True, on_leader=client.write_to)
+    mover = LeaderPlacement(EtcdSettings(endpoints=tuple(etcd.endpoints),
+                                         local_member=etcd.members[lead].url), "127.0.0.1:7600",
+                            lambda: True)
+    try:
+        assert client.grpc is not None
+        assert not route.check() and route.routes == 1
+        assert client.grpc.endpoint == etcd.members[lead].url
+        assert not route.check() and route.routes == 1  # already there: no new route
+        assert client.txn([], [put_op(b"/r/a", b"1")]).succeeded
+        assert client.grpc.endpoints[client.grpc._stub()[1]] == etcd.members[lead].url
+        assert mover.check()  # leadership moves off member ``lead``
+        wait_for(lambda: etcd.leader() not in (None, lead), 10, what="the leader to move")
+        new = etcd.leader()
+        assert new is not None
+        wait_for(lambda: (route.check(), client.grpc.endpoint)[1] == etcd.members[new].url, 10,
+                 what="the writes to follow the new leader")
+        assert route.routes == 2
+        assert client.txn([], [put_op(b"/r/b", b"2")]).succeeded
+    finally:
+        route.stop()
+        mover.stop()
+        client.close()

@@ -285,6 +285,18 @@ class EtcdClient:
         if self.grpc is not None:
             self.grpc.prefer(index)
 
+    def write_to(self, endpoint: str) -> bool:
+        """Send the write transactions (the gRPC transport's) to ``endpoint`` from the next
+        one on (the raft leader's member: :mod:`xce_etcd.placement`); the gateway's requests
+        keep their order. False when there is no gRPC transport or it goes there already."""
+        if self.grpc is None:
+            return False
+        index = [e.rstrip("/") for e in self.endpoints].index(endpoint.rstrip("/"))
+        if self.grpc.endpoint == self.endpoints[index]:
+            return False
+        self.grpc.prefer(index)
+        return True
+
     def close(self) -> None:
         """Close every connection."""
         self._http.close()

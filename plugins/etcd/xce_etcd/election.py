@@ -95,7 +95,8 @@ class EtcdElection:
         # this host's member first, so that another host's loss costs no request a timeout
         # (a standby's polls, a primary's keep-alives and writes)
         self.placement = LeaderPlacement(settings, advertise,
-                                         lambda: self._held and self._lost is None)
+                                         lambda: self._held and self._lost is None,
+                                         on_leader=client.write_to if client.grpc else None)
         if self.placement.local is not None:
             client.prefer(self.placement.local)
         self._keeper = threading.Thread(target=self._keep, name="xce-etcd-lease", daemon=True)

@@ -177,13 +177,19 @@ class GrpcTxn:
 
             self._creds = grpc.ssl_channel_credentials(read(ca_file), read(key_file), read(cert_file))
         self._lock = threading.Lock()
-        self._index = 0
+        self._index = 0  # the endpoint of the channel
+        self._want = 0  # the endpoint of the next call (prefer)
         self._channel: Any = None
         self._call: Any = None
         self.requests = 0  # for tests and benchmarks
 
     def _stub(self) -> tuple[Any, int]:
         with self._lock:
+            if self._want != self._index:  # switched here, between two calls: never under one
+                if self._channel is not None:
+                    self._channel.close()
+                self._channel = self._call = None
+                self._index = self._want
             if self._call is None:
                 target = urlsplit(self.endpoints[self._index]).netloc
                 options = [("grpc.max_send_message_length", _MAX_MESSAGE),
@@ -195,13 +201,15 @@ class GrpcTxn:
             return self._call, self._index
 
     def prefer(self, index: int) -> None:
-        """The next call goes to endpoint ``index`` (a new channel if it is another)."""
+        """The next call goes to endpoint ``index`` (a new channel if it is another; a call
+        in flight finishes on its own channel)."""
         with self._lock:
-            if self._index != index:
-                if self._channel is not None:
-                    self._channel.close()
-                self._channel = self._call = None
-                self._index = index
+            self._want = index
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint the next call goes to."""
+        return self.endpoints[self._want]
 
     def _next(self, index: int) -> None:
         """After a failure on endpoint ``index``: the next call goes to the next endpoint."""
@@ -210,7 +218,7 @@ class GrpcTxn:
                 if self._channel is not None:
                     self._channel.close()
                 self._channel = self._call = None
-                self._index = (index + 1) % len(self.endpoints)
+                self._index = self._want = (index + 1) % len(self.endpoints)
 
     def txn(self, compare: list[Compare], success: list[Op], failure: list[Op] | None,
             timeout: float) -> tuple[bool, int]:
