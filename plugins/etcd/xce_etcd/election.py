@@ -91,9 +91,10 @@ class EtcdElection:
         self._abandoned = threading.Event()
         self._stop = threading.Event()
         self._mutex = threading.Lock()
-        # While primary: keep etcd's raft leader off this host (xce_etcd.placement); and ask
-        # this host's member first, so that another host's loss costs no request a timeout
-        # (a standby's polls, a primary's keep-alives and writes)
+        # While primary: keep etcd's raft leader off this host and send the write
+        # transactions to the raft leader (xce_etcd.placement); everything else asks this
+        # host's member first, so that another host's loss costs no request a timeout (a
+        # standby's polls, a primary's keep-alives)
         self.placement = LeaderPlacement(settings, advertise,
                                          lambda: self._held and self._lost is None,
                                          on_leader=client.write_to if client.grpc else None)

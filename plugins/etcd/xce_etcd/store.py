@@ -505,6 +505,7 @@ class EtcdStore:
         one reports (``on_done`` waits for the controller's loop), so the next transaction is
         on its way while the loop takes the last one's batch. Reports stay in commit order."""
         ahead: _Ahead | None = None
+        self._failed_epoch, self._fault = -1, None
         try:
             while True:
                 first = self._queue.get()
