@@ -22,7 +22,8 @@ own WAL on this one disk), then:
    256 in flight) with each process's CPU time (utime + stime from ``/proc``) counted over
    the run -- the three etcd members, the primary, the two standbys, the client (this
    process) -- per submission, and etcd's own counters over it (``/metrics``: WAL fsyncs
-   and their mean duration, transactions, puts), so the operations per transaction show.
+   and their mean duration, raft proposals -- the write transactions: the store's, and a
+   few of the election's --, puts), so the submissions per transaction show.
    CPU per submission is what a shared machine distorts least.
 
 Both with the members' data on this machine's disk (each of the three members fsyncs its
@@ -100,16 +101,16 @@ async def cpu_split(bc: BenchCluster, endpoints: list[str], pids: dict[str, int]
             us = {k: round((c1[k] - c0[k]) / n * 1e6) for k in pids}
             members = [{k: b[k] - a[k] for k in b} for a, b in zip(m0, m1, strict=True)]
             fsyncs = sum(m["fsyncs"] for m in members)
-            txns = max(m["txns"] for m in members)
+            txns = max(m["proposals"] for m in members)  # writes (mvcc's txns count reads too)
             out[shape] = {
                 "submissions": n, "per_s": round(n / wall), "load": round(os.getloadavg()[0], 1),
                 "cpu_us_per_submission": us, "cpu_us_total": sum(us.values()),
-                "etcd_txns": txns, "submissions_per_txn": round(n / txns, 1) if txns else None,
+                "etcd_proposals": txns, "submissions_per_proposal": round(n / txns, 1) if txns else None,
                 "etcd_puts_per_submission": round(max(m["puts"] for m in members) / n, 2),
                 "wal_fsync_ms_mean": round(sum(m["fsync_s"] for m in members) / fsyncs * 1000, 2)
                 if fsyncs else None}
             log(PART, f"cpu {shape}: {n / wall:.0f}/s, CPU us per submission {us}, "
-                      f"{out[shape]['submissions_per_txn']} submissions per transaction")
+                      f"{out[shape]['submissions_per_proposal']} submissions per write transaction")
     return out
 
 

@@ -803,8 +803,8 @@ def etcd_cpu_rows(cpu: dict[str, Any] | None) -> list[str]:
                  for k in shapes]
         lines.append(f"| {'**total**' if proc == 'total' else proc} | " + " | ".join(cells) + " |")
     for label, key in (("submissions/s in this run", "per_s"), ("load average", "load"),
-                       ("etcd transactions", "etcd_txns"),
-                       ("submissions per transaction", "submissions_per_txn"),
+                       ("etcd raft proposals (write transactions)", "etcd_proposals"),
+                       ("submissions per write transaction", "submissions_per_proposal"),
                        ("etcd puts per submission", "etcd_puts_per_submission"),
                        ("WAL fsync mean (ms)", "wal_fsync_ms_mean")):
         lines.append(f"| {label} | " + " | ".join(fmt(cpu[k].get(key), 1 if key != "per_s" else 0)

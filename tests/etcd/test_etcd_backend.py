@@ -383,6 +383,44 @@ def test_a_standby_follows_with_a_watch_and_catches_up_to_its_campaign(etcd_one:
         standby.close()
 
 
+def test_a_standby_with_a_live_watch_campaigns_when_the_leader_key_goes(
+        etcd_one: EtcdCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With its watch open, a waiting standby polls rarely; the leader key's deletion, seen
+    by the watch, makes it campaign at once (here the poll is 60 s: only the watch can)."""
+    import xce_etcd.election as election
+
+    monkeypatch.setattr(election, "POLL_WATCHED", 60.0)
+    with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
+        win(a)
+        primary = EtcdStore(a.client, a.settings, a)
+        primary.open()
+        commit(primary, [job(1)])
+        standby = EtcdStore(b.client, b.settings, b)
+        assert standby.snapshot(100, 60.0, 0.0, lambda rid, ts: None) is not None
+        assert not b.watched()  # no watch yet: the short poll
+        commit(primary, [job(2)])
+        wait_for(lambda: standby.wait_changed(0.5), 10, what="the watch's events")
+        assert b.watched()
+        lost: list[bool] = []
+        plain = b._campaign
+
+        def campaign() -> bool:
+            got = plain()
+            lost.append(not got)
+            return got
+
+        b._campaign = campaign  # type: ignore[method-assign]
+        won: list[bool] = []
+        t = threading.Thread(target=lambda: won.append(b.wait()), daemon=True)
+        t.start()
+        wait_for(lambda: lost == [True], 10, what="b's first campaign, lost")  # now it sleeps
+        a.release()  # the lease revoked: etcd deletes the leader key, the watch sees it
+        t.join(20)
+        assert won == [True] and lost == [True, False] and b.still_primary() is None
+        standby.close()
+        assert not b.watched()
+
+
 def test_a_standby_behind_the_compaction_reloads(etcd_one: EtcdCluster) -> None:
     with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
         win(a)

@@ -22,10 +22,12 @@ standby takes over after the TTL, without any fencing by signal (there is no oth
 process to signal anyway).
 
 Waiting standbys read the leader key every :data:`POLL` seconds and campaign when there is
-none (the campaign's failure branch reads the key, so a lost race also learns who leads);
-after a primary's SIGKILL the
-key goes when etcd expires its lease, about one TTL later; a graceful stop revokes the lease
-and the next poll wins, and so does a primary giving the role up (past its deadline, its
+none (every :data:`POLL_WATCHED` seconds while a hot standby's watch of the prefix is live:
+the watch sees the leader key deleted or written and wakes the campaign at once, so two
+standbys do not send etcd 100 reads a second; the campaign's failure branch reads the key,
+so a lost race also learns who leads); after a primary's SIGKILL the key goes when etcd
+expires its lease, about one TTL later; a graceful stop revokes the lease and the next poll
+(or the watch) wins, and so does a primary giving the role up (past its deadline, its
 guard failed): it retries the revocation while etcd does not answer (during an etcd
 election, after which etcd would renew the lease by a whole TTL and more).
 """
@@ -37,6 +39,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -56,6 +59,7 @@ from xce_etcd.placement import LeaderPlacement
 from xce_etcd.settings import EtcdSettings
 
 POLL = 0.02  # seconds between two campaigns of a waiting standby
+POLL_WATCHED = 0.2  # the same while its watch of the prefix is live (it wakes the campaign)
 CANDIDATES_REFRESH = 1.0  # seconds between two reads of the candidate list (for status)
 REVOKE_FOR = 3  # TTLs a candidate giving up keeps trying to revoke its lease (see _revoke)
 
@@ -89,6 +93,8 @@ class EtcdElection:
         self._candidates: list[dict[str, Any]] = []
         self._candidates_at = 0.0
         self._abandoned = threading.Event()
+        self._wake = threading.Event()  # the leader key changed: campaign now
+        self.watched: Callable[[], bool] = lambda: False  # a live watch calls wake (the store's)
         self._stop = threading.Event()
         self._mutex = threading.Lock()
         # While primary: keep etcd's raft leader off this host and send the write
@@ -241,16 +247,24 @@ class EtcdElection:
         return self._campaign()
 
     def wait(self) -> bool:
-        """Campaign every :data:`POLL` s until won (True) or abandoned (False)."""
+        """Campaign every :data:`POLL` s until won (True) or abandoned (False); every
+        :data:`POLL_WATCHED` s while a live watch of the prefix wakes it (:meth:`wake`) at
+        every change of the leader key."""
         while not self._abandoned.is_set():
             if self._campaign():
                 return True
-            self._abandoned.wait(POLL)
+            self._wake.wait(POLL_WATCHED if self.watched() else POLL)
+            self._wake.clear()
         return False
+
+    def wake(self) -> None:
+        """The leader key changed (a standby's watch saw it): campaign now."""
+        self._wake.set()
 
     def abandon(self) -> None:
         """Make :meth:`wait` return False."""
         self._abandoned.set()
+        self._wake.set()
 
     def publish(self) -> None:
         """Nothing to do: the leader key names this candidate since the campaign."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import orjson
 from loguru import logger
@@ -36,8 +36,12 @@ IDLE = 10.0  # seconds a watch may be silent before it is opened again (a frozen
 class Watcher:
     """A thread that watches ``prefix`` from revision ``start`` and buffers the events."""
 
-    def __init__(self, client: EtcdClient, prefix: bytes, start: int, who: str) -> None:
+    def __init__(self, client: EtcdClient, prefix: bytes, start: int, who: str,
+                 watch_key: bytes = b"", on_key: Callable[[], None] | None = None) -> None:
         self.client = client
+        self.watch_key = watch_key  # a key whose every change calls on_key (the leader key)
+        self.on_key = on_key
+        self.live = False  # the stream is open (etcd answered its creation)
         self.prefix = prefix
         self.next = start  # the revision the watch continues from
         self.who = who
@@ -55,12 +59,16 @@ class Watcher:
                 for events in self.client.watch(self.prefix, prefix_end(self.prefix), self.next, IDLE):
                     if self._stop.is_set():
                         return
+                    self.live = True
+                    if self.on_key is not None and any(ev.key == self.watch_key for ev in events):
+                        self.on_key()
                     if events:
                         with self._cv:
                             self._events.extend(events)
                             self.next = events[-1].revision + 1
                             self._cv.notify_all()
             except Compacted as exc:
+                self.live = False
                 logger.warning("controller {}: standby: etcd compacted its history up to "
                                "revision {}, past the revision {} this standby follows from; it "
                                "loads the state again", self.who, exc.compact_revision, self.next)
@@ -69,8 +77,10 @@ class Watcher:
                     self._cv.notify_all()
                 return
             except RuntimeError:  # the client was closed (the candidate stops)
+                self.live = False
                 return
             except (OutcomeUnknown, EtcdUnavailable) as exc:
+                self.live = False
                 now = time.monotonic()
                 if "silent" not in str(exc) and "ReadTimeout" not in str(exc) and now - complained > 5:
                     complained = now
@@ -93,6 +103,7 @@ class Watcher:
 
     def stop(self) -> None:
         """End the thread (within its current read: the stream's idle timeout at most)."""
+        self.live = False
         self._stop.set()
 
 

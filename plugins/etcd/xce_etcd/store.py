@@ -175,6 +175,7 @@ class EtcdStore:
         self._watcher: Watcher | None = None
         self._follow_from = 0  # the etcd revision after a standby's snapshot
         self._snapshot_complained = 0.0
+        election.watched = self._watch_live
         self._failed_epoch = -1  # the writer's: the epoch of its last failed commit
         self._fault: StorageFault | None = None  # and its fault
 
@@ -336,8 +337,14 @@ class EtcdStore:
     def _watcher_now(self) -> Watcher:
         if self._watcher is None:
             self._watcher = Watcher(self.client, self.cluster_prefix, self._follow_from,
-                                    self.election.advertise)
+                                    self.election.advertise, self.election.leader_key,
+                                    self.election.wake)
         return self._watcher
+
+    def _watch_live(self) -> bool:
+        """Whether this standby's watch is open (it wakes the election's campaign)."""
+        w = self._watcher
+        return w is not None and w.live
 
     def _stop_watch(self) -> None:
         if self._watcher is not None:
