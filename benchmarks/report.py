@@ -841,8 +841,10 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
                          for name, d in fos] + [""]
         lines += ["Where the time goes: a SIGKILLed or stopped primary's lease expires at etcd one TTL "
                   "(1 s) after its last keep-alive (sent every 250 ms), etcd's lessor checks for expired "
-                  "leases every 500 ms, then a standby's next poll (a read every 20 ms) sees the key "
-                  "gone, its campaign wins and it catches up from its watch (milliseconds). etcd's "
+                  "leases every 500 ms, then a standby's next poll (a read every 20 ms in these runs; "
+                  "a hot standby's watch now wakes its campaign when the key goes, with a poll every "
+                  "0.2 s behind it) sees the key gone, its campaign wins and it catches up from its "
+                  "watch (milliseconds). etcd's "
                   "lease TTL is whole seconds, and its shortest is 1.5 election timeouts: 1 s is the "
                   "shortest lease these raft settings allow, and the lessor's 500 ms check is not "
                   "configurable in etcd 3.4. A stopped primary is promoted away as fast as a killed "
