@@ -8,10 +8,11 @@ first, then the cross-role observer hooks, awaiting whatever is async.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -238,7 +239,8 @@ def run_role(
                     ctx.identity, ", ".join(f"[{n}]" for n in sorted(config.unchecked)))
     config.require(name)  # a missing required key of the role's section: one line, no connect
     try:
-        anyio.run(run_role_async, spec, ctx, backend_options=options)
+        with profiled(ctx.identity):
+            anyio.run(run_role_async, spec, ctx, backend_options=options)
     except BaseExceptionGroup as group:
         # A role that cannot start (a port in use, a bad value found late) fails in a task
         # group; the operator needs the one reason, not the group's traceback.
@@ -250,6 +252,35 @@ def run_role(
             raise RoleError(f"{name}: {leaf}") from leaf
         raise
     logger.info("{}: stopped", ctx.identity)
+
+
+PROFILE_ENV = "XCE_PROFILE_DIR"
+"""Set to a directory: a role process profiles its event-loop thread (cProfile) and writes
+``<identity>-<pid>.prof`` there when the role stops (a diagnostic for benchmarks)."""
+
+
+@contextlib.contextmanager
+def profiled(identity: str) -> Iterator[None]:
+    """Profile the calling thread while the block runs when :data:`PROFILE_ENV` names a
+    directory; the profile is written when the block ends, however it ends."""
+    where = os.environ.get(PROFILE_ENV)
+    if not where:
+        yield
+        return
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        target = Path(where) / f"{identity.replace('/', '_')}-{os.getpid()}.prof"
+        try:
+            prof.dump_stats(target)
+            logger.info("{}: profile of the event loop written to {}", identity, target)
+        except OSError as exc:
+            logger.warning("{}: cannot write the profile {}: {}", identity, target, exc)
 
 
 def loop_options(choice: str) -> dict[str, Any]:
