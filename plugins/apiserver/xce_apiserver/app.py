@@ -18,17 +18,29 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import anyio
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from xce_apiserver import models as m
 from xce_apiserver.auth import Authenticator, Session
 from xce_apiserver.backend import RETRY_AFTER, Backend, BackendUnavailableError, OutcomeUnknownError
 from xce_apiserver.docs import mount_docs
-from xce_apiserver.edge import DEFAULT_MAX_BODY, BodyLimit, allowed_methods, unknown_query, validation_response
+from xce_apiserver.edge import (
+    DEFAULT_MAX_BODY,
+    BodyLimit,
+    allowed_methods,
+    bearer_token,
+    check_value,
+    parse_body,
+    parse_query,
+    refuse_unknown_query,
+    unknown_query,
+    validation_response,
+)
 from xce_apiserver.envelope import (
     ApiError,
     EnvelopeResponse,
@@ -42,10 +54,19 @@ from xce_apiserver.events import events_router
 from xce_apiserver.frontdoor import AccessLog, client_of, denied
 from xce_apiserver.health import BackendHealth
 from xce_apiserver.history import history_router
-from xce_apiserver.hosts import client_job, evaluator_host, lsf_host
+from xce_apiserver.hosts import evaluator_host, lsf_host
 from xce_apiserver.idempotency import HEADER as IDEMPOTENCY_HEADER
 from xce_apiserver.idempotency import Idempotent, Memory, parse_key
-from xce_apiserver.listing import Filters, WriteGate, WritesFirst, page_body, stream_body
+from xce_apiserver.lean import (
+    BEARER,
+    add_lean_route,
+    document_models,
+    header_parameter,
+    json_body,
+    path_parameter,
+    query_parameters,
+)
+from xce_apiserver.listing import Filters, WriteGate, WritesFirst, jobs_json, page_body, stream_body
 from xce_apiserver.store import Store
 from xce_apiserver.throttle import Throttle
 from xce_apiserver.ui import mount_ui, ui_router
@@ -60,8 +81,10 @@ EvaluatorFactory = Callable[[Any], Any]
 MAX_JOBIDS = 10_000
 """Job ids one path may name (``/jobs/1,2,3``)."""
 
-MAX_PAGE = 1000
+MAX_PAGE = m.MAX_PAGE
 """The most jobs one page of ``GET /jobs`` may ask for (``limit``)."""
+
+NO_QUERY = m.JobsQuery.model_validate({})
 
 __all__ = ["PREFIX", "ApiError", "EnvelopeResponse", "HostSelector", "create_app", "envelope", "ok",
            "raw_ok", "remote_to_api"]
@@ -219,6 +242,14 @@ def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": m.Envelope[Any], "description": text[c]} for c in codes}
 
 
+IDEMPOTENCY_KEY: TypeAdapter[str] = TypeAdapter(m.IdempotencyKey)
+IDEMPOTENCY_AT = ("header", IDEMPOTENCY_HEADER)
+IDEMPOTENCY_DOC = ("the request's idempotency key (IETF httpapi draft): the same key and request "
+                   "get the same response, the same key with another request is a 422; 1 to 64 "
+                   "visible ASCII characters, in quotes or bare")
+IDEMPOTENCY_PARAMETER = header_parameter(IDEMPOTENCY_HEADER, TypeAdapter(m.IdempotencyKey | None),
+                                         IDEMPOTENCY_DOC)
+
 READ = (401, 405, 413, 422)
 WRITE = (*READ, 403, 404, 409, 503, 504)
 
@@ -245,12 +276,8 @@ def create_app(
 
     async def no_unknown_query(request: Request) -> None:
         # Like a body's unknown field: a misspelt filter is a 422, not silently ignored.
-        unknown = unknown_query(request.scope.get("route"), request.query_params.keys(), declared)
-        if unknown:
-            shown = [u[:40] for u in unknown[:5]]
-            raise ApiError(422, f"invalid request: query.{shown[0]} is not accepted"
-                           + (f" (nor {', '.join(shown[1:])})" if len(shown) > 1 else ""),
-                           [{"field": f"query.{u}", "message": "is not accepted"} for u in shown])
+        refuse_unknown_query(unknown_query(request.scope.get("route"), request.query_params.keys(),
+                                           declared))
 
     app = FastAPI(
         dependencies=[Depends(no_unknown_query)],
@@ -307,20 +334,27 @@ def create_app(
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ auth
-    async def session(
-        request: Request,
-        cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> Session:
-        if cred is None or cred.scheme.lower() != "bearer":
+    def authenticate(request: Request) -> Session:
+        """THE token check of every route: the live session of the request's bearer token
+        (the authenticator's verified-token cache, expiry, user, revocations), else 401."""
+        token = bearer_token(request.headers.get("authorization"))
+        if token is None:
             denied(request, 401, None, "no bearer token")
             raise ApiError(401, "authentication required: send 'Authorization: Bearer <token>' "
                                 "(POST /xce/v1/auth/logon gives one)", headers={"WWW-Authenticate": "Bearer"})
-        found = auth.check(cred.credentials)
+        found = auth.check(token)
         if isinstance(found, str):
             denied(request, 401, None, found)
             msg = f"{found}; log on again" if "revoked" in found else "invalid or expired token; log on again"
             raise ApiError(401, msg, headers={"WWW-Authenticate": "Bearer"})
         return found
+
+    async def session(
+        request: Request,
+        cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Session:
+        # cred declares the bearer scheme in the OpenAPI document; authenticate checks it
+        return authenticate(request)
 
     async def admin(request: Request, s: Annotated[Session, Depends(session)]) -> Session:
         if not s.user.is_admin:
@@ -331,14 +365,18 @@ def create_app(
     async def idempotent(
         request: Request,
         key: Annotated[m.IdempotencyKey | None, Header(
-            alias=IDEMPOTENCY_HEADER, description="the request's idempotency key (IETF httpapi "
-            "draft): the same key and request get the same response, the same key with another "
-            "request is a 422; 1 to 64 visible ASCII characters, in quotes or bare")] = None,
+            alias=IDEMPOTENCY_HEADER, description=IDEMPOTENCY_DOC)] = None,
     ) -> Idempotent:
-        body = await request.body()  # already read and cached for the route's body model
-        given = parse_key(key) if key is not None else None
+        # key: declared (and checked) for the OpenAPI document; idempotency checks it again
+        return idempotency(request, await request.body())  # the body: read for the model
+
+    def idempotency(request: Request, body: bytes) -> Idempotent:
+        """THE Idempotency-Key edge of every POST: the header checked and unquoted, the
+        request's fingerprint (method, path, body) taken when a key was given."""
+        raw = request.headers.get("idempotency-key")
+        given = None if raw is None else parse_key(check_value(IDEMPOTENCY_KEY, raw, IDEMPOTENCY_AT))
         # scope["path"], not request.url.path: building the URL object cost more than the rest
-        # of this dependency together
+        # of this edge together
         return Idempotent(memory, given, request.method, request.scope["path"], body)
 
     User = Annotated[Session, Depends(session)]
@@ -441,52 +479,65 @@ def create_app(
         return await once(idem, s.user.name, handle)
 
     # ------------------------------------------------------------------ jobs
-    @app.get(f"{PREFIX}/jobs", response_model=m.JobPage[list[m.JobOrFields]], tags=["jobs"],
-             responses=_responses(*READ))
-    async def list_jobs(
-        s: User,
-        state: Annotated[t.Label | None, Query(description="state(s), comma-separated: PEND,RUN")] = None,
-        user: Annotated[t.Name | None, Query(description="owner")] = None,
-        queue: Annotated[t.Name | None, Query()] = None,
-        array: Annotated[int | None, Query(ge=1, description="only the elements of this job array")] = None,
-        fields: Annotated[t.Label | None, Query(description="only these fields, comma-separated "
-                                                            "(each item then holds only those)")] = None,
-        limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE, description=(
-            f"a page of at most this many jobs (1 to {MAX_PAGE}), with the next page's cursor "
-            "in the envelope's `next`; without it, every matching job"))] = None,
-        cursor: Annotated[m.Cursor | None, Query(description="the `next` of the page before")] = None,
-    ) -> Response:
+    # The hot routes take the raw request (xce_apiserver.lean) and call the edge themselves:
+    # the unknown-query check, authenticate, the Idempotency-Key edge, the pydantic models.
+    query_names = frozenset(m.JobsQuery.model_fields)
+
+    async def list_jobs(request: Request) -> Response:
         """Jobs from the pushed state, in job id order; paged with ``limit`` and ``cursor``.
 
         Paging is stable under concurrent changes: a job that matches throughout a listing
         appears in exactly one page. A page may hold fewer than ``limit`` jobs when few
         match (each request looks at a bounded number): follow ``next`` until it is null.
         """
-        states = [x.strip().upper() for x in state.split(",") if x.strip()] if state else None
-        keep = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
-        after = int(cursor) if cursor is not None else 0
-        filters = Filters(states, user, queue, array, keep)
-        if limit is None:
+        params = request.query_params
+        refuse_unknown_query(sorted(set(params) - query_names))
+        authenticate(request)
+        q = parse_query(m.JobsQuery, params) if params else NO_QUERY
+        states = [x.strip().upper() for x in q.state.split(",") if x.strip()] if q.state else None
+        keep = [f.strip() for f in q.fields.split(",") if f.strip()] if q.fields else None
+        after = int(q.cursor) if q.cursor is not None else 0
+        filters = Filters(states, q.user, q.queue, q.array, keep)
+        if q.limit is None:
             return StreamingResponse(stream_body(store, gate, after, filters),
                                      media_type="application/json")
-        return Response(await page_body(store, gate, after, filters, limit),
+        return Response(await page_body(store, gate, after, filters, q.limit),
                         media_type="application/json")
 
-    @app.get(f"{PREFIX}/jobs/{{jobids:jobids}}", response_model=m.Envelope[list[m.Job]], tags=["jobs"],
-             responses=_responses(*READ, 404))
-    async def get_jobs(s: User, jobids: Annotated[str, Path(description="ids, comma-separated")]) -> Response:
+    add_lean_route(app, f"{PREFIX}/jobs", list_jobs, ["GET"],
+                   response_model=m.JobPage[list[m.JobOrFields]], tags=["jobs"],
+                   responses=_responses(*READ), openapi_extra={
+                       "parameters": query_parameters(m.JobsQuery), "security": BEARER})
+
+    async def get_jobs(request: Request) -> Response:
         """The named jobs; 404 naming any unknown id."""
-        ids = parse_jobids(jobids)
-        missing = [i for i in ids if store.get_job(i) is None]
+        refuse_unknown_query(sorted(request.query_params))
+        authenticate(request)
+        ids = parse_jobids(request.path_params["jobids"])
+        jobs = [store.get_job(i) for i in ids]
+        missing = [i for i, j in zip(ids, jobs, strict=True) if j is None]
         if missing:
             raise ApiError(404, f"no such job: {', '.join(map(str, missing[:20]))}", {"missing": missing})
-        return ok([client_job(store.get_job(i) or {}) for i in ids])
+        return raw_ok(jobs_json([j for j in jobs if j is not None], None), len(ids))
 
-    async def submit(s: User, body: m.SubmitBody, idem: Once) -> Response:
+    add_lean_route(app, f"{PREFIX}/jobs/{{jobids:jobids}}", get_jobs, ["GET"],
+                   response_model=m.Envelope[list[m.Job]], tags=["jobs"],
+                   responses=_responses(*READ, 404), openapi_extra={
+                       "parameters": [path_parameter("jobids", "ids, comma-separated")],
+                       "security": BEARER})
+
+    async def submit(request: Request) -> Response:
+        """Submit a job as the logged-on user; envelope code 201."""
+        refuse_unknown_query(sorted(request.query_params))
+        s = authenticate(request)
+        raw = await request.body()
+        idem = idempotency(request, raw)
+        body = parse_body(m.SubmitBody, raw, request.headers.get("content-type"))
+
         async def handle() -> Response:
             if body.resreq:
                 check_resreq(body.resreq)
-            args = {k: v for k, v in body.model_dump().items() if v is not None}
+            args = body.model_dump(exclude_none=True)
             result = await forward("jobsubmit", args, "job submission",
                                    idem.rid(s.user.name, "jobsubmit"), s.user.name)
             return ok(result, code=201,
@@ -494,9 +545,11 @@ def create_app(
         return await once(idem, s.user.name, handle)
 
     for path in (f"{PREFIX}/jobs", f"{PREFIX}/jobs/create"):
-        app.add_api_route(path, submit, methods=["POST"], response_model=m.Envelope[m.Submitted],
-                          tags=["jobs"], responses=_responses(*WRITE, 400), summary="Submit a job",
-                          description="Submit a job as the logged-on user; envelope code 201.")
+        add_lean_route(app, path, submit, ["POST"], response_model=m.Envelope[m.Submitted],
+                       tags=["jobs"], responses=_responses(*WRITE, 400), summary="Submit a job",
+                       openapi_extra={"parameters": [IDEMPOTENCY_PARAMETER],
+                                      "requestBody": json_body(m.SubmitBody), "security": BEARER})
+    document_models(app, m.SubmitBody)
 
     @app.post(f"{PREFIX}/jobs/{{jobids:jobids}}/control", response_model=m.Envelope[list[m.Job]],
               tags=["jobs"], responses=_responses(*WRITE))

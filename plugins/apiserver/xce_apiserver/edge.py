@@ -10,19 +10,26 @@
   ``Allow`` header of a 405 (Starlette names only the first matching route's).
 - :class:`JobIdsConvertor` is the ``{jobids}`` path segment: anything but ``create``, so
   ``/jobs/create`` belongs to job submission alone.
+- :func:`bearer_token`, :func:`parse_body`, :func:`parse_query`, :func:`refuse_unknown_query`
+  and :func:`check_value`: the request's parts read and validated the way FastAPI's own
+  parameter handling does, with the same pydantic models and the same error envelope, for
+  the routes that take the raw request (:mod:`xce_apiserver.hot`) and the dependencies of
+  every other route alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from xce_apiserver.envelope import EnvelopeResponse, error_response
+from xce_apiserver.envelope import ApiError, EnvelopeResponse, error_response
 from xcecore.schema.errors import describe, limit_of
 
 DEFAULT_MAX_BODY = 1024 * 1024
@@ -95,9 +102,115 @@ def validation_details(errors: Iterable[Any]) -> list[dict[str, Any]]:
 
 def validation_response(errors: Iterable[Any]) -> EnvelopeResponse:
     """The 422 envelope for failed validation: ``msg`` names every field and what is wrong."""
-    details = validation_details(errors)
-    msg = "; ".join(f"{d['field']} {d['message']}" for d in details[:10]) or "invalid request"
-    return error_response(422, f"invalid request: {msg}", details)
+    exc = InvalidRequest(errors)
+    return error_response(exc.status, exc.msg, exc.data)
+
+
+class InvalidRequest(ApiError):
+    """A request part that failed validation: the 422 of :func:`validation_response`."""
+
+    def __init__(self, errors: Iterable[Any]) -> None:
+        details = validation_details(errors)
+        msg = "; ".join(f"{d['field']} {d['message']}" for d in details[:10]) or "invalid request"
+        super().__init__(422, f"invalid request: {msg}", details)
+
+
+def _located(errors: Iterable[Any], prefix: tuple[str | int, ...]) -> list[dict[str, Any]]:
+    return [{**e, "loc": (*prefix, *e.get("loc", ()))} for e in errors]
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def _json_content(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` says JSON (``application/json``, ``application/*+json``),
+    as FastAPI decides whether to decode a body (no header: not JSON)."""
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    main, _, sub = media.partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
+
+
+def parse_body(model: type[Model], raw: bytes, content_type: str | None) -> Model:
+    """The request body ``raw`` validated as ``model`` (pydantic, straight from the JSON
+    bytes), or :class:`InvalidRequest` naming each bad field as ``body.<field>``.
+
+    Refused as FastAPI's parameter handling refuses a body (the other routes' edge), with
+    the same words: an empty or ``null`` body is missing; a body without a JSON content type
+    is not an object; text that is not JSON names the offset where decoding stopped."""
+    if raw and _json_content(content_type):
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            if all(e["loc"] for e in errors):  # the fields' errors (the body is an object)
+                raise InvalidRequest(_located(errors, ("body",))) from None
+        # Not JSON, or not an object: decoded and checked again to say so in the words the
+        # other routes use (the offset where decoding stopped; null is a missing body).
+        value: Any = _decode_json(raw)
+        if value is None:
+            raise InvalidRequest([{"type": "missing", "loc": ("body",), "input": None}])
+    elif raw:
+        value = raw
+    else:
+        raise InvalidRequest([{"type": "missing", "loc": ("body",), "input": None}])
+    try:
+        return model.model_validate(value, from_attributes=True)  # as FastAPI validates a body
+    except ValidationError as exc:
+        raise InvalidRequest(_located(exc.errors(include_url=False), ("body",))) from None
+
+
+def _decode_json(raw: bytes) -> Any:
+    """``raw`` decoded by the standard library, or the 422 of the text it is not."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest([{"type": "json_invalid", "loc": ("body", exc.pos),
+                               "msg": "JSON decode error", "ctx": {"error": exc.msg}}]) from None
+    except ValueError:  # not UTF-8 (or -16/-32): the words the app's 400 handler uses
+        raise InvalidRequest([{"type": "json_invalid", "loc": ("body",),
+                               "msg": "is not valid JSON text (UTF-8)"}]) from None
+
+
+def parse_query(model: type[Model], params: Mapping[str, str]) -> Model:
+    """The query parameters validated as ``model`` (lax: they are text), or
+    :class:`InvalidRequest` naming each as ``query.<name>``."""
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        raise InvalidRequest(_located(exc.errors(include_url=False), ("query",))) from None
+
+
+def check_value(adapter: TypeAdapter[Any], value: Any, where: tuple[str, str]) -> Any:
+    """``value`` validated by ``adapter``, or :class:`InvalidRequest` naming ``where``
+    (``("header", "Idempotency-Key")``)."""
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        raise InvalidRequest(_located(exc.errors(include_url=False), where)) from None
+
+
+def refuse_unknown_query(unknown: list[str]) -> None:
+    """A 422 naming the query parameters a route does not take (like a body's unknown field:
+    a misspelt filter is refused, not silently ignored); nothing when there are none."""
+    if unknown:
+        shown = [u[:40] for u in unknown[:5]]
+        raise ApiError(422, f"invalid request: query.{shown[0]} is not accepted"
+                       + (f" (nor {', '.join(shown[1:])})" if len(shown) > 1 else ""),
+                       [{"field": f"query.{u}", "message": "is not accepted"} for u in shown])
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` value (the scheme in any case), or
+    None when there is none (read as FastAPI's ``HTTPBearer`` reads it)."""
+    if not header:
+        return None
+    scheme, _, param = header.partition(" ")
+    token = param.strip()
+    if not scheme or not token or scheme.lower() != "bearer":
+        return None
+    return token
 
 
 def query_names(route: Any) -> frozenset[str]:

@@ -46,6 +46,25 @@ Cursor = Annotated[str, StringConstraints(min_length=1, max_length=20, pattern=r
 """The ``cursor`` of ``GET /jobs``: opaque to clients (today the last job id a page looked at)."""
 
 
+MAX_PAGE = 1000
+"""The most jobs one page of ``GET /jobs`` may ask for (``limit``)."""
+
+
+class JobsQuery(BaseModel):
+    """``GET /jobs``'s query parameters (text, so lax: ``limit=100`` is an integer)."""
+
+    state: t.Label | None = Field(None, description="state(s), comma-separated: PEND,RUN")
+    user: t.Name | None = Field(None, description="owner")
+    queue: t.Name | None = None
+    array: int | None = Field(None, ge=1, description="only the elements of this job array")
+    fields: t.Label | None = Field(None, description="only these fields, comma-separated "
+                                                     "(each item then holds only those)")
+    limit: int | None = Field(None, ge=1, le=MAX_PAGE, description=(
+        f"a page of at most this many jobs (1 to {MAX_PAGE}), with the next page's cursor in "
+        "the envelope's `next`; without it, every matching job"))
+    cursor: Cursor | None = Field(None, description="the `next` of the page before")
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
