@@ -610,6 +610,7 @@ API_ROWS: list[tuple[str, str, str, int]] = [
     ("apiserver_cpu_ms_per_post", "API server CPU per POST (ms)", "", 3),
     ("primary_cpu_ms_per_post", "primary controller CPU per POST (ms)", "", 3),
     ("standby_cpu_ms_per_post", "one hot standby's CPU per POST (ms)", "", 3),
+    ("loadgen_cpu_ms_per_post", "the load generator's CPU per POST (ms; `RawHttp`)", "far below the servers'", 3),
     ("post_jobs_p50_alone_ms", "`POST /jobs` p50, one client alone (ms)", "", 2),
     ("post_jobs_p50_while_paging_ms", "`POST /jobs` p50 while another client pages (ms)", "", 2),
     ("while_paging_ratio", "while paging / alone (p50)", "≤ 1.2", 2),

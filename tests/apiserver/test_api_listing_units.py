@@ -76,7 +76,8 @@ async def test_a_listing_gives_way_to_a_write_in_flight_and_never_waits_forever(
         order.append("slice")
 
     async def write() -> None:
-        await anyio.lowlevel.checkpoint()
+        while not gate.waits:  # answered once the listing waits for it
+            await anyio.lowlevel.checkpoint()
         order.append("write answered")
         gate.end()
 
@@ -89,6 +90,33 @@ async def test_a_listing_gives_way_to_a_write_in_flight_and_never_waits_forever(
     with anyio.fail_after(10):
         await gate.give_way(most=0.01)
     assert gate.waits == 2
+
+
+async def test_a_write_that_arrives_during_a_slice_goes_before_the_next_slice() -> None:
+    gate = WriteGate()
+    order: list[str] = []
+    arrived = anyio.Event()
+
+    async def listing() -> None:
+        await arrived.wait()  # a slice is being built when the write comes in
+        await gate.give_way(most=30.0)
+        order.append("next slice")
+
+    async def write() -> None:  # a request task created during the slice: it starts later
+        arrived.set()
+        await anyio.lowlevel.checkpoint()
+        gate.begin()  # WritesFirst, at the request's first step
+        order.append("write sent")
+        for _ in range(5):  # its round trip to the controller
+            await anyio.lowlevel.checkpoint()
+        order.append("write answered")
+        gate.end()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listing)
+            tg.start_soon(write)
+    assert order == ["write sent", "write answered", "next slice"] and gate.waits == 1
 
 
 def _auth(clock: list[float]) -> Authenticator:

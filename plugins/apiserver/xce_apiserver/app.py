@@ -11,6 +11,7 @@ refuse, and none ends in a 5xx.
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run
 # time, and the dependency aliases (User, Admin) are local to create_app.
+import inspect
 import math
 import threading
 import time
@@ -250,6 +251,12 @@ IDEMPOTENCY_DOC = ("the request's idempotency key (IETF httpapi draft): the same
 IDEMPOTENCY_PARAMETER = header_parameter(IDEMPOTENCY_HEADER, TypeAdapter(m.IdempotencyKey | None),
                                          IDEMPOTENCY_DOC)
 
+_NO_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+"""FastAPI's native OpenTelemetry off: xce exports its own figures (xce_apiserver.metrics),
+and with it on FastAPI looks the global providers and environment up on every request."""
+
 READ = (401, 405, 413, 422)
 WRITE = (*READ, 403, 404, 409, 503, 504)
 
@@ -280,6 +287,7 @@ def create_app(
                                            declared))
 
     app = FastAPI(
+        **_NO_TELEMETRY,
         dependencies=[Depends(no_unknown_query)],
         title="xce REST API",
         version="1",
