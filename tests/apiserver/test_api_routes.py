@@ -359,6 +359,18 @@ async def test_openapi_documents_every_route(api: Any) -> None:
     assert {"401", "403", "404", "409", "422", "503"} <= set(submit["responses"])
     assert "bearer" in str(doc["components"]["securitySchemes"]).lower()
     assert "SubmitBody" in doc["components"]["schemas"]
+    # The hot routes take the raw request (xce_apiserver.lean): what they check is declared
+    for path in ("/jobs", "/jobs/create"):
+        op = paths[f"{V}{path}"]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/SubmitBody"}
+        assert [p["name"] for p in op["parameters"]] == ["Idempotency-Key"] and op["security"]
+    listing = paths[f"{V}/jobs"]["get"]
+    assert {p["name"] for p in listing["parameters"]} == {
+        "state", "user", "queue", "array", "fields", "limit", "cursor"}
+    limit = next(p for p in listing["parameters"] if p["name"] == "limit")["schema"]["anyOf"][0]
+    assert limit == {"type": "integer", "minimum": 1, "maximum": 1000} and listing["security"]
+    assert [p["name"] for p in paths[f"{V}/jobs/{{jobids}}"]["get"]["parameters"]] == ["jobids"]
 
 
 # ---------------------------------------------------------------------- idempotency, edge
