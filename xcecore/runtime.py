@@ -268,8 +268,12 @@ def profiled(identity: str) -> Iterator[None]:
         yield
         return
     import cProfile
+    import time
 
-    prof = cProfile.Profile()
+    # CPU time of this thread, not wall time: on a shared machine a wall-clock profile blames
+    # whatever was running when the scheduler took the core away (a socket write waking its
+    # peer, most often).
+    prof = cProfile.Profile(time.thread_time)
     prof.enable()
     try:
         yield
