@@ -22,7 +22,7 @@ JSON = {"content-type": "application/json"}
 
 BAD_BODIES: list[tuple[bytes, dict[str, str], str]] = [
     (b"", JSON, "invalid request: body is required"),
-    (b"null", JSON, "invalid request: body is required"),
+    (b"null", JSON, "invalid request: body must be object, got null"),
     (b'{"command": ', JSON, "invalid request: body.12 JSON decode error"),
     (b"\xff\xfe", JSON, "invalid request: body.0 JSON decode error"),
     (b'{"command": "\xff"}', JSON, "invalid request: body is not valid JSON text (UTF-8)"),

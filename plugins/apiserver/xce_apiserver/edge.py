@@ -137,8 +137,8 @@ def parse_body(model: type[Model], raw: bytes, content_type: str | None) -> Mode
     bytes), or :class:`InvalidRequest` naming each bad field as ``body.<field>``.
 
     Refused as FastAPI's parameter handling refuses a body (the other routes' edge), with
-    the same words: an empty or ``null`` body is missing; a body without a JSON content type
-    is not an object; text that is not JSON names the offset where decoding stopped."""
+    the same words: an empty body is missing; a body without a JSON content type is not an
+    object; text that is not JSON names the offset where decoding stopped."""
     if raw and _json_content(content_type):
         try:
             return model.model_validate_json(raw)
@@ -147,10 +147,8 @@ def parse_body(model: type[Model], raw: bytes, content_type: str | None) -> Mode
             if all(e["loc"] for e in errors):  # the fields' errors (the body is an object)
                 raise InvalidRequest(_located(errors, ("body",))) from None
         # Not JSON, or not an object: decoded and checked again to say so in the words the
-        # other routes use (the offset where decoding stopped; null is a missing body).
+        # other routes use (the offset where decoding stopped, the type it is).
         value: Any = _decode_json(raw)
-        if value is None:
-            raise InvalidRequest([{"type": "missing", "loc": ("body",), "input": None}])
     elif raw:
         value = raw
     else:
