@@ -3,10 +3,13 @@ bounds in bytes and counts; a peer that takes nothing is dropped."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from xce_controller.pushes import Gate, Limits, Outbox, Stalled
@@ -139,3 +142,61 @@ async def test_a_peer_that_takes_nothing_is_stalled():
         await client.aclose()
         await server.aclose()
         await listener.aclose()
+
+
+
+def _frames(buf: bytes | bytearray) -> list[bytes]:
+    """The complete frames at the start of ``buf``; a length no frame here has is corruption."""
+    out, at = [], 0
+    while at + 4 <= len(buf):
+        (size,) = wire.FRAME_HEADER.unpack_from(buf, at)
+        assert size < 1 << 20, f"frame {len(out)}: length {size}: the stream is corrupted"
+        if at + 4 + size > len(buf):
+            break
+        out.append(bytes(buf[at + 4:at + 4 + size]))
+        at += 4 + size
+    return out
+
+
+async def test_a_direct_write_never_overtakes_bytes_the_stream_still_holds():
+    # The direct write's premise: with the writer idle, the stream holds no unsent byte. A
+    # push larger than the kernel takes must not leave its tail in the stream's transport
+    # while the writer goes idle (anyio sets the transport's write-buffer limits to 0, so its
+    # send returns only once the transport handed everything to the kernel): a reply written
+    # straight to the socket when the peer has just made room would land inside the push.
+    server, client, listener = await _pair()
+    server.extra(anyio.abc.SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    csock = client.extra(anyio.abc.SocketAttribute.raw_socket)
+    csock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    box = Outbox()
+    received = bytearray()
+
+    def read(n: int) -> None:
+        with contextlib.suppress(BlockingIOError):
+            received.extend(os.read(csock.fileno(), n))  # non-blocking: the loop set it so
+
+    rounds = 5
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(box.run_writer, server)
+            await anyio.sleep(0.05)
+            for n in range(rounds):
+                assert box.push("job", b'"' + b"z" * 40_000 + b'"', None)
+                with anyio.fail_after(5):  # the peer reads slowly until the writer is idle
+                    while box.queued_pushes or box._busy:
+                        read(8192)
+                        await anyio.sleep(0.002)
+                read(8192)  # the peer takes a little, and the loop does not run meanwhile
+                box.reply(wire.encode({"id": n}), None)
+                with anyio.fail_after(10):  # both frames arrive before the next round
+                    while len(_frames(received)) < 2 * (n + 1):
+                        await anyio.sleep(0.002)
+                        read(1 << 20)
+            box.close()
+    finally:
+        await client.aclose()
+        await server.aclose()
+        await listener.aclose()
+    got = [orjson.loads(f) for f in _frames(received)]
+    assert [m.get("push") or m.get("id") for m in got] == [x for n in range(rounds) for x in ("job", n)]
+    assert all(len(m["data"]) == 40_000 for m in got[::2])
