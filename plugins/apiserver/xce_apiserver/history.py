@@ -17,6 +17,7 @@ from fastapi.responses import Response
 
 from xce_apiserver.auth import Session
 from xce_apiserver.envelope import ok
+from xcecore.schema import limits as lim
 from xcecore.schema import types as t
 from xcecore.schema.delegated import PAGE_MAX
 
@@ -76,14 +77,16 @@ def history_router(prefix: str, session: SessionDep, forward: Forward,
             "since": since, "until": until}, "job history summary"))
 
     @router.get("/jobs/{jobid}")
-    async def history_job(s: User, jobid: Annotated[int, Path(ge=1, description="the job")]) -> Response:
+    async def history_job(s: User, jobid: Annotated[int, Path(ge=1, le=lim.INT64_MAX,
+                                                             description="the job")]) -> Response:
         """One job's attempts and timeline (like bhist -l)."""
         return ok(await call(s, "history.job", {"jobid": jobid}, f"history of job {jobid}"))
 
     @router.get("/events")
     async def history_events(
         s: User,
-        jobid: Annotated[int | None, Query(ge=1, description="this job's timeline; without: cluster events")] = None,
+        jobid: Annotated[int | None, Query(ge=1, le=lim.INT64_MAX,
+                                           description="this job's timeline; without: cluster events")] = None,
         since: Epoch = None,
         until: Epoch = None,
         cursor: Cursor = None,
