@@ -113,9 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     import cProfile
 
     prof = cProfile.Profile()  # the event-loop thread only (the writer thread is not seen)
+    prof.enable()
     try:
-        prof.runcall(anyio.run, _run, args, backend_options=loop_options(args.event_loop))
+        anyio.run(_run, args, backend_options=loop_options(args.event_loop))
     finally:
+        prof.disable()
         prof.dump_stats(f"{profile}.{os.getpid()}")
 
 
