@@ -180,3 +180,38 @@ async def test_standby_without_primary_answers_no_primary(tmp_path):
             "primary": "10.0.0.9:7600", "code": "REDIRECT", "message": "standby; primary is 10.0.0.9:7600"}
         await c.aclose()
         tg.cancel_scope.cancel()
+
+
+def test_new_store_keys_hot_tables_without_rowid_and_an_older_store_still_works(tmp_path):
+    """meta, idem and events are WITHOUT ROWID in a new store (one b-tree page per commit
+    each, not two); a store whose tables were made as rowid tables opens, commits and is
+    read back by the same SQL."""
+    import sqlite3
+
+    store = SQLiteStore(str(tmp_path / "new"))
+    store.open()
+    sql = dict(store.db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+    assert {t for t in ("meta", "idem", "events") if "WITHOUT ROWID" in sql[t]} == {"meta", "idem", "events"}
+    assert "WITHOUT ROWID" not in sql["jobs"]
+    store.close()
+    old = tmp_path / "old"
+    old.mkdir()
+    db = sqlite3.connect(old / "state.db")
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, data BLOB);"
+        "CREATE TABLE idem (rid TEXT PRIMARY KEY, result BLOB, ts REAL, rev INTEGER NOT NULL DEFAULT 0);"
+        "CREATE TABLE events (key TEXT PRIMARY KEY, rev INTEGER NOT NULL, data BLOB NOT NULL);")
+    db.close()
+    for path in (tmp_path / "new", old):
+        s = SQLiteStore(str(path))
+        s.open()
+        s.submit(Write([_job_row(1), ("events", "000000000001", b'{"seq":1}', None)], "k1",
+                       orjson.dumps({"jobid": 1}), rev=1))
+        s.stop()
+        s.run_writer(lambda b: None)
+        assert orjson.loads(s.lookup("k1") or b"") == {"jobid": 1}
+        assert s.head().rev == 1
+        assert s.db.execute("SELECT data FROM events").fetchall() == [(b'{"seq":1}',)]
+        s.close()
+    assert "WITHOUT ROWID" not in dict(sqlite3.connect(old / "state.db").execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table'"))["idem"]
