@@ -1307,6 +1307,11 @@ def main() -> int:
              "shared (other engineers' tests run on it): figures are medians and percentiles, and they vary "
              "from run to run. Each section names the command, date and core count of the run it comes from.",
              ""]
+    reruns = [n for n in ("rerun.md", "rerun-same-machine.md") if (RESULTS / n).exists()]
+    if reruns:
+        lines += ["run_all's headline figures against an earlier revision (`benchmarks/compare.py`): "
+                  + ", ".join(f"[{n}](results/{n})" for n in reruns)
+                  + " (the second with that revision's benchmarks re-run on this machine).", ""]
     lines += failover_section(mine["failover"])
     lines += storm_section(mine["storm"])
     lines += throughput_section(mine["throughput"])
