@@ -30,11 +30,13 @@ import argparse
 import random
 import sys
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import log, meta, quiet_logs, scratch, stats, write_result
+from xce_worker.containment import remove_listed
 
 from xcecore.testing import nemesis
 from xcecore.testing.faultbed import FaultBed, requirements
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(runs_n):
         seed = seed0 + i
         with scratch("xce-bench-chaos-", PART, args.keep, f"run {i + 1}: ") as sc, FaultBed(sc.path) as bed:
+            bed.at_close(partial(remove_listed, sc.path))
             report = nemesis.run(bed, seed=seed, faults=faults_n, kinds=kinds, writers=args.writers,
                                  hung_timeout=args.hung_timeout)
             if not report.verdict.ok or report.unfinished:
@@ -147,6 +150,7 @@ def run_etcd(args: Any) -> int:
         t0 = time.monotonic()
         with scratch("xce-bench-chaos-etcd-", PART, args.keep, f"run {i + 1}: ") as sc:
             with FaultBed(sc.path / "bed") as bed:
+                bed.at_close(partial(remove_listed, sc.path))
                 verdict, records = chaos.run(bed, sc.path, seed=seed, faults=faults_n, kinds=kinds,
                                              writers=args.writers)
             if not verdict.ok:

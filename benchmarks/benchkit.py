@@ -237,12 +237,9 @@ class BenchCluster:
         their state dirs (a SIGKILLed worker cannot remove its own; the test suite's
         conftest does the same for tests)."""
         self.cluster.close()
-        from xce_worker.containment import remove_groups
+        from xce_worker.containment import remove_listed
 
-        for record in self.root.glob("*/cgroups"):
-            for line in record.read_text().splitlines():
-                if line.strip():
-                    remove_groups(Path(line.strip()))
+        remove_listed(self.root, depth=1)
 
 
 def logon(url: str) -> str:

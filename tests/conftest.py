@@ -32,14 +32,6 @@ def _settings_cache_in_the_session(tmp_path_factory: pytest.TempPathFactory) -> 
         os.environ["XDG_CACHE_HOME"] = before
 
 
-def _listed(root: Path, depth: int = 4) -> list[Path]:
-    out: list[Path] = []
-    for pattern in ["/".join(["*"] * n + ["cgroups"]) for n in range(depth)]:
-        for record in root.glob(pattern):
-            out += [Path(line) for line in record.read_text().splitlines() if line.strip()]
-    return out
-
-
 @pytest.fixture(autouse=True)
 def _remove_job_cgroups(request: pytest.FixtureRequest) -> Iterator[None]:
     # Asked before the test, so that tmp_path is torn down after this fixture, not before.
@@ -48,10 +40,9 @@ def _remove_job_cgroups(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if root is None:
         return
-    from xce_worker.containment import remove_groups
+    from xce_worker.containment import remove_listed
 
-    for base in _listed(root):
-        remove_groups(base)
+    remove_listed(root, depth=3)
 
 
 def _worker_bases() -> set[Path]:
@@ -81,10 +72,9 @@ def _remove_session_job_cgroups(tmp_path_factory: pytest.TempPathFactory) -> Ite
     directory with a job group in it is never removed (rmdir refuses)."""
     before = _worker_bases()
     yield
-    from xce_worker.containment import remove_groups
+    from xce_worker.containment import remove_listed
     from xce_worker.containment.cgroupfs import remove_dir
 
-    for base in _listed(tmp_path_factory.getbasetemp(), depth=5):
-        remove_groups(base)
+    remove_listed(tmp_path_factory.getbasetemp(), depth=4)
     for base in _worker_bases() - before:
         remove_dir(base)

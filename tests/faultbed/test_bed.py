@@ -216,6 +216,24 @@ def test_close_removes_everything_also_processes_it_did_not_start(tmp_path: Path
     assert bed.leftovers() == []
 
 
+def test_clean_ups_at_close_run_after_the_processes_die_and_before_the_disks_go(tmp_path: Path) -> None:
+    bed = FaultBed(tmp_path / "bed")
+    a = bed.add_host("a", disk="2m")
+    (a.state_dir / "record").write_text("listed")
+    proc = subprocess.Popen(bed.command(a, ["sleep", "60"]), start_new_session=True)
+    seen: list[tuple[int | None, str]] = []
+
+    def clean_up() -> None:
+        seen.append((proc.poll(), (a.state_dir / "record").read_text()))
+
+    bed.at_close(clean_up)
+    bed.at_close(lambda: 1 / 0)  # one that fails is named, after the others have run
+    with pytest.raises(BedError, match="a clean-up at close .*division by zero"):
+        bed.close()
+    assert seen == [(-signal.SIGKILL, "listed")]
+    assert bed.tag not in Path("/proc/self/mounts").read_text()
+
+
 def test_a_crashed_runs_leftovers_are_reported_and_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -294,3 +294,27 @@ def test_a_containment_that_is_unavailable_says_why(tmp_path: Path) -> None:
         select(specs, "systemd", ContainConfig("h1"))
     with pytest.raises(ContainmentError, match="not available on h1: .*not a writable cgroup"):
         select(specs, "cgroup2", ContainConfig("h1", parent="/no/such/xce/parent"))
+
+
+def test_listed_groups_of_a_killed_worker_are_removed_from_its_state_dir(tmp_path: Path) -> None:
+    # What tests, benchmarks and `xce up` do after a worker was SIGKILLed with a job running:
+    # the groups listed in <state_dir>/cgroups (here two levels down) are emptied and removed.
+    c = containment("cgroup1", "h-listed")
+    group = c.create("5.0", Limits())
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        group.attach(sleeper.pid)
+        state = tmp_path / "bed" / "n1" / "state"
+        state.mkdir(parents=True)
+        (state / "cgroups").write_text("".join(f"{b}\n" for b in c.bases()))
+        from xce_worker.containment import remove_listed
+
+        assert remove_listed(tmp_path, depth=1) == 0  # deeper than asked: not touched
+        assert sleeper.poll() is None and all(b.exists() for b in c.bases())
+        assert remove_listed(tmp_path, depth=3) == len(c.bases())
+        assert sleeper.wait(10) == -signal.SIGKILL
+        assert not any(b.exists() for b in c.bases())
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        c.close()

@@ -29,7 +29,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,6 +131,7 @@ class FaultBed:
         self._drops: dict[tuple[str, str, int | None], int] = {}  # (src, dst, port) -> loss %
         self._slow: dict[tuple[str, str], DelayProxy] = {}
         self._mounted: list[Path] = []
+        self._at_close: list[Callable[[], object]] = []
         self._closed = False
         run(["ip", "netns", "add", self.bed_ns])
         try:
@@ -142,6 +143,12 @@ class FaultBed:
 
     def __enter__(self) -> FaultBed:
         return self
+
+    def at_close(self, fn: Callable[[], object]) -> None:
+        """Call ``fn`` when the bed closes, after every process on it is dead and before the
+        hosts' disks are unmounted (e.g. to remove what killed processes left outside the
+        bed, as a SIGKILLed worker's job cgroups listed in its state directory)."""
+        self._at_close.append(fn)
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -513,6 +520,11 @@ class FaultBed:
                 kill_all(h.ns_inode)
             except (OSError, BedError) as exc:
                 errors.append(f"host {h.name}: {exc}")
+        for fn in self._at_close:
+            try:
+                fn()
+            except Exception as exc:
+                errors.append(f"a clean-up at close ({fn!r}): {exc}")
         for path in reversed(self._mounted):
             if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
                 subprocess.run(["umount", "-l", str(path)], capture_output=True)

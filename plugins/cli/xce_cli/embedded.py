@@ -236,15 +236,9 @@ def remove_job_groups(state_dir: Path) -> None:
     """Remove the cgroup directories a worker made for its jobs (it lists them in
     ``<state_dir>/cgroups``), killing anything still in them. A worker that stopped cleanly
     removed them already; one that died did not."""
-    from xce_worker.containment import remove_groups
+    from xce_worker.containment import remove_listed
 
-    try:
-        bases = (state_dir / "cgroups").read_text().split()
-    except OSError:
-        return
-    for base in bases:
-        with contextlib.suppress(OSError):
-            remove_groups(Path(base))
+    remove_listed(state_dir, depth=0)
 
 
 def kill_journal_jobs(state_dir: Path) -> int:

@@ -359,3 +359,22 @@ def remove_groups(base: Path) -> bool:
             time.sleep(0.01)
         remove_dir(group)
     return remove_dir(base)
+
+
+def remove_listed(root: Path, depth: int = 4) -> int:
+    """Remove the job groups of every worker whose state directory is ``root`` or lies up to
+    ``depth`` levels below it (each worker lists its group directories in
+    ``<state_dir>/cgroups``), killing what is still in them; how many directories were listed.
+    For tests, benchmarks and ``xce up`` cleaning up after workers that were SIGKILLed."""
+    import contextlib
+
+    listed = 0
+    for pattern in ["/".join(["*"] * n + ["cgroups"]) for n in range(depth + 1)]:
+        for record in root.glob(pattern):
+            with contextlib.suppress(OSError):
+                for line in record.read_text().splitlines():
+                    if line.strip():
+                        listed += 1
+                        with contextlib.suppress(OSError):
+                            remove_groups(Path(line.strip()))
+    return listed
