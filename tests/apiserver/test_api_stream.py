@@ -7,6 +7,7 @@ routes over ASGI. The browser and the failover: tests/e2e/test_e2e_dashboard.py.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from functools import partial
@@ -83,6 +84,77 @@ def test_tickets_are_single_use_and_expire() -> None:
     assert t.redeem(old) is None and len(t) == 0  # expired
     made = [t.issue(f"tok{i}", "bob") for i in range(5)]
     assert len(t) == 3 and t.redeem(made[0]) is None and t.redeem(made[4]) == ("tok4", "bob")
+
+
+def test_one_user_asking_for_tickets_in_a_loop_pushes_out_only_their_own() -> None:
+    t = Tickets(ttl=30.0, limit=100, per_user=4)
+    bobs = t.issue("tokb", "bob")
+    alices = [t.issue(f"tok{i}", "alice") for i in range(50)]
+    assert len(t) == 5  # alice keeps her 4 newest, bob his one
+    assert t.redeem(alices[0]) is None and t.redeem(alices[-1]) == ("tok49", "alice")
+    assert t.redeem(bobs) == ("tokb", "bob")
+
+
+def test_the_hub_bounds_streams_per_user_and_in_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    from xce_apiserver import stream
+
+    hub = ChangeHub()
+    mine = [hub.open("mallory") for _ in range(stream.MAX_PER_USER)]
+    with pytest.raises(stream.StreamRefused) as refused:
+        hub.open("mallory")
+    assert refused.value.status == 429 and "user mallory holds 8 event streams" in refused.value.why
+    other = hub.open("alice")  # everyone else is still served
+    hub.close(mine[0])
+    hub.close(mine[0])  # closing twice counts once
+    mine[0] = hub.open("mallory")
+    assert hub.per_user == {"mallory": stream.MAX_PER_USER, "alice": 1}
+    monkeypatch.setattr(stream, "MAX_CLIENTS", len(hub.clients))
+    with pytest.raises(stream.StreamRefused) as refused:
+        hub.open("carol")
+    assert refused.value.status == 503 and "too many event streams (9)" in refused.value.why
+    for c in [*mine, other]:
+        hub.close(c)
+    assert not hub.per_user and not hub.clients
+
+
+async def test_a_ninth_stream_of_one_user_is_refused_over_a_real_socket() -> None:
+    """A real uvicorn: bob opens 8 streams and a ninth is 429; alice still gets one."""
+    from xce_apiserver.stream import MAX_PER_USER
+
+    api = Api()
+    app = create_app(api.store, api.backend, api.health, api.auth, Evaluator)
+    sock = bind("127.0.0.1:0")
+    port = sock.getsockname()[1]
+    bridge = LoopBridge()
+    bridge.bind()
+    stop = StopEvent(bridge)
+    hub = api.store.hub
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve, app, sock, stop)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+                await wait_until_async(http)
+
+                async def ticket(user: str) -> str:
+                    r = await http.post("/xce/v1/stream/ticket", headers=api.token(user))
+                    return str(r.json()["data"]["ticket"])
+
+                async with contextlib.AsyncExitStack() as streams:
+                    for _ in range(MAX_PER_USER):
+                        t = await ticket("bob")
+                        r = await streams.enter_async_context(
+                            http.stream("GET", "/xce/v1/stream", params={"ticket": t}))
+                        assert r.status_code == 200
+                    await wait_until(lambda: hub.per_user.get("bob") == MAX_PER_USER)
+                    r = await http.get("/xce/v1/stream", params={"ticket": await ticket("bob")})
+                    assert r.status_code == 429 and "close one" in r.json()["msg"]
+                    async with http.stream("GET", "/xce/v1/stream",
+                                           params={"ticket": await ticket("alice")}) as ok:
+                        assert ok.status_code == 200
+                await wait_until(lambda: not hub.clients)
+            stop.set()
+    finally:
+        bridge.unbind()
 
 
 async def test_changes_are_coalesced_to_the_latest_record_per_interval() -> None:

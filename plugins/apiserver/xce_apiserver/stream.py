@@ -63,11 +63,19 @@ MAX_KEYS = 200
 MAX_CLIENTS = 1000
 """Streams served at once; one more answers 503."""
 
+MAX_PER_USER = 8
+"""Streams one user may hold at once (a dashboard is one, a few tabs a few); one more answers
+429, so that one user cannot take every stream from everyone else."""
+
 TICKET_TTL = 30.0
 """Seconds a stream ticket may wait to be used."""
 
 MAX_TICKETS = 10_000
 """Unused tickets kept at once (the oldest is forgotten first)."""
+
+MAX_TICKETS_PER_USER = 16
+"""Unused tickets of one user kept at once: past it that user's own oldest is forgotten, so
+that one user asking for tickets in a loop cannot push out everyone else's."""
 
 FAILOVERS_KEPT = 50
 """Controller changes the hub remembers for the failover timeline."""
@@ -138,11 +146,20 @@ class Client:
         return out
 
 
+class StreamRefused(Exception):
+    """A new stream would pass :data:`MAX_CLIENTS` or :data:`MAX_PER_USER`."""
+
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(why)
+        self.status, self.why = status, why
+
+
 class ChangeHub:
     """The connected streams, told of every replica change; the failover timeline."""
 
     def __init__(self) -> None:
         self.clients: set[Client] = set()
+        self.per_user: collections.Counter[str] = collections.Counter()
         self.server: str | None = None
         self.link = "down"
         self.link_detail = ""
@@ -200,47 +217,82 @@ class ChangeHub:
                 "failovers": list(self.failovers)}
 
     # ------------------------------------------------------------------ clients
+    def refusal(self, user: str) -> tuple[int, str] | None:
+        """(HTTP status, why) if a new stream of ``user`` would pass a bound; else None."""
+        if len(self.clients) >= MAX_CLIENTS:
+            return 503, f"too many event streams ({MAX_CLIENTS}); retry later"
+        if self.per_user[user] >= MAX_PER_USER:
+            return 429, (f"user {user} holds {MAX_PER_USER} event streams already, the most one "
+                         "user may; close one (a page's tab) and retry")
+        return None
+
     def open(self, user: str) -> Client:
-        """Register a new stream (the caller checks :data:`MAX_CLIENTS` first)."""
+        """Register a new stream of ``user``; :class:`StreamRefused` if a bound refuses it.
+        The check and the registration are one step (no await between), so concurrent opens
+        never pass a bound."""
+        refused = self.refusal(user)
+        if refused is not None:
+            raise StreamRefused(*refused)
         client = Client(user)
         self.clients.add(client)
+        self.per_user[user] += 1
         return client
 
     def close(self, client: Client) -> None:
         """Forget a stream."""
-        self.clients.discard(client)
+        if client in self.clients:
+            self.clients.discard(client)
+            self.per_user[client.user] -= 1
+            if self.per_user[client.user] <= 0:
+                del self.per_user[client.user]
 
 
 class Tickets:
     """Single-use stream tickets: ticket -> (bearer token, user, expiry), expiring in order."""
 
     def __init__(self, ttl: float = TICKET_TTL, limit: int = MAX_TICKETS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl, self.limit, self._clock = ttl, limit, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 per_user: int = MAX_TICKETS_PER_USER) -> None:
+        self.ttl, self.limit, self.per_user, self._clock = ttl, limit, per_user, clock
         self._held: collections.OrderedDict[str, tuple[str, str, float]] = collections.OrderedDict()
+        self._of: dict[str, collections.OrderedDict[str, None]] = {}  # user -> tickets, oldest first
 
     def issue(self, token: str, user: str) -> str:
         """A new ticket standing for ``token`` (of ``user``) for :attr:`ttl` seconds."""
         self._purge()
+        mine = self._of.setdefault(user, collections.OrderedDict())
+        while len(mine) >= self.per_user:
+            self._forget(next(iter(mine)))
+            mine = self._of.setdefault(user, collections.OrderedDict())
         while len(self._held) >= self.limit:
-            self._held.popitem(last=False)
+            self._forget(next(iter(self._held)))
         ticket = secrets.token_urlsafe(24)
         self._held[ticket] = (token, user, self._clock() + self.ttl)
+        self._of.setdefault(user, collections.OrderedDict())[ticket] = None
         return ticket
 
     def redeem(self, ticket: str) -> tuple[str, str] | None:
         """(token, user) of a live ticket, which is used up; None for an unknown or old one."""
         self._purge()
-        held = self._held.pop(ticket, None)
+        held = self._forget(ticket)
         return None if held is None else (held[0], held[1])
+
+    def _forget(self, ticket: str) -> tuple[str, str, float] | None:
+        held = self._held.pop(ticket, None)
+        if held is not None:
+            mine = self._of[held[1]]
+            del mine[ticket]
+            if not mine:
+                del self._of[held[1]]
+        return held
 
     def _purge(self) -> None:
         now = self._clock()
         while self._held:
-            first = next(iter(self._held.values()))
-            if first[2] > now:
+            ticket, (_, _, expiry) = next(iter(self._held.items()))
+            if expiry > now:
                 break
-            self._held.popitem(last=False)
+            self._forget(ticket)
 
     def __len__(self) -> int:
         return len(self._held)

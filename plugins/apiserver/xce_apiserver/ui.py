@@ -23,10 +23,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from xce_apiserver.auth import Authenticator, Session
-from xce_apiserver.envelope import ApiError, ok
+from xce_apiserver.envelope import ApiError, error_response, ok
 from xce_apiserver.hosts import lsf_host
 from xce_apiserver.store import Store
-from xce_apiserver.stream import MAX_CLIENTS, ChangeHub, Tickets, serve_stream
+from xce_apiserver.stream import ChangeHub, StreamRefused, Tickets, serve_stream
 
 Forward = Callable[[str, dict[str, Any], str, str, str], Awaitable[Any]]  # op, args, what, rid, user
 SessionDep = Callable[..., Awaitable[Session]]
@@ -113,13 +113,20 @@ def ui_router(prefix: str, store: Store, auth: Authenticator, session: SessionDe
         if held is None or auth.lookup(held[0]) is None:
             raise ApiError(401, "authentication required: open the stream with "
                                 "?ticket= from POST /xce/v1/stream/ticket (single-use, 30 s)")
-        if len(hub.clients) >= MAX_CLIENTS:
-            raise ApiError(503, f"too many event streams ({MAX_CLIENTS}); retry later",
-                           headers={"Retry-After": "5"})
         token, user = held
+        refused = hub.refusal(user)
+        if refused is not None:
+            raise ApiError(*refused, headers={"Retry-After": "5"})
 
         async def run(scope: Scope, receive: Receive, send: Send) -> None:
-            client = hub.open(user)  # here, not in the route: serve_stream always closes it
+            # Opened here, not in the route: serve_stream always closes it. Streams opened
+            # since the route's check may have reached a bound: open() checks again.
+            try:
+                client = hub.open(user)
+            except StreamRefused as exc:
+                refusal = error_response(exc.status, exc.why, headers={"Retry-After": "5"})
+                await refusal(scope, receive, send)
+                return
             await serve_stream(hub, client, render, scope, receive, send,
                                lambda: auth.lookup(token) is not None, **timing)
         return _Stream(run)
