@@ -179,6 +179,14 @@ class FakeClient:
                   "expires": args["expires"], "at": 0.0, "by": args["user"], "rev": 1}
         return {"key": record["key"], "revoked": True, "record": record}
 
+    def op_revoke_tokens(self, args: dict[str, Any]) -> Any:
+        if args["target"] != args["user"] and args["user"] != "admin":  # as the controller's policy
+            raise RemoteError("DENIED", f"revoke_tokens: {args['user']} may revoke only their own "
+                                        f"tokens, not {args['target']}'s")
+        record = {"key": "u:" + args["target"], "user": args["target"], "before": 1.0,
+                  "expires": 2.0, "by": args["user"], "rev": 1}
+        return {"key": record["key"], "revoked": True, "record": record}
+
     def op_jobdispatch(self, args: dict[str, Any]) -> Any:
         if self.store.get_job(args["jobid"]) is None:
             raise RemoteError("NOT_FOUND", f"no such job {args['jobid']}")

@@ -1,7 +1,8 @@
 """A revoked token is refused everywhere: two API servers on one cluster (real processes), a
 logout on one refused on the other, after a SIGKILL failover of the primary and after an API
 server restart; ``xce admin revoke-tokens USER`` refuses the user's older tokens while new
-logons work; a logout with no controller reachable is a 503, not a silent success."""
+logons work, and ``POST /auth/revoke`` does the same for a user's own tokens (an
+administrator's: anyone's); a logout with no controller reachable is a 503, not a silent success."""
 
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ def refused(base: str, token: str, why: str = "revoked") -> bool:
 
 def post(base: str, path: str, token: str) -> httpx.Response:
     return httpx.post(f"{base}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=15)
+
+
+def revoke(base: str, token: str, body: dict[str, object]) -> httpx.Response:
+    return httpx.post(f"{base}/auth/revoke", json=body, headers={"Authorization": f"Bearer {token}"},
+                      timeout=15)
 
 
 def token_of(base: str, user: str = "alice", password: str = "pw") -> str:
@@ -93,6 +99,20 @@ def test_a_revoked_token_is_refused_everywhere(
     assert post(base2, "/auth/logout", bob).status_code == 200
     wait_for(lambda: refused(base1, bob), 10, what="bob's logout")
     assert get(base1, t5)[0] == 200 and get(base2, t5)[0] == 200
+    # Over REST (POST /auth/revoke): a user may revoke every token of their own (one was
+    # stolen), never another user's; an administrator may revoke anyone's (the CLI above).
+    b1, b2 = token_of(base1, "bob", "pw2"), token_of(base2, "bob", "pw2")
+    r = revoke(base1, b1, {"user": "alice"})
+    assert r.status_code == 403 and "may revoke only their own tokens" in r.json()["msg"], r.text
+    assert revoke(base1, b1, {"user": "no such user!"}).status_code == 422
+    assert revoke(base1, b1, {"user": "bob", "extra": 1}).status_code == 422
+    r = revoke(base2, b1, {"user": "bob"})
+    assert r.status_code == 200 and r.json()["data"]["user"] == "bob", r.text
+    assert refused(base2, b1, "every token of bob issued before")  # at once where answered
+    for base in (base1, base2):
+        wait_for(lambda b=base: refused(b, b2, "every token of bob issued before"), 10,
+                 what="bob's tokens refused after his REST revocation")
+        assert get(base, t5)[0] == 200  # alice's untouched
     # No controller at all: a logout cannot be committed, so it says so (and the token,
     # truthfully, still works).
     for proc in list(cl.candidates.values()):

@@ -486,6 +486,26 @@ def create_app(
                                 "API server)")
         return await once(idem, s.user.name, handle)
 
+    @app.post(f"{PREFIX}/auth/revoke", response_model=m.Envelope[m.Revoked], tags=["auth"],
+              responses=_responses(*WRITE))
+    async def revoke_tokens(s: User, body: m.RevokeTokensBody, idem: Once) -> Response:
+        """Revoke every token of ``user`` issued before now, on every API server (as ``xce
+        admin revoke-tokens USER``): your own (a token was stolen: log on again after it), or
+        an administrator anyone's (403 otherwise). Answered once the controller committed it."""
+        async def handle() -> Response:
+            rid = idem.rid(s.user.name, "revoke_tokens")
+            got = await forward("revoke_tokens", {"target": body.user},
+                                f"revoke the tokens of {body.user}", rid, s.user.name)
+            rec = got.get("record") if isinstance(got, dict) else None
+            if not isinstance(rec, dict):
+                raise ApiError(502, f"revoke the tokens of {body.user}: the controller answered "
+                                    "no revocation record")
+            auth.revocations.hold(rec)
+            return ok({"user": rec.get("user"), "before": rec.get("before"), "by": rec.get("by")},
+                      msg=f"every token of {body.user} issued before now is revoked on every "
+                          "API server")
+        return await once(idem, s.user.name, handle)
+
     # ------------------------------------------------------------------ jobs
     # The hot routes take the raw request (xce_apiserver.lean) and call the edge themselves:
     # the unknown-query check, authenticate, the Idempotency-Key edge, the pydantic models.

@@ -84,6 +84,21 @@ class LogonBody(_Body):
     password: Password
 
 
+class RevokeTokensBody(_Body):
+    """``POST /auth/revoke``."""
+
+    user: t.Name = Field(description="whose tokens to revoke: your own, or (an administrator) "
+                                     "anyone's")
+
+
+class Revoked(BaseModel):
+    """Every token of ``user`` issued before ``before`` is refused by every API server."""
+
+    user: str
+    before: float = Field(description="Unix time: tokens issued before it are refused")
+    by: str
+
+
 class Token(BaseModel):
     """A bearer token."""
 
