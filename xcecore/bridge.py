@@ -34,6 +34,22 @@ def _event() -> anyio.Event:
     return anyio.Event()
 
 
+def _as_asyncio(fn: Callable[[], object]) -> None:
+    """Run a posted ``fn`` as anyio runs a call from a thread: a plain loop callback is in no
+    task, so without this an anyio call in ``fn`` (a new task, a cancel scope) could not tell
+    which async library runs it (sniffio looks at the current task)."""
+    try:
+        import sniffio
+    except ImportError:  # anyio then asks asyncio for the running loop, which works here
+        fn()
+        return
+    token = sniffio.current_async_library_cvar.set("asyncio")
+    try:
+        fn()
+    finally:
+        sniffio.current_async_library_cvar.reset(token)
+
+
 class LoopBridge:
     """Runs functions on one event loop on behalf of other threads.
 
@@ -59,7 +75,7 @@ class LoopBridge:
         except RuntimeError:  # another anyio backend: a short blocking hop through anyio
             self._post = lambda fn: from_thread.run_sync(fn, token=token)
         else:
-            self._post = lambda fn: loop.call_soon_threadsafe(fn)
+            self._post = lambda fn: loop.call_soon_threadsafe(_as_asyncio, fn)
 
     def unbind(self) -> None:
         """Detach (the loop is closing): later posts are dropped, later calls raise."""

@@ -50,13 +50,16 @@ answer of a read computed again from the rolled-back state)."""
 class Gate:
     """Resolves when a commit is durable (opens) or will never be (fails).
 
-    Set on the event loop by the commit callback, or by the rollback of a failed commit.
+    Set on the event loop by the commit callback, or by the rollback of a failed commit. Its
+    ``anyio.Event`` is made only when a task waits on it (:meth:`wait`): most gates open with
+    nobody waiting (a pipelined client's replies are sent as a batch behind the last one).
     """
 
-    __slots__ = ("event", "failed", "reason", "redo", "waiters")
+    __slots__ = ("_event", "_resolved", "failed", "reason", "redo", "waiters")
 
     def __init__(self) -> None:
-        self.event = anyio.Event()
+        self._resolved = False
+        self._event: anyio.Event | None = None
         self.failed = False
         self.reason: Any = None  # why it failed (given to the replies' builders)
         self.waiters: set[Outbox] | None = None  # outboxes with pushes waiting on it
@@ -64,10 +67,19 @@ class Gate:
 
     def is_open(self) -> bool:
         """Resolved either way: nothing waits on it any more."""
-        return self.event.is_set()
+        return self._resolved
+
+    async def wait(self) -> None:
+        """Return once the gate is resolved (opened or failed)."""
+        if not self._resolved:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
 
     def open(self) -> None:
-        self.event.set()
+        self._resolved = True
+        if self._event is not None:
+            self._event.set()
 
     def fail(self, reason: Any) -> None:
         """Fail it: each waiting reply with a builder becomes what the builder makes of
@@ -78,7 +90,7 @@ class Gate:
             if item.alt is not None:
                 box._rebuild(item, item.alt(reason))
         self.redo = None
-        self.event.set()
+        self.open()
 
 
 class Total:
@@ -319,11 +331,11 @@ class Outbox:
                 size = 0
                 while True:
                     gate = item.gate
-                    if gate is not None and not gate.event.is_set():
+                    if gate is not None and not gate.is_open():
                         if buf:
                             await self._flush(stream, buf, taken)
                             buf, taken, size = [], [], 0
-                        await gate.event.wait()
+                        await gate.wait()
                     data = self._resolve(item)
                     if data is None:  # withdrawn
                         self._taken(item)
@@ -354,7 +366,13 @@ class Outbox:
         return self._frame_push(item) if item.event is not None else item.data
 
     async def _flush(self, stream: ByteSendStream, buf: list[bytes], taken: list[_Item]) -> None:
-        await self._send_timed(stream, b"".join(buf))
+        data = b"".join(buf)
+        # What the kernel takes at once goes straight to the socket (the writer task is the
+        # stream's only sender and the stream buffers nothing, so the order holds); only the
+        # rest pays for a timed send through the stream (a cancel scope and a timer each).
+        sent = wire.write_now(self._sock, data)
+        if sent < len(data):
+            await self._send_timed(stream, data[sent:] if sent else data)
         for item in taken:
             self._taken(item)
 
@@ -465,6 +483,21 @@ class Fanout:
             sub.drop()
             return False
         return True
+
+    def reaches(self, ev: Event) -> bool:
+        """Whether :meth:`publish` would send ``ev`` to anyone now (an event nobody gets is
+        not encoded: a job's record JSON costs more than its row)."""
+        name = ev.name
+        if name in EVERYONE:
+            return bool(self.subs)
+        for kind, scope in ROUTES.get(name, ()):
+            if scope in HOSTED:
+                by_host = self.hosted.get((kind, scope))
+                if by_host and any(host in by_host for host in ev.hosts):
+                    return True
+            elif (scope != "unfinished" or ev.unfinished) and self.scoped.get((kind, scope)):
+                return True
+        return False
 
     def publish(self, events: Iterable[tuple[Event, bytes]], gate: Gate | None) -> None:
         """Fan encoded events out, each as ``(event, its data's JSON)``."""

@@ -70,6 +70,7 @@ from xce_controller.storage import Inflight, StorageGuard
 from xce_controller.store import KINDS, Row, SQLiteStore, Write
 from xce_controller.subscribe import Subscription
 from xcecore import auth, wire
+from xcecore.bridge import LoopBridge
 from xcecore.log import bind_fields
 from xcecore.protocol import format_hostport as format_address
 from xcecore.schema.verdict import TAKEOVER_MS_MAX
@@ -533,22 +534,29 @@ class Controller:
 
     def _save_events(self) -> None:
         """Hand the events recorded since the last call to the store, as one write of
-        their own (no rev: they are no records; it goes in the same commit group as the
-        change that made them). While the store fails they stay in memory only."""
+        their own (no rev: they are no records), for a change that wrote no rows (a change
+        with rows carries them in its own write: :meth:`_event_rows`). While the store
+        fails they stay in memory only."""
+        rows = self._event_rows()
+        if rows:
+            w = Write(rows, extra=Inflight(Gate(), "events"))
+            self.store.submit(w)
+            self.unstable.append(w)
+
+    def _event_rows(self) -> list[Row]:
+        """The ``events`` rows of the events recorded since the last call (none while there
+        is no store to take them, or it fails)."""
         log = self.state.events
         if not log.pending:
-            return
+            return []
         fresh = log.take_unsaved()
         if self.store is None or self.role not in ("primary", "promoting"):
-            return
+            return []
         if not self.storage.writable():
             logger.debug("controller {}: {} cluster event(s) not stored (the store fails)",
                          self.address, len(fresh))
-            return
-        rows: list[Row] = [("events", row_key(ev["seq"]), orjson.dumps(ev), None) for ev in fresh]
-        w = Write(rows, extra=Inflight(Gate(), "events"))
-        self.store.submit(w)
-        self.unstable.append(w)
+            return []
+        return [("events", row_key(ev["seq"]), orjson.dumps(ev), None) for ev in fresh]
 
     def _expire_events(self) -> None:
         """Events past ``events_retention`` or over ``events_max`` leave (the oldest first;
@@ -590,8 +598,16 @@ class Controller:
     async def _run_writer(self, store: SQLiteStore) -> None:
         """Run the store's writer loop on a worker thread until the store is stopped."""
 
+        # The report is posted, not waited for: the writer goes on to its next transaction
+        # while the loop takes this one's batch (reports run on the loop in commit order, the
+        # order they were posted in). Waiting cost the writer a loop pass per commit, and the
+        # loop anyio's blocking-call machinery per commit.
+        bridge = LoopBridge()
+        bridge.bind()
+        written = self._written
+
         def on_done(batch: list[Write]) -> None:
-            anyio.from_thread.run_sync(self._written, batch)
+            bridge.post(lambda: written(batch))
 
         async def stop_on_cancel() -> None:
             try:
@@ -885,7 +901,8 @@ class Controller:
             rows = encode_rows(ch.rows, encoded)
         if ch.events:
             self.volatile.note(ch.events)  # before encoding: the pushes carry their vseq
-        events = encode_events(ch.events, encoded) if ch.events else []
+        fanout = self.fanout  # an event nobody gets now is not encoded
+        events = encode_events([ev for ev in ch.events if fanout.reaches(ev)], encoded)
         gate: Gate | None
         if rows:
             assert result is not None
@@ -895,6 +912,7 @@ class Controller:
                 if table in KINDS:
                     ring.append(rev, table, key, data is None)
             gate = Gate()
+            rows += self._event_rows()  # the events it recorded: in the same write (one commit)
             w = Write(rows, rid, result, rev, extra=Inflight(gate, op, caller))
             self.store.submit(w)
             self.unstable.append(w)
