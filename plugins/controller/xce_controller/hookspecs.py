@@ -92,8 +92,10 @@ class Store(Protocol):
 
     def run_writer(self, on_done: Callable[[list[Write]], None]) -> None:
         """Commit queued writes in groups until :meth:`stop`; ``on_done(batch)`` after each
-        commit. A failed commit sets every write's ``error`` and reports it; later writes of
-        the same epoch are failed without an attempt until :meth:`resume`."""
+        commit, in commit order (the controller's ``on_done`` posts the report to its loop
+        and returns at once: the writer may start the next transaction meanwhile). A failed
+        commit sets every write's ``error`` and reports it; later writes of the same epoch
+        are failed without an attempt until :meth:`resume`."""
         ...
 
     def stop(self) -> None:
