@@ -10,6 +10,7 @@ requests with :class:`LinkLost`; :mod:`xcecore.client.asyncclient` decides the r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import ssl
@@ -18,6 +19,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import anyio
+from anyio.lowlevel import checkpoint
 from anyio.streams.buffered import BufferedByteStream
 
 from xcecore import tls as tls_
@@ -138,11 +140,17 @@ async def open_link(
 
 
 class _Pending:
-    __slots__ = ("event", "reply")
+    __slots__ = ("event", "reply", "sent_at", "written")
 
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.reply: dict[str, Any] | None = None
+        self.written = False  # its frame was handed to the socket (or the stream)
+        self.sent_at: float | None = None  # when its wait began: from then a reply is owed
+
+
+_Entry = tuple[bytes, Call | None, _Pending]
+"""A frame in a link's outbox, the call it belongs to, and its reply slot."""
 
 
 class Link:
@@ -153,14 +161,18 @@ class Link:
     once when the link dies, whoever notices. ``joined`` and ``next_seq`` are the owner's
     per-connection bookkeeping.
 
-    Liveness is checked by the requests themselves: one waiting for its reply wakes when no
-    frame has come for ``liveness_timeout`` (counting from the later of the last frame and its
-    own send) and then kills the link. An idle link thus costs no task and no timer at all.
+    Liveness: the link dies when no frame has come for ``liveness_timeout`` while a reply is
+    owed (counting from the later of the last frame and the oldest unanswered send). On
+    asyncio one timer per link watches that (armed by the first request that finds it idle,
+    re-armed by itself while replies are owed, gone when none is), so a request waits on its
+    event alone: no cancel scope and no timer per request. On another backend each waiting
+    request keeps its own deadline scope. An idle link costs no task and no timer at all.
     """
 
-    __slots__ = ("_ids", "_on_lost", "_on_push", "_reading", "alive", "candidate", "joined",
-                 "last_rx", "liveness_timeout", "max_frame", "next_seq", "pending", "reason",
-                 "scope", "send_lock", "sock", "stream")
+    __slots__ = ("_ids", "_loop", "_on_lost", "_on_push", "_outbox", "_reading", "_timer",
+                 "_woken", "alive", "candidate", "joined", "last_rx", "liveness_timeout",
+                 "max_frame", "next_seq", "pending", "reason", "scope", "send_lock", "sock",
+                 "stream")
 
     def __init__(
         self,
@@ -189,6 +201,13 @@ class Link:
         self._on_push = on_push
         self._on_lost = on_lost
         self._reading = True
+        self._timer: asyncio.TimerHandle | None = None
+        self._outbox: list[_Entry] = []  # frames not yet written (see _send)
+        self._woken = 0  # requests handed their reply whose callers have not run yet
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): every request keeps its own deadline
+            self._loop = None
 
     def kill(self, reason: str) -> int | None:
         """Mark the link dead and fail its requests; how many were in flight (None: was dead)."""
@@ -196,6 +215,9 @@ class Link:
             return None
         self.alive = False
         self.reason = reason
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         pending, self.pending = self.pending, {}
         for p in pending.values():
             p.event.set()
@@ -217,35 +239,90 @@ class Link:
         msg: dict[str, Any] = {"id": n, "op": op, "args": args}
         if rid is not None:
             msg["rid"] = rid
-        frame = wire.encode(msg)
         pending = _Pending()
         self.pending[n] = pending
+        entry: _Entry = (wire.encode(msg), call, pending)
         try:
             try:
-                async with self.send_lock:  # fast_acquire: no loop pass when it is free
-                    if not self.alive:  # it died while we waited for the lock: nothing sent
-                        raise LinkLost(f"lost connection to {self.candidate} ({self.reason})")
-                    if call is not None:
-                        call.sent = True
-                    # Holding the lock, nothing of ours is unsent: try the socket directly and
-                    # leave only a remainder (a full socket buffer) to the stream.
-                    sent = wire.write_now(self.sock, frame)
-                    if sent == 0:
-                        await self.stream.send(frame)
-                    elif sent < len(frame):
-                        # Half a frame is out: a cancellation now would garble the stream
-                        # (the link's own death still ends this send, by closing it).
-                        with anyio.CancelScope(shield=True):
-                            await self.stream.send(frame[sent:])
+                await self._send(entry)
             except LINK_ERRORS as exc:
                 self._on_lost(self, describe_error(exc))
-            await self._await_reply(pending, anyio.current_time())
+            loop = self._loop
+            if loop is None:
+                await self._await_reply(pending, anyio.current_time())
+            elif self.alive and not pending.event.is_set():
+                pending.sent_at = loop.time()  # the loop's clock: anyio.current_time()
+                if self._timer is None:
+                    self._timer = loop.call_at(pending.sent_at + self.liveness_timeout,
+                                               self._check_liveness)
+                await pending.event.wait()  # set by its reply, or by the link's death
         finally:
+            if pending.reply is not None:  # the reader counted it among the woken
+                self._woken -= 1
+            if not pending.written:  # given up before it went out: it must never go out
+                with contextlib.suppress(ValueError):
+                    self._outbox.remove(entry)
             if pending.reply is None:
                 self.pending.pop(n, None)
         if pending.reply is None:
             raise LinkLost(f"lost connection to {self.candidate} ({self.reason})")
         return pending.reply
+
+    async def _send(self, entry: _Entry) -> None:
+        """Put ``entry`` in the outbox and see it written, with whatever else is there.
+
+        Whoever holds the send lock writes the whole outbox with one system call; a request
+        whose frame went out that way just returns. When the reader has just handed out
+        replies whose callers have not run yet (a burst), those callers tend to send again in
+        this same loop pass, so the holder first yields once to let their frames join. One
+        call at a time (nobody else woken) writes at once. A holder cancelled in that yield
+        leaves the others' frames to the next holder, and its own never goes out.
+        """
+        self._outbox.append(entry)
+        async with self.send_lock:  # fast_acquire: no loop pass when it is free
+            if entry[2].written:  # it went out with an earlier holder's batch
+                return
+            if not self.alive:  # it died while we waited for the lock: nothing sent
+                raise LinkLost(f"lost connection to {self.candidate} ({self.reason})")
+            if self._woken:
+                await checkpoint()
+                if not self.alive:  # died meanwhile: none of the outbox went out
+                    raise LinkLost(f"lost connection to {self.candidate} ({self.reason})")
+            batch, self._outbox = self._outbox, []
+            for _, call, pending in batch:
+                pending.written = True
+                if call is not None:
+                    call.sent = True
+            frame = batch[0][0] if len(batch) == 1 else b"".join([e[0] for e in batch])
+            # Holding the lock, nothing of ours is unsent: try the socket directly and leave
+            # only a remainder (a full socket buffer) to the stream.
+            sent = wire.write_now(self.sock, frame)
+            if sent == 0:
+                await self.stream.send(frame)
+            elif sent < len(frame):
+                # Half a frame is out: a cancellation now would garble the stream (the
+                # link's own death still ends this send, by closing it).
+                with anyio.CancelScope(shield=True):
+                    await self.stream.send(frame[sent:])
+
+    def _check_liveness(self) -> None:
+        """The link's liveness timer (asyncio): kill a link gone silent while a reply is
+        owed, else re-arm for the oldest reply still owed; with none owed, stay unarmed."""
+        self._timer = None
+        if not self.alive:
+            return
+        owed = [p.sent_at for p in self.pending.values() if p.sent_at is not None]
+        if not owed:
+            return  # the next request arms it again
+        oldest, timeout = min(owed), self.liveness_timeout
+        assert self._loop is not None
+        now = self._loop.time()
+        if liveness_expired(now, self.last_rx, oldest, timeout):
+            self._on_lost(self, f"no frame for {timeout:g} s with {len(self.pending)} "
+                                "request(s) outstanding: liveness timeout")
+            return
+        self._timer = self._loop.call_at(max(self.last_rx, oldest) + timeout,
+                                         self._check_liveness)
 
     async def _await_reply(self, pending: _Pending, sent_at: float) -> None:
         """Wait for ``pending``'s reply or the link's death; kill a link gone silent."""
@@ -288,6 +365,7 @@ class Link:
                 if waiter is not None:
                     waiter.reply = msg
                     waiter.event.set()
+                    self._woken += 1
                 elif "push" in msg:
                     self._on_push(self, msg)
                 # else: the reply to a request whose caller gave up (cancelled); drop it
