@@ -34,22 +34,6 @@ def _event() -> anyio.Event:
     return anyio.Event()
 
 
-def _as_asyncio(fn: Callable[[], object]) -> None:
-    """Run a posted ``fn`` as anyio runs a call from a thread: a plain loop callback is in no
-    task, so without this an anyio call in ``fn`` (a new task, a cancel scope) could not tell
-    which async library runs it (sniffio looks at the current task)."""
-    try:
-        import sniffio
-    except ImportError:  # anyio then asks asyncio for the running loop, which works here
-        fn()
-        return
-    token = sniffio.current_async_library_cvar.set("asyncio")
-    try:
-        fn()
-    finally:
-        sniffio.current_async_library_cvar.reset(token)
-
-
 class LoopBridge:
     """Runs functions on one event loop on behalf of other threads.
 
@@ -64,18 +48,14 @@ class LoopBridge:
 
     def bind(self) -> None:
         """Attach to the running loop (call it on the loop)."""
-        import asyncio  # here, not at the top: one-shot commands import this module, not asyncio
-
-        from anyio import from_thread, lowlevel
+        from anyio import lowlevel
 
         self._thread = threading.get_ident()
         self._token = token = lowlevel.current_token()
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # another anyio backend: a short blocking hop through anyio
-            self._post = lambda fn: from_thread.run_sync(fn, token=token)
-        else:
-            self._post = lambda fn: loop.call_soon_threadsafe(_as_asyncio, fn)
+        # One non-blocking hop on any backend (asyncio: ``call_soon_threadsafe``), and the
+        # function runs knowing its async library: it may start tasks, set events, cancel.
+        backend, native = token.backend_class, token.native_token
+        self._post = lambda fn: backend.run_sync_soon(fn, (), native)
 
     def unbind(self) -> None:
         """Detach (the loop is closing): later posts are dropped, later calls raise."""
@@ -164,14 +144,30 @@ class StopEvent(threading.Event):
         super().__init__()
         self._bridge = bridge or LoopBridge()
         self._async = _event()
+        self._callbacks: list[Callable[[], object]] = []
+        self._callbacks_lock = threading.Lock()
 
     def set(self) -> None:
-        """Signal stop to threads and tasks alike."""
+        """Signal stop to threads and tasks alike (and run the :meth:`add_callback` ones)."""
         super().set()
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
         if self._bridge.on_loop:
             self._async.set()
         else:
             self._bridge.post(self._async.set)
+
+    def add_callback(self, fn: Callable[[], object]) -> None:
+        """Run ``fn()`` once, in the thread that calls :meth:`set` (at once, here, if it was
+        set already): what a thread blocked on something else needs to be woken, without
+        polling the event. ``fn`` must not block."""
+        with self._callbacks_lock:
+            if not self.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
 
     async def wait_async(self) -> None:
         """Return once :meth:`set` was called (at once if it was already)."""

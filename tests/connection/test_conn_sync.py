@@ -109,34 +109,46 @@ async def test_sync_client_wrapping_a_running_client(anyio_backend):
         assert (await anyio.to_thread.run_sync(sc.join))["role"] == "w"
 
 
-def test_sync_call_gives_up_when_the_role_stops() -> None:
-    """A thread's call waiting through an outage is cancelled once the role's stop is set."""
-    import threading
+def test_sync_call_gives_up_when_the_role_stops(fake_in_thread) -> None:
+    """A thread's call waiting for a reply that never comes is abandoned once the role's stop
+    is set (no polling: the stop wakes the waiting thread), cancelled on the loop, and later
+    calls are not sent."""
+    from xcecore.bridge import LoopBridge, StopEvent
+    from xcecore.client import ClientClosed
 
-    from anyio.from_thread import start_blocking_portal
-
-    from xcecore.client import ClientClosed, SyncClient
-
-    cancelled = threading.Event()
-
-    class StuckClient:
-        role = "w"
-
-        def _check_sync_caller(self) -> None:
-            pass
-
-        async def call(self, op: str, args: object, **kw: object) -> object:
-            try:
-                await anyio.sleep_forever()
-            finally:
-                cancelled.set()
-
-    stop = threading.Event()
-    with start_blocking_portal() as portal:
-        sync = SyncClient(StuckClient(), portal, stop=stop)  # type: ignore[arg-type]
-        threading.Timer(0.3, stop.set).start()
+    ctl = fake_in_thread
+    ctl.hold_ops = {"notify_job"}  # recorded, never answered
+    with SyncClient.open(make_config(ctl.address), role="w") as owned:
+        bridge = LoopBridge()
+        owned.portal.call(bridge.bind)
+        stop = StopEvent(bridge)
+        sync = SyncClient(owned.client, owned.portal, stop=stop)
+        assert sync.call("hello") == {"server": "t"}
+        timer = threading.Timer(0.3, stop.set)
+        timer.start()
         with pytest.raises(ClientClosed, match="abandoned"):
             sync.call("notify_job", {"jobid": 1})
-        assert cancelled.wait(5)
+        timer.join()
+        assert [r.args for r in ctl.ops("notify_job")] == [{"jobid": 1}]
         with pytest.raises(ClientClosed, match="not sent"):
             sync.call("notify_job", {"jobid": 2})
+        # The abandoned call's task was cancelled on the loop: none of the client's blocking
+        # calls is still running there, and the owner's own facade still works.
+        assert owned.portal.call(_blocking_tasks, owned.client) == 0
+        assert owned.call("hello") == {"server": "t"}
+        owned.portal.call(bridge.unbind)
+    assert len(ctl.ops("notify_job")) == 1
+
+
+async def _blocking_tasks(client: Client) -> int:
+    """How many of ``client``'s blocking-call tasks still run, once the cancellation posted
+    by the stop had a chance to end them (0 expected; waits up to 5 s for it)."""
+
+    def running() -> int:
+        return sum(1 for t in anyio.get_running_tasks()
+                   if t.name and t.name.startswith(client._name) and "blocking call" in t.name)
+
+    with anyio.move_on_after(5):
+        while running():
+            await anyio.sleep(0.01)
+    return running()

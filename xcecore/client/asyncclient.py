@@ -44,6 +44,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from loguru import logger
 
 from xcecore import wire
+from xcecore.bridge import LoopBridge
 from xcecore.candidates import Candidate
 from xcecore.client.backend import TCP, NetworkBackend
 from xcecore.client.backoff import Backoff
@@ -182,6 +183,7 @@ class Client:
         self._closed = False
         self._tg: TaskGroup | None = None
         self._loop_thread: int | None = None
+        self._bridge = LoopBridge()  # how SyncClient threads hand calls to this client's loop
         self._state_event = anyio.Event()
         self._rejoin_event = anyio.Event()
         self._beat_now = anyio.Event()  # set when the link drops: try the heartbeat path at once
@@ -203,6 +205,7 @@ class Client:
         await tg.__aenter__()
         self._tg = tg
         self._loop_thread = threading.get_ident()
+        self._bridge.bind()
         self._latest.bind()
         for loop in (self._push_loop, self._state_loop, self._heartbeat_loop,
                      self._rejoin_loop, self._latest_loop):
@@ -219,6 +222,7 @@ class Client:
             return None
         finally:
             self._latest.unbind()
+            self._bridge.unbind()
             with anyio.move_on_after(1.0, shield=True):
                 await self._deliver_states()
 
