@@ -100,3 +100,19 @@ def test_inbox_keeps_order_and_times_out() -> None:
     assert len(box) == 3
     assert [box.get(1) for _ in range(3)] == [0, 1, 2]
     assert box.get(0.01) is None
+
+
+def test_stop_event_callbacks_run_once_in_the_setting_thread() -> None:
+    stop = StopEvent()  # no loop bound: callbacks do not need one
+    ran: list[tuple[str, int]] = []
+    stop.add_callback(lambda: ran.append(("before", threading.get_ident())))
+    assert ran == []
+    setter = threading.Thread(target=stop.set)
+    setter.start()
+    setter.join(5)
+    assert [name for name, _ in ran] == ["before"]
+    assert ran[0][1] == setter.ident  # in the thread that set it, not later on a loop
+    stop.set()  # a second set runs nothing again
+    assert len(ran) == 1
+    stop.add_callback(lambda: ran.append(("after", threading.get_ident())))  # already set: now
+    assert ran[-1] == ("after", threading.get_ident())
