@@ -2,8 +2,12 @@
 
 (a) the post-call path with no rejoin pending, against a bare attribute read;
 (b) requests/s over one multiplexed connection to a fake controller in another process,
-    sequential and pipelined;
-(c) connect latency through a standby that redirects, against connecting directly.
+    sequential and pipelined; and what the client adds per call on top of a bare wire client
+    (the same requests written and read with ``xcecore.wire`` alone), in wall time and in this
+    process's CPU time, the two alternating on the same fake so both see the same load;
+(c) connect latency through a standby that redirects, against connecting directly;
+(d) the blocking facade (``SyncClient``, the role runtime's form: a running client, a stop
+    event): calls/s from one thread and from 8 threads.
 
 Run: ``python benchmarks/bench_connection.py [--quick]``. Writes
 ``benchmarks/results/connection.json`` and ``benchmarks/results/connection.md``.
@@ -21,6 +25,7 @@ import time
 import timeit
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -123,13 +128,114 @@ async def _throughput(address: str, calls: int, in_flight: int, repeats: int) ->
     return rates
 
 
+class RawWire:
+    """A bare wire client: the handshake, then one request at a time, nothing else."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.ids = 0
+
+    @classmethod
+    async def connect(cls, address: str) -> RawWire:
+        from anyio.streams.buffered import BufferedByteStream
+
+        from xcecore import auth, wire
+
+        host, _, port = address.rpartition(":")
+        stream = BufferedByteStream(await anyio.connect_tcp(host, int(port)))
+        hello = await wire.read_message(stream)
+        await wire.write_message(stream, auth.client_answer(config(address).auth, "bench@raw", hello))
+        status = await wire.read_message(stream)
+        if status.get("ok") is not True:
+            raise RuntimeError(f"raw handshake refused: {status}")
+        return cls(stream)
+
+    async def call(self, op: str) -> Any:
+        from xcecore import wire
+
+        self.ids += 1
+        n = self.ids
+        await self.stream.send(wire.encode({"id": n, "op": op, "args": {}, "rid": f"raw-{n}"}))
+        while True:
+            msg = await wire.read_message(self.stream)
+            if msg.get("id") == n:
+                return msg["result"]
+
+
+async def _overhead(address: str, calls: int, repeats: int) -> dict[str, list[float]]:
+    """Per-call wall and CPU (µs) of the client and of a bare wire client, alternating."""
+    out: dict[str, list[float]] = {"client_wall_us": [], "raw_wall_us": [], "client_cpu_us": [],
+                                   "raw_cpu_us": []}
+    raw = await RawWire.connect(address)
+    async with Client(config(address), role="bench") as c:
+        await c.connect()
+        for _ in range(200):  # warm up both
+            await c.call("hello")
+            await raw.call("hello")
+        for _ in range(repeats):
+            for name, call in (("client", c.call), ("raw", raw.call)):
+                wall, cpu = time.perf_counter(), time.process_time()
+                for _ in range(calls):
+                    await call("hello")
+                out[f"{name}_wall_us"].append((time.perf_counter() - wall) / calls * 1e6)
+                out[f"{name}_cpu_us"].append((time.process_time() - cpu) / calls * 1e6)
+    await raw.stream.aclose()
+    return out
+
+
 def bench_throughput(calls: int, repeats: int) -> dict[str, Any]:
     with fake_controllers("primary") as [address]:
         seq = anyio.run(_throughput, address, calls, 1, repeats)
         pipe = anyio.run(_throughput, address, calls, 64, repeats)
         rtt = anyio.run(_latency, address, calls)
+        over = anyio.run(_overhead, address, calls // 2, repeats)
+    added = {k: statistics.median(over[f"client_{k}_us"]) - statistics.median(over[f"raw_{k}_us"])
+             for k in ("wall", "cpu")}
     return {"sequential_rps": summary(seq), "pipelined_64_rps": summary(pipe),
-            "sequential_call_us": summary(rtt), "calls_per_run": calls}
+            "sequential_call_us": summary(rtt), "calls_per_run": calls,
+            "vs_raw_wire": {k: summary(v) for k, v in over.items()},
+            "client_adds_us_median": added}
+
+
+# ------------------------------------------------------------------------- (d)
+async def _blocking(address: str, calls: int, threads: int, repeats: int) -> list[float]:
+    """Calls/s of ``SyncClient.call`` from ``threads`` threads on one running client."""
+    from anyio.from_thread import BlockingPortal
+
+    from xcecore.bridge import LoopBridge, StopEvent
+    from xcecore.client import SyncClient
+
+    bridge = LoopBridge()
+    bridge.bind()
+    rates = []
+    try:
+        async with Client(config(address), role="bench") as c, BlockingPortal() as portal:
+            await c.connect()
+            sync = SyncClient(c, portal, stop=StopEvent(bridge))
+
+            def work(n: int) -> None:
+                for _ in range(n):
+                    sync.call("hello")
+
+            await anyio.to_thread.run_sync(work, 200)  # warm up
+            per = calls // threads
+            for _ in range(repeats):
+                started = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for _ in range(threads):
+                        tg.start_soon(partial(anyio.to_thread.run_sync, work, per, limiter=None))
+                rates.append(per * threads / (time.perf_counter() - started))
+    finally:
+        bridge.unbind()
+    return rates
+
+
+def bench_blocking(calls: int, repeats: int) -> dict[str, Any]:
+    with fake_controllers("primary") as [address]:
+        one = anyio.run(_blocking, address, calls, 1, repeats)
+        eight = anyio.run(_blocking, address, calls, 8, repeats)
+    return {"one_thread_rps": summary(one), "eight_threads_rps": summary(eight),
+            "calls_per_run": calls}
 
 
 # ------------------------------------------------------------------------- (c)
@@ -157,7 +263,8 @@ def _fmt(d: dict[str, float], unit: str, scale: Callable[[float], str]) -> str:
 
 
 def write_markdown(res: dict[str, Any], path: Path) -> None:
-    a, b, c = res["post_call"], res["throughput"], res["redirect"]
+    a, b, c, d = res["post_call"], res["throughput"], res["redirect"], res["blocking"]
+    v = b["vs_raw_wire"]
     ns = lambda v: f"{v:.1f}"  # noqa: E731
     rps = lambda v: f"{v:,.0f}"  # noqa: E731
     ms = lambda v: f"{v:.2f}"  # noqa: E731
@@ -193,6 +300,21 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         "percentiles are over the per-run rates (the JSON also has min/max); the round-trip "
         "row is over every single call of one run.",
         "",
+        "What the client adds per call on top of a bare wire client (same fake, same op, "
+        "alternating runs; sequential):",
+        "",
+        "| per call | median | p90 | p99 | unit |",
+        "|---|---|---|---|---|",
+        f"| client, wall | {_fmt(v['client_wall_us'], 'µs', ns)} |",
+        f"| bare wire, wall | {_fmt(v['raw_wall_us'], 'µs', ns)} |",
+        f"| client, this process's CPU | {_fmt(v['client_cpu_us'], 'µs', ns)} |",
+        f"| bare wire, this process's CPU | {_fmt(v['raw_cpu_us'], 'µs', ns)} |",
+        "",
+        f"The client adds {b['client_adds_us_median']['wall']:.1f} µs of wall time and "
+        f"{b['client_adds_us_median']['cpu']:.1f} µs of CPU per call at the median (failover, "
+        "idempotency key, liveness, rejoin checks; CPU is the robust figure on a shared "
+        "machine).",
+        "",
         "## (c) connect latency: through a redirecting standby vs direct",
         "",
         "| path | median | p90 | p99 | unit |",
@@ -202,6 +324,16 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         "",
         f"A redirect costs {c['extra_ms_median']:.2f} ms more at the median (one extra TCP "
         "connect + handshake), and never a back-off sleep.",
+        "",
+        f"## (d) blocking facade: SyncClient calls/s ({d['calls_per_run']} calls per run)",
+        "",
+        "| threads | median | p90 | p99 | unit |",
+        "|---|---|---|---|---|",
+        f"| 1 | {_fmt(d['one_thread_rps'], 'req/s', rps)} |",
+        f"| 8 | {_fmt(d['eight_threads_rps'], 'req/s', rps)} |",
+        "",
+        "Each call hops onto the client's loop once (`call_soon_threadsafe`), runs as a task, "
+        "and the thread waits on one future; a role's stop abandons waiting calls at once.",
         "",
     ]
     path.write_text("\n".join(lines))
@@ -220,6 +352,7 @@ def main() -> None:
     res["post_call"] = bench_post_call(repeats=5 if q else 31, number=200_000 if q else 1_000_000)
     res["throughput"] = bench_throughput(calls=1_280 if q else 6_400, repeats=3 if q else 11)
     res["redirect"] = bench_redirect(repeats=20 if q else 200)
+    res["blocking"] = bench_blocking(calls=1_000 if q else 4_000, repeats=3 if q else 11)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "connection.json").write_text(json.dumps(res, indent=2) + "\n")
     write_markdown(res, RESULTS / "connection.md")

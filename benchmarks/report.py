@@ -41,6 +41,10 @@ OTHERS: dict[str, list[tuple[str, str, str]]] = {
         ("client calls/s, 64 in flight (median)", "throughput.pipelined_64_rps.median", "/s"),
         ("connect direct (median)", "redirect.direct_ms.median", "ms"),
         ("connect via a standby's redirect (median)", "redirect.via_standby_redirect_ms.median", "ms"),
+        ("client's CPU per call on top of a bare wire client (median)",
+         "throughput.client_adds_us_median.cpu", "us"),
+        ("blocking SyncClient calls/s, 1 thread (median)", "blocking.one_thread_rps.median", "/s"),
+        ("blocking SyncClient calls/s, 8 threads (median)", "blocking.eight_threads_rps.median", "/s"),
     ],
     "controller": [
         ("durable submits/s, sequential", "throughput.sequential_per_s", "/s"),
