@@ -421,6 +421,38 @@ def test_a_standby_with_a_live_watch_campaigns_when_the_leader_key_goes(
         assert not b.watched()
 
 
+def test_a_standby_tells_clients_it_takes_over_from_a_silent_primary(etcd_one: EtcdCluster) -> None:
+    """An idle primary beats (the beat key) while its loop runs; a standby whose watch sees
+    neither a commit nor a beat for a while says when it expects to take over (what a
+    client then waits for instead of dialing the silent primary), 0 once the leader key
+    is gone, and a fresh sign of life makes it name the primary again."""
+    with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
+        win(a)
+        primary = EtcdStore(a.client, a.settings, a)
+        primary.open()
+        standby = EtcdStore(b.client, b.settings, b)
+        with beating(a):
+            commit(primary, [job(1)])
+            assert standby.snapshot(100, 60.0, 0.0, lambda rid, ts: None) is not None
+            commit(primary, [job(2)])
+            wait_for(lambda: standby.wait_changed(0.5), 10, what="the watch's events")
+            assert b.watched() and b.current_primary() == "a"
+            assert b.takeover_in("a") is None  # it just saw a commit
+            assert b.takeover_in("somebody-else") is None
+            # idle: no commit, but the beats show the standby that a still renews
+            idle_from = time.monotonic()
+            wait_for(lambda: b._activity > idle_from + 0.3, 10, what="a beat while idle")
+        # a's loop stops (as if stopped or frozen): no beat, no renewal; b says so
+        eta = wait_for(lambda: b.takeover_in("a"), 10, interval=0.01, what="b's takeover estimate")
+        assert 0.05 <= eta <= 2.0
+        # etcd expires a's lease: the leader key goes, the watch sees it: under way (0)
+        wait_for(lambda: b.takeover_in(b.current_primary()) == 0.0 and b.current_primary() is None,
+                 10, interval=0.01, what="the leader key's deletion, seen by b's watch")
+        win(b)
+        assert b.takeover_in(None) == 0.0  # promoting (the controller asks standbys only)
+        standby.close()
+
+
 def test_a_standby_behind_the_compaction_reloads(etcd_one: EtcdCluster) -> None:
     with candidate(etcd_one, "a") as a, candidate(etcd_one, "b") as b:
         win(a)

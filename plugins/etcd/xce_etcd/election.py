@@ -49,12 +49,14 @@ from xce_etcd.client import (
     EtcdClient,
     EtcdError,
     EtcdUnavailable,
+    Event,
     OutcomeUnknown,
     absent,
     prefix_end,
     put_op,
     range_op,
 )
+from xce_etcd.layout import BEAT, CHAIN
 from xce_etcd.placement import LeaderPlacement
 from xce_etcd.settings import EtcdSettings
 
@@ -62,6 +64,10 @@ POLL = 0.02  # seconds between two campaigns of a waiting standby
 POLL_WATCHED = 0.2  # the same while its watch of the prefix is live (it wakes the campaign)
 CANDIDATES_REFRESH = 1.0  # seconds between two reads of the candidate list (for status)
 REVOKE_FOR = 3  # TTLs a candidate giving up keeps trying to revoke its lease (see _revoke)
+SILENT_AFTER = 0.7  # TTLs without a sign of the primary after which a standby says it takes over
+TAKEOVER_FOR = 2.5  # TTLs of silence after which, the leader key still there, it says so no more
+LESSOR_TICK = 0.5  # seconds between two of etcd's checks for expired leases (its lessor loop)
+MIN_ETA = 0.05  # the shortest wait a standby asks of a client while the primary is silent
 
 
 def _safe(address: str) -> str:
@@ -95,6 +101,11 @@ class EtcdElection:
         self._abandoned = threading.Event()
         self._wake = threading.Event()  # the leader key changed: campaign now
         self.watched: Callable[[], bool] = lambda: False  # a live watch calls wake (the store's)
+        self.beat_key = prefix + BEAT
+        self._chain_key = prefix + CHAIN
+        self.committed_at = 0.0  # monotonic: the store's last commit (a primary's sign of life)
+        self._activity = 0.0  # monotonic: a standby's watch last saw a sign of the primary
+        self._gone = False  # a standby saw the leader key deleted (and no new one yet)
         self._stop = threading.Event()
         self._mutex = threading.Lock()
         # While primary: keep etcd's raft leader off this host and send the write
@@ -119,6 +130,7 @@ class EtcdElection:
         while not self._stop.is_set():
             try:
                 self._renew()
+                self._beat(interval)
                 self._refresh()
             except (EtcdUnavailable, OutcomeUnknown, EtcdError) as exc:
                 now = time.monotonic()
@@ -152,6 +164,15 @@ class EtcdElection:
         with self._mutex:
             self._deadline = max(self._deadline, deadline) if self.lease else 0.0
 
+    def _beat(self, interval: float) -> None:
+        """While primary and idle: put the beat key (on the lease), the standbys' sign that
+        this primary still renews (a commit is one too: none while it commits anyway)."""
+        now = time.monotonic()
+        if not self._held or self._lost is not None or not self.live() or \
+                now - self._loop_beat > self.settings.lease_ttl / 2 or now - self.committed_at < interval:
+            return
+        self.client.put(self.beat_key, b"%d" % self.token, self.lease)
+
     def _refresh(self) -> None:
         state = self._state
         if state != self._registered and self.lease:
@@ -175,6 +196,7 @@ class EtcdElection:
             if not held:
                 if not self._held:
                     self._leader = got.value.decode(errors="replace") if got else None
+                    self._gone = got is None
             elif got is None or got.mod_revision != token:
                 # Deleted or replaced under a live lease (by hand?): the guard would fail at
                 # the next write; an idle primary must not keep answering as one meanwhile.
@@ -206,16 +228,18 @@ class EtcdElection:
         A read is answered without the log (a leader's heartbeat round confirms it)."""
         if not self.lease or not self.live():
             return False
-        try:
-            now = self.client.get(self.leader_key, timeout=self.settings.request_timeout)
-        except (EtcdUnavailable, EtcdError, OutcomeUnknown):
-            return False
-        if now is not None:
-            if now.lease == self.lease:  # an earlier campaign whose answer was lost
-                self._won(now.mod_revision)
-                return True
-            self._leader = now.value.decode(errors="replace")
-            return False
+        if not self._gone:  # (the watch saw the key deleted: no read, the transaction at once)
+            try:
+                now = self.client.get(self.leader_key, timeout=self.settings.request_timeout)
+            except (EtcdUnavailable, EtcdError, OutcomeUnknown):
+                return False
+            if now is not None:
+                if now.lease == self.lease:  # an earlier campaign whose answer was lost
+                    self._won(now.mod_revision)
+                    return True
+                self._leader = now.value.decode(errors="replace")
+                return False
+            self._gone, self._leader = True, None
         try:
             res = self.client.txn([absent(self.leader_key)],
                                   [put_op(self.leader_key, self.advertise.encode(), self.lease)],
@@ -231,13 +255,14 @@ class EtcdElection:
             self._won(kvs[0].mod_revision)
             return True
         self._leader = kvs[0].value.decode(errors="replace") if kvs else None
+        self._gone = not kvs
         return False
 
     def _won(self, revision: int) -> None:
         with self._mutex:
             self.token, self._held, self._lost = revision, True, None
             self._loop_beat = time.monotonic()
-            self._leader = self.advertise
+            self._leader, self._gone = self.advertise, False
         logger.info("controller {}: etcd: won the election (leader key revision {}, lease {:x}, "
                     "TTL {} s)", self.advertise, revision, self.lease, self.granted_ttl)
         self.placement.nudge()
@@ -260,6 +285,55 @@ class EtcdElection:
     def wake(self) -> None:
         """The leader key changed (a standby's watch saw it): campaign now."""
         self._wake.set()
+
+    def watch_events(self, events: list[Event]) -> None:
+        """A standby's watch of the prefix delivered ``events`` (empty: it was opened): note
+        the primary's signs of life (its commits, its beats, a new leader key) and the leader
+        key's deletion, and campaign at once when the leader key changed."""
+        now = time.monotonic()
+        if not events:  # (re)opened: silence counts from here, not from before it
+            self._activity = now
+            return
+        changed = False
+        for ev in events:
+            key = ev.key
+            if key == self._chain_key or (key == self.beat_key and not ev.deleted):
+                self._activity = now
+            elif key == self.leader_key:
+                changed = True
+                with self._mutex:
+                    if not self._held:
+                        self._leader = None if ev.deleted else ev.value.decode(errors="replace")
+                    self._gone = ev.deleted
+                if not ev.deleted:
+                    self._activity = now
+        if changed:
+            self._wake.set()
+
+    def takeover_in(self, primary: str | None) -> float | None:
+        """Seconds until this standby expects to take over from ``primary`` (what the
+        controller tells a client instead of naming it, :meth:`current_primary`): 0 while
+        the leader key is gone and it campaigns (or it won and promotes); while its live
+        watch has shown no sign of ``primary`` (a commit, a beat) for :data:`SILENT_AFTER`
+        TTLs, when etcd should expire its lease (at least :data:`MIN_ETA`): a primary that
+        stopped, froze or lost its host. A client then waits for this standby instead of
+        dialing the silent primary and timing out. None otherwise, and after
+        :data:`TAKEOVER_FOR` TTLs of silence with the leader key still there (the silence
+        was this standby's, not the primary's: name the primary again). Cheap: read-only."""
+        if self._held:
+            return 0.0 if self._lost is None else None
+        if not self.lease or not self.live():
+            return None  # this candidate cannot campaign now
+        if self._gone:
+            return 0.0
+        if primary is None or primary != self._leader or not self.watched():
+            return None
+        ttl = self.granted_ttl or self.settings.grant_ttl
+        now = time.monotonic()
+        silent = now - self._activity
+        if not SILENT_AFTER * ttl <= silent <= TAKEOVER_FOR * ttl:
+            return None
+        return max(MIN_ETA, self._activity + ttl + LESSOR_TICK / 2 - now)
 
     def abandon(self) -> None:
         """Make :meth:`wait` return False."""

@@ -37,10 +37,9 @@ class Watcher:
     """A thread that watches ``prefix`` from revision ``start`` and buffers the events."""
 
     def __init__(self, client: EtcdClient, prefix: bytes, start: int, who: str,
-                 watch_key: bytes = b"", on_key: Callable[[], None] | None = None) -> None:
+                 on_events: Callable[[list[Event]], None] | None = None) -> None:
         self.client = client
-        self.watch_key = watch_key  # a key whose every change calls on_key (the leader key)
-        self.on_key = on_key
+        self.on_events = on_events  # called with every response's events (the election's)
         self.live = False  # the stream is open (etcd answered its creation)
         self.prefix = prefix
         self.next = start  # the revision the watch continues from
@@ -60,8 +59,8 @@ class Watcher:
                     if self._stop.is_set():
                         return
                     self.live = True
-                    if self.on_key is not None and any(ev.key == self.watch_key for ev in events):
-                        self.on_key()
+                    if self.on_events is not None:  # (an empty list: the watch is open)
+                        self.on_events(events)
                     if events:
                         with self._cv:
                             self._events.extend(events)

@@ -3,6 +3,8 @@ a standby's follow read them)."""
 
 from __future__ import annotations
 
+CHAIN = b"/w"  # under the prefix: the last transaction's id (the store's chain key)
+BEAT = b"/beat"  # under the prefix: an idle primary's sign of life (the election's)
 JOB_DIGITS = 20  # a job's key is its id zero-padded, so etcd's key order is id order
 
 

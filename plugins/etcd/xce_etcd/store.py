@@ -83,7 +83,7 @@ from xce_etcd.client import (
 )
 from xce_etcd.election import EtcdElection
 from xce_etcd.follow import Watcher, delta_of, read_until
-from xce_etcd.layout import JOB_DIGITS, job_of, job_value, record_of
+from xce_etcd.layout import CHAIN, JOB_DIGITS, job_of, job_value, record_of
 from xce_etcd.settings import EtcdSettings
 
 _STOP = object()
@@ -156,7 +156,7 @@ class EtcdStore:
         self.state_prefix = prefix + b"/s/"
         self.idem_prefix = prefix + b"/i/"
         self.id_key = prefix + b"/store_id"
-        self.chain_key = prefix + b"/w"  # the last transaction's id: see _resolve
+        self.chain_key = prefix + CHAIN  # the last transaction's id: see _resolve
         self._chain_rev = 0  # its mod_revision as this primary last wrote or read it
         self._batches = 0
         self.resolved = 0  # unknown outcomes resolved without giving up (tests read it)
@@ -337,8 +337,7 @@ class EtcdStore:
     def _watcher_now(self) -> Watcher:
         if self._watcher is None:
             self._watcher = Watcher(self.client, self.cluster_prefix, self._follow_from,
-                                    self.election.advertise, self.election.leader_key,
-                                    self.election.wake)
+                                    self.election.advertise, self.election.watch_events)
         return self._watcher
 
     def _watch_live(self) -> bool:
@@ -592,6 +591,7 @@ class EtcdStore:
                 return None
             self.revision = res.revision
             self.commits += 1
+            self.election.committed_at = time.monotonic()  # (the standbys saw it: no beat)
             for w in writes:
                 if w.expire_before is not None:  # housekeeping (removal records: none here)
                     self._expire(w.expire_before)
