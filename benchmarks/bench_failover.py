@@ -10,7 +10,9 @@ Run from the repository root::
     python benchmarks/bench_failover.py --backend etcd --fault poweroff|freeze [--kills 12]  (root)
 
 ``--backend etcd`` runs the candidates on the etcd backend (plugins/etcd) over a real
-three-member etcd on loopback (the tuned flags of the operator's guide, lease TTL 1 s);
+three-member etcd on loopback (the tuned flags of the operator's guide, lease TTL 1 s, and
+the writer's ``[client] liveness_timeout`` 1 s, as the guide advises with that TTL: a
+primary silent for a TTL has lost its lease, so a client waiting longer only waits);
 there a stopped primary is not fenced by a signal: its lease expires and a standby wins the
 election (the stopped process is then SIGKILLed by the benchmark before its restart).
 
@@ -391,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                          "poweroff, freeze: the primary's host on the fault test bed (--backend etcd)")
     ap.add_argument("--hung-timeout", type=float, default=2.0, help="[controller] hung_timeout")
     ap.add_argument("--liveness", type=float, default=None,
-                    help="the writer's [client] liveness_timeout (default: the cluster's 1.5 s)")
+                    help="the writer's [client] liveness_timeout (default: the cluster's 1.5 s; "
+                         "with --backend etcd, the lease TTL, 1 s)")
     ap.add_argument("--auth", choices=("key", "munge"), default="key",
                     help="the cluster's authentication (munge: a real munged, run here)")
     ap.add_argument("--tls", action="store_true",
@@ -415,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend != "file":
         part += f"-{args.backend}"
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    if args.liveness is None and args.backend == "etcd":
+        from xce_etcd.testing import CLIENT_LIVENESS
+
+        args.liveness = CLIENT_LIVENESS  # (the bed's clients have it too: MultiHostCluster)
     if args.fault in BED_FAULTS:
         if args.backend != "etcd":
             ap.error(f"--fault {args.fault} needs --backend etcd (the fault test bed's hosts)")

@@ -207,6 +207,11 @@ def etcd_config(endpoints: list[str], prefix: str = "/xce", **keys: Any) -> str:
     return f'[etcd]\nendpoints = [{urls}]\nprefix = "{prefix}"\n{extra}'
 
 
+CLIENT_LIVENESS = 1.0
+"""The clients' ``[client] liveness_timeout`` with a 1 s lease (docs/operator.md): a primary
+silent for a lease TTL has lost its lease, so a client waiting for it longer only waits."""
+
+
 class MultiHostCluster(LocalCluster):
     """Candidates one per host (``hosts``: (address, network namespace, state dir)), backend etcd.
 
@@ -219,6 +224,15 @@ class MultiHostCluster(LocalCluster):
         extra = f'[controller]\nbackend = "etcd"\n{controller_extra}{etcd_text}{kw.pop("extra_config", "")}'
         super().__init__(root, len(hosts), ports=[7600] * len(hosts), host=hosts[0][0],
                          netns=hosts[0][1], state=hosts[0][2], extra_config=extra, **kw)
+
+    def config_text(self) -> str:
+        """The test cluster's config, with the clients' liveness of a 1 s lease."""
+        text = super().config_text()
+        line = "liveness_timeout = 1.5\n"
+        if line not in text:
+            raise RuntimeError("xcecore.testing.cluster's [client] table changed: set "
+                               "CLIENT_LIVENESS another way")
+        return text.replace(line, f"liveness_timeout = {CLIENT_LIVENESS}\n", 1)
 
     @property
     def peers(self) -> str:
