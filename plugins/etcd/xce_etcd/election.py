@@ -30,6 +30,14 @@ expires its lease, about one TTL later; a graceful stop revokes the lease and th
 (or the watch) wins, and so does a primary giving the role up (past its deadline, its
 guard failed): it retries the revocation while etcd does not answer (during an etcd
 election, after which etcd would renew the lease by a whole TTL and more).
+
+What a standby tells clients (:meth:`takeover_in`): an idle primary puts ``<prefix>/beat``
+on its lease at each renewal while its loop runs (none while it commits: a commit is a sign
+of life too); a hot standby's watch notes both (:meth:`watch_events`). After
+:data:`SILENT_AFTER` TTLs without either, the standby stops naming the primary to clients and
+says when it expects to take over, so a client whose link to a stopped, frozen or powered-off
+primary went silent waits for the standby instead of dialing the silent primary (a connect
+timeout). This is no fencing and decides nothing: the leader key's revision does that.
 """
 
 from __future__ import annotations
