@@ -302,21 +302,20 @@ class EtcdElection:
         if not events:  # (re)opened: silence counts from here, not from before it
             self._activity = now
             return
-        changed = False
+        keys = [ev.key for ev in events]  # (a standby's hot path: list scans in C, no loop)
+        if self._chain_key in keys or self.beat_key in keys:  # (a beat's delete: the lease went,
+            self._activity = now  # and the leader key's delete comes with it)
+        if self.leader_key not in keys:
+            return
         for ev in events:
-            key = ev.key
-            if key == self._chain_key or (key == self.beat_key and not ev.deleted):
-                self._activity = now
-            elif key == self.leader_key:
-                changed = True
+            if ev.key == self.leader_key:
                 with self._mutex:
                     if not self._held:
                         self._leader = None if ev.deleted else ev.value.decode(errors="replace")
                     self._gone = ev.deleted
                 if not ev.deleted:
                     self._activity = now
-        if changed:
-            self._wake.set()
+        self._wake.set()
 
     def takeover_in(self, primary: str | None) -> float | None:
         """Seconds until this standby expects to take over from ``primary`` (what the
