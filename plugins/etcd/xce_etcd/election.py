@@ -203,7 +203,7 @@ class EtcdElection:
             got = self.client.get(self.leader_key)
             if not held:
                 if not self._held:
-                    self._leader = got.value.decode(errors="replace") if got else None
+                    self._name_leader(got.value.decode(errors="replace") if got else None)
                     self._gone = got is None
             elif got is None or got.mod_revision != token:
                 # Deleted or replaced under a live lease (by hand?): the guard would fail at
@@ -245,7 +245,7 @@ class EtcdElection:
                 if now.lease == self.lease:  # an earlier campaign whose answer was lost
                     self._won(now.mod_revision)
                     return True
-                self._leader = now.value.decode(errors="replace")
+                self._name_leader(now.value.decode(errors="replace"))
                 return False
             self._gone, self._leader = True, None
         try:
@@ -262,9 +262,16 @@ class EtcdElection:
         if kvs and kvs[0].lease == self.lease:  # an earlier campaign whose answer was lost
             self._won(kvs[0].mod_revision)
             return True
-        self._leader = kvs[0].value.decode(errors="replace") if kvs else None
+        self._name_leader(kvs[0].value.decode(errors="replace") if kvs else None)
         self._gone = not kvs
         return False
+
+    def _name_leader(self, leader: str | None) -> None:
+        """A standby learnt who leads: another primary than the one it knew is a sign of
+        life (the silence :meth:`takeover_in` measures is the new one's, from now)."""
+        if leader is not None and leader != self._leader:
+            self._activity = time.monotonic()
+        self._leader = leader
 
     def _won(self, revision: int) -> None:
         with self._mutex:
@@ -311,9 +318,9 @@ class EtcdElection:
             if ev.key == self.leader_key:
                 with self._mutex:
                     if not self._held:
-                        self._leader = None if ev.deleted else ev.value.decode(errors="replace")
+                        self._name_leader(None if ev.deleted else ev.value.decode(errors="replace"))
                     self._gone = ev.deleted
-                if not ev.deleted:
+                if not ev.deleted:  # (a new leader key: a sign of life, whoever wrote it)
                     self._activity = now
         self._wake.set()
 
