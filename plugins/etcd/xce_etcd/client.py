@@ -381,12 +381,12 @@ class EtcdClient:
                 return out, revision
             start = kvs[-1].key + b"\0"
 
-    def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
+    def put(self, key: bytes, value: bytes, lease: int = 0, timeout: float | None = None) -> int:
         """Put one key; the revision it got."""
         body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
         if lease:
             body["lease"] = str(lease)
-        data = self.post("/v3/kv/put", body)
+        data = self.post("/v3/kv/put", body, timeout)
         return int(data.get("header", {}).get("revision", 0))
 
     def txn(self, compare: list[Compare], success: list[Op], failure: list[Op] | None = None,

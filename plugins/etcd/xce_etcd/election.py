@@ -136,9 +136,9 @@ class EtcdElection:
         interval = self.settings.lease_ttl / 4
         complained = 0.0
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 self._renew()
-                self._beat(interval)
                 self._refresh()
             except (EtcdUnavailable, OutcomeUnknown, EtcdError) as exc:
                 now = time.monotonic()
@@ -148,7 +148,9 @@ class EtcdElection:
                                    "({}); retrying every {:g} s{}", self.advertise, exc, interval,
                                    "; as primary it stops acknowledging at its deadline"
                                    if self._held else "")
-            self._stop.wait(interval)
+            self._beat(interval)
+            # (from the start of this round: a slow read or beat never delays the next renewal)
+            self._stop.wait(max(0.0, started + interval - time.monotonic()))
 
     def _renew(self) -> None:
         ttl = self.settings.grant_ttl
@@ -179,7 +181,10 @@ class EtcdElection:
         if not self._held or self._lost is not None or not self.live() or \
                 now - self._loop_beat > self.settings.lease_ttl / 2 or now - self.committed_at < interval:
             return
-        self.client.put(self.beat_key, b"%d" % self.token, self.lease)
+        # Bounded (the next renewal waits for it); a beat missed only makes the standbys tell
+        # clients to wait for them sooner, and is no fault of the lease's.
+        with contextlib.suppress(EtcdUnavailable, OutcomeUnknown, EtcdError):
+            self.client.put(self.beat_key, b"%d" % self.token, self.lease, timeout=interval / 2)
 
     def _refresh(self) -> None:
         state = self._state
