@@ -25,6 +25,12 @@ Members (branch ``scale-members``):
   simulated hosts, a real scheduler and controller: activation -> the last job RUN (target
   <= 2 s), and the picker's CPU per full cycle (its status file); ``--in-state N``: with N
   parked jobs in state besides (the 10,000 wait in queue ``normal``, inactive meanwhile).
+  CPU of each process from right before the activation (the observer has synced) to the last
+  RUN, and the controller's plus the scheduler's per job (what a real cluster spends on their
+  hosts: the simulated hosts stand for 1,000 other machines). ``--sim-nice N`` runs the
+  simulated hosts niced (all of their work still done, heartbeats included, on whatever
+  CPU the controller and scheduler leave): the wall time of a cluster whose workers are
+  elsewhere; the default (0) lets them compete for the two cores.
   ``XCE_SCALE_PROFILE=DIR``: py-spy samples each of its processes over the dispatch (collapsed
   stacks in DIR, to read; a profiled run's figures are not the benchmark's).
 - ``apiserver``: a real API server with N jobs (``--sizes 0,...``: 0 is an empty cluster):
@@ -66,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -404,10 +411,14 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
                 bench.start()
             per = nhosts // 2
             for k in range(2):
+                # --sim-nice: the simulated hosts stand for 1,000 other machines; niced, they
+                # still do all of a worker's work, but take the two cores only when the
+                # controller and the scheduler leave them (as if on hosts of their own).
                 sims.append(subprocess.Popen(
                     [sys.executable, str(Path(__file__).parent / "simworkers.py"), "--config",
                      str(bench.cluster.config_path), "--first", str(k * per), "--count", str(per),
-                     "--prefix", "dh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+                     "--prefix", "dh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    preexec_fn=(lambda: os.nice(args.sim_nice)) if args.sim_nice else None))
             for p in sims:
                 assert p.stdout is not None
                 line = p.stdout.readline().decode()
@@ -428,11 +439,13 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
                     "scheduler": bench.roles["scheduler"].pid,
                     "simworkers": [p.pid for p in sims]}
             profilers = _start_profilers(pids, trial)
-            before = _cpu_of(pids)
+            before: dict[str, float] = {}
+            # Taken right before the activation (the observer has synced by then).
+            start_clock = functools.partial(_cpu_into, before, pids)
             if in_state:
-                last, running = _activate_and_poll(bench, queue, njobs)
+                last, running = _activate_and_poll(bench, queue, njobs, start_clock)
             else:
-                last, running = _activate_and_watch(bench, queue, njobs)
+                last, running = _activate_and_watch(bench, queue, njobs, start_clock)
             during = {k: round(v - before[k], 3) for k, v in _cpu_of(pids).items()}
             _stop_profilers(profilers)
             status = json.loads((root / "scheduler.status").read_text())
@@ -444,6 +457,10 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
                          "dispatch_calls": status.get("batches"),
                          "scheduler_cpu_s": cpu,
                          "cpu_during_dispatch_s": during,
+                         # what a real cluster spends on the controller's and scheduler's hosts
+                         "cpu_ctl_sched_per_job_ms": round(
+                             (during["controller"] + during["scheduler"]) * 1000 / njobs, 4),
+                         "sim_nice": args.sim_nice,
                          "cpu_per_full_cycle_ms": round(cpu * 1000 / full, 2)})
             log(PART, f"dispatch trial {trial}: {runs[-1]}")
         finally:
@@ -491,9 +508,11 @@ def _stop_profilers(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait(30)
 
 
-def _activate_and_watch(bench: BenchCluster, queue: str, njobs: int) -> tuple[float, int]:
+def _activate_and_watch(bench: BenchCluster, queue: str, njobs: int,
+                        start_clock: Callable[[], None]) -> tuple[float, int]:
     """Activate ``queue``; (s from it to the last push showing a job RUN, jobs RUN), as a
-    joined observer sees them (every push: only for a state without other jobs)."""
+    joined observer sees them (every push: only for a state without other jobs).
+    ``start_clock`` runs right before the activation, once the observer has synced."""
     from benchkit import JobWatcher
 
     from xcecore.client import SyncClient
@@ -504,6 +523,7 @@ def _activate_and_watch(bench: BenchCluster, queue: str, njobs: int) -> tuple[fl
             SyncClient.open(bench.client_config("apiserver@scale"), role="apiserver") as front:
         watch.join()
         time.sleep(1.0)
+        start_clock()
         t0 = time.time()
         front.call("queuectrl", {"queue": queue, "action": "activate", "user": BENCH_USER})
         deadline = time.monotonic() + 300
@@ -516,7 +536,8 @@ def _activate_and_watch(bench: BenchCluster, queue: str, njobs: int) -> tuple[fl
     return last - t0, sum(1 for s in seen if "RUN" in s)
 
 
-def _activate_and_poll(bench: BenchCluster, queue: str, njobs: int) -> tuple[float, int]:
+def _activate_and_poll(bench: BenchCluster, queue: str, njobs: int,
+                       start_clock: Callable[[], None]) -> tuple[float, int]:
     """Activate ``queue``; (s from it until none of its jobs is unfinished but not RUN, jobs
     RUN): polled with one-job ``jobinfo`` pages every 20 ms (an observer joined to a state of
     a million jobs would spend minutes on its sync)."""
@@ -525,6 +546,7 @@ def _activate_and_poll(bench: BenchCluster, queue: str, njobs: int) -> tuple[flo
 
     waiting = sorted(s for s in UNFINISHED if s != "RUN")
     with SyncClient.open(bench.client_config("apiserver@scale"), role="apiserver") as front:
+        start_clock()
         t0 = time.time()
         front.call("queuectrl", {"queue": queue, "action": "activate", "user": BENCH_USER})
         deadline = time.monotonic() + 300
@@ -548,6 +570,11 @@ def _cpu_of(pids: dict[str, Any]) -> dict[str, float]:
     """CPU seconds so far of each named pid (a list of pids: their sum)."""
     return {name: sum(_cpu_seconds(p) for p in (pid if isinstance(pid, list) else [pid]))
             for name, pid in pids.items()}
+
+
+def _cpu_into(into: dict[str, float], pids: dict[str, Any]) -> None:
+    """:func:`_cpu_of` into ``into`` (a clock started from a callback)."""
+    into.update(_cpu_of(pids))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -1334,6 +1361,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes, few trials")
     ap.add_argument("--in-state", type=int, default=0,
                     help="scheduler_dispatch: with this many parked jobs in state (a copy of the fill)")
+    ap.add_argument("--sim-nice", type=int, default=0,
+                    help="scheduler_dispatch: run the simulated hosts at this nice value (they "
+                         "stand for other machines: niced, they take the cores only when the "
+                         "controller and scheduler leave them; default 0)")
     heap = ap.add_mutually_exclusive_group()
     heap.add_argument("--huge-pages", action="store_true",
                       help="controller candidates with XCE_CONTROLLER_HUGEPAGES=1 (docs/operator.md)")
