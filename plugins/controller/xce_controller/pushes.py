@@ -41,6 +41,8 @@ _LEN = struct.Struct(">I")
 _FLUSH_BYTES = 1 << 20  # the most the writer gathers into one send
 _SLICE = 256 * 1024  # the most one timed send carries (the stall bound is per slice)
 _PUSH_OVERHEAD = 48  # bytes of a push frame around its event name and data (about)
+_EVENT_JSON: dict[str, bytes] = {}  # push event name -> its JSON (the names are the controller's)
+_EVENT_JSON_MAX = 256  # a bound all the same
 
 ErrorFrame = Callable[[Any], bytes]
 """Builds the frame a reply becomes when its gate fails, from the reason (an error, or the
@@ -212,13 +214,21 @@ class Outbox:
         if self.queued_pushes >= lim.max_pushes:
             self.overflow = f"{self.queued_pushes} unsent pushes (max_subscriber_queue {lim.max_pushes})"
             return False
-        if self.unsent and self.unsent + size > lim.max_bytes:
+        unsent = self._unsent
+        if unsent and unsent + size > lim.max_bytes:
             # An empty box takes any one push, so a member's own (large) state always fits.
-            self.overflow = (f"{self.unsent + size} bytes unsent "
+            self.overflow = (f"{unsent + size} bytes unsent "
                              f"(max_unsent_bytes {lim.max_bytes})")
             return False
         item = _Item(data_json, gate, True, size)
-        item.event = orjson.dumps(event)
+        # A dispatch batch pushes thousands of records under a handful of names: each name's
+        # JSON is made once per process, not once per push.
+        name = _EVENT_JSON.get(event)
+        if name is None:
+            name = orjson.dumps(event)
+            if len(_EVENT_JSON) < _EVENT_JSON_MAX:
+                _EVENT_JSON[event] = name
+        item.event = name
         if gate is not None and not gate.is_open():
             if gate.waiters is None:
                 gate.waiters = set()
@@ -239,7 +249,8 @@ class Outbox:
         return data
 
     def _put(self, item: _Item) -> None:
-        self.unsent += item.size
+        self._unsent += item.size  # the unsent setter's two sums, without its call
+        self.total.value += item.size
         gate = item.gate
         if (self.queued_pushes + self.queued_replies == 1 and not self._busy
                 and (gate is None or gate.is_open())):
