@@ -473,7 +473,10 @@ def scheduler_dispatch(args: argparse.Namespace) -> dict[str, Any]:
                 shutil.rmtree(root, ignore_errors=True)
     out = {"runs": runs, "activate_to_last_run_s": stats([r["activate_to_last_run_s"] for r in runs]),
            "target_s": 2.0}
-    return {f"in_state_{in_state}": out} if in_state else out
+    # Variants live beside the plain run's figures (a merge keeps the others).
+    if in_state:
+        return {f"in_state_{in_state}": out}
+    return {f"sim_nice_{args.sim_nice}": out} if args.sim_nice else out
 
 
 def _start_profilers(pids: dict[str, Any], trial: int) -> list[subprocess.Popen[bytes]]:

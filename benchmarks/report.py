@@ -738,13 +738,18 @@ def scale_member_rows(res: dict[str, Any]) -> list[str]:
                   "onto 1,000 simulated hosts (`simworkers.py`), a real controller and scheduler; "
                   "activation of their queue -> the last job RUN. CPU: each process's over that "
                   "window (on a shared machine the wall time also waits for other work); per job: "
-                  "all three's CPU over the jobs; calls: the scheduler's `jobdispatch_many` "
-                  "batches (runs measured before batching: one `jobdispatch` per job).", "",
+                  "all three's CPU over the jobs, and the controller's plus the scheduler's alone "
+                  "(what the cluster spends on their hosts: the simulated hosts stand for 1,000 "
+                  "other machines); calls: the scheduler's `jobdispatch_many` batches (runs "
+                  "measured before batching: one `jobdispatch` per job); nice: the simulated "
+                  "hosts' (`--sim-nice`).", "",
                   "| jobs in state besides | activation -> last RUN (s, p50) | runs | CPU controller / "
-                  "scheduler / simulated hosts (s, last run) | CPU per job (ms) | dispatch calls | "
-                  "aim |", "|---|---|---|---|---|---|---|"]
+                  "scheduler / simulated hosts (s, last run) | CPU per job (ms) | controller + "
+                  "scheduler CPU per job (ms, p50) | dispatch calls | nice | aim |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         parts = [("0", sd)] + [(k.removeprefix("in_state_"), v) for k, v in sd.items()
                                 if k.startswith("in_state_") and isinstance(v, dict)]
+        parts += [("0", v) for k, v in sd.items() if k.startswith("sim_nice_") and isinstance(v, dict)]
         for size, v in parts:
             runs = v.get("runs") or []
             if not runs:
@@ -755,9 +760,12 @@ def scale_member_rows(res: dict[str, Any]) -> list[str]:
             per_job = (fmt(sum(cpu.values()) * 1000 / last["jobs"], 3)
                        if cpu and last.get("jobs") else "—")
             calls = last.get("dispatch_calls")
+            own = sorted(r["cpu_ctl_sched_per_job_ms"] for r in runs if "cpu_ctl_sched_per_job_ms" in r)
+            own_p50 = fmt(own[len(own) // 2], 3) if own else "—"
             lines.append(f"| {int(size):,} | {fmt(v['activate_to_last_run_s'].get('p50'), 2)} | "
                          f"{len(runs)} | {cells if cpu else 'not measured'} | {per_job} | "
-                         f"{fmt(calls, 0) if calls is not None else '—'} | ≤ 2 s |")
+                         f"{own_p50} | {fmt(calls, 0) if calls is not None else '—'} | "
+                         f"{last.get('sim_nice', 0)} | ≤ 2 s |")
     mj = res.get("member_join")
     if isinstance(mj, dict):
         lines += ["", "Member join (`--only member_join`): each role's join -> its replica's sync "
