@@ -111,3 +111,18 @@ def test_unknown_uid_is_refused_and_names_are_the_servers() -> None:
     assert err.value.reason == "unknown_uid"
     users.pin(2**31 - 11, "owner")
     assert users.name(2**31 - 11) == "owner"
+
+
+def test_the_mac_is_hmac_sha256_and_its_constructor_is_found_once() -> None:
+    # The hand-written HMAC equals the standard one (short and over-long keys), and the
+    # constructor is looked up once: a failing import (``_sha2`` before 3.12) is not cached
+    # by Python and cost a sys.path search per handshake.
+    import hashlib
+    import hmac
+
+    from xcecore.auth import key
+
+    for k in (b"k", b"x" * 100, None):
+        want = hmac.new(k or b"", b"c0ffee" + b"worker@h1", hashlib.sha256).hexdigest()
+        assert key.compute_mac(k, "c0ffee", "worker@h1") == want
+    assert key.sha256_constructor() is key.sha256_constructor() is key._sha256

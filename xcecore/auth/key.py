@@ -27,10 +27,20 @@ _INNER = bytes(x ^ 0x36 for x in range(256))
 _OUTER = bytes(x ^ 0x5C for x in range(256))
 
 
+_sha256: Any = None  # the constructor, found once (see sha256_constructor)
+
+
 def sha256_constructor() -> Any:
     """SHA-256's constructor: CPython's built-in one where it has it (``_sha2`` from 3.12,
     ``_sha256`` before), since ``hashlib`` initialises OpenSSL on import -- a few ms of every
-    one-shot command's start-up -- and else ``hashlib``'s."""
+    one-shot command's start-up -- and else ``hashlib``'s.
+
+    Found once and kept: an import that fails (``_sha2`` on 3.11) is not cached by Python and
+    searches every ``sys.path`` entry again, which a controller did for every handshake (about
+    10 % of its CPU in a join storm of 10,000 workers)."""
+    global _sha256
+    if _sha256 is not None:
+        return _sha256
     try:
         from _sha2 import sha256  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
@@ -38,6 +48,7 @@ def sha256_constructor() -> Any:
             from _sha256 import sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
         except ImportError:
             from hashlib import sha256
+    _sha256 = sha256
     return sha256
 
 
