@@ -734,3 +734,27 @@ def test_a_word_exclusive_elsewhere_in_the_submission_changes_nothing() -> None:
     j = int(st.submit({"command": 'echo "exclusive":true', "user": "alice", "name": "exclusive",
                        "exclusive": False}, T0).result["jobid"])
     st.dispatch(j, [{"host": "n1", "ntasks": 1}], False)  # not exclusive: shares n1
+
+
+def test_the_default_heartbeat_keeps_host_failure_detection_within_host_timeout() -> None:
+    # The default cadence must leave many beats per default host_timeout (a late beat or two
+    # never marks a live host unavail), and a silent host is unavail exactly once its last
+    # beat is host_timeout old, whatever the cadence (docs/operator.md, "Tuning failover").
+    from xce_controller.settings import HOST_TIMEOUT
+    from xcecore.client.settings import CLIENT_KEYS
+
+    beat = CLIENT_KEYS["heartbeat_interval"][1]
+    assert 0 < beat and HOST_TIMEOUT / beat >= 10
+    st = new_state()
+    assert st.conf.host_timeout == HOST_TIMEOUT
+    st.join_worker({"hname": "h1", "ncpus": 4}, T0)
+    t = T0
+    while t + beat < T0 + 3 * HOST_TIMEOUT:  # beating at the default cadence: never unavail
+        t += beat
+        st.heartbeat("h1", t)
+        assert not st.expire_hosts(t).rows and st.hosts["h1"]["available"]
+    last = t
+    assert not st.expire_hosts(last + HOST_TIMEOUT - 0.01).rows
+    ch = st.expire_hosts(last + HOST_TIMEOUT + 0.01)
+    assert [r[1] for r in ch.rows if r[0] == "hosts"] == ["h1"]
+    assert st.hosts["h1"]["state"] == "unavail"

@@ -36,7 +36,8 @@ _F: tuple[type, ...] = (float, int)
 CLIENT_KEYS: dict[str, KeySpec] = {
     "connect_timeout": (_F, 1.0, "seconds per candidate for connect + handshake"),
     "liveness_timeout": (_F, 2.0, "seconds without a frame before a link is dead"),
-    "heartbeat_interval": (_F, 0.5, "seconds between a member's heartbeats (0: none)"),
+    "heartbeat_interval": (_F, 2.0, "seconds between a member's heartbeats (0: none); an idle "
+                           "member notices a silent primary within this plus liveness_timeout"),
     "backoff_base": (_F, 0.02, "first back-off after a failed pass, seconds"),
     "backoff_cap": (_F, 2.0, "largest back-off, seconds"),
 }
