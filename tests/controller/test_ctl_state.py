@@ -741,10 +741,11 @@ def test_the_default_heartbeat_keeps_host_failure_detection_within_host_timeout(
     # never marks a live host unavail), and a silent host is unavail exactly once its last
     # beat is host_timeout old, whatever the cadence (docs/operator.md, "Tuning failover").
     from xce_controller.settings import HOST_TIMEOUT
+
     from xcecore.client.settings import CLIENT_KEYS
 
     beat = CLIENT_KEYS["heartbeat_interval"][1]
-    assert 0 < beat and HOST_TIMEOUT / beat >= 10
+    assert beat > 0 and HOST_TIMEOUT / beat >= 10
     st = new_state()
     assert st.conf.host_timeout == HOST_TIMEOUT
     st.join_worker({"hname": "h1", "ncpus": 4}, T0)
