@@ -210,6 +210,7 @@ def run_size(n: int, nprocs: int, root: Path, window: float, spread: float,
             }
     finally:
         res["handshakes_abandoned"] = _abandoned_handshakes(bc)
+        res["primaries_fenced"] = _fences(bc)
         bc.close()  # the controller side closes first (its TIME_WAITs, not the clients' ports)
         for s in sims:
             try:
@@ -236,6 +237,18 @@ def _abandoned_handshakes(bc: BenchCluster) -> dict[str, int]:
         text = proc.text()
         reported = sum(int(m) for m in re.findall(r"(\d+) client\(s\) closed the connection before", text))
         out[f"candidate{i}"] = reported + text.count("bad handshake from") + text.count("timed out; closing")
+    return out
+
+
+def _fences(bc: BenchCluster) -> list[str]:
+    """Every "fenced the primary" line the candidates logged (the benchmark kills a primary
+    itself only with SIGKILL, never by fencing): a standby took a primary whose event loop did
+    not beat for ``hung_timeout`` for hung. On a machine the simulators saturate, that is
+    how a storm fails: the busy primary is fenced, the next one gets the same storm."""
+    out = []
+    for i, proc in bc.cluster.candidates.items():
+        out += [f"candidate{i}: " + line.partition("| ")[2][:200]
+                for line in proc.text().splitlines() if "fenced the primary" in line]
     return out
 
 
