@@ -63,6 +63,7 @@ from xce_apiserver.lean import (
     add_lean_route,
     document_models,
     header_parameter,
+    install_dispatch,
     json_body,
     path_parameter,
     query_parameters,
@@ -299,6 +300,7 @@ def create_app(
         redoc_url=None,
     )
     mount_docs(app, PREFIX, f"{PREFIX}/openapi.json", "xce")
+    install_dispatch(app)  # first: the innermost middleware, inside every other
     app.add_middleware(BodyLimit, max_bytes=max_body)
     gate = WriteGate()  # listings give way to the writes in flight (xce_apiserver.listing)
     app.add_middleware(WritesFirst, gate=gate)
