@@ -272,6 +272,20 @@ def test_expiry_looks_only_at_due_hosts() -> None:
     assert len(st.seen) == 99  # looked at (and dropped) what was due, kept the rest
 
 
+def test_a_storm_of_expiries_is_taken_in_bounded_steps() -> None:
+    # Thousands of hosts due at once (a join storm delayed their heartbeats): each call looks
+    # at most ``most`` of them and says whether more may be due; the controller's expiry loop
+    # takes one step per loop pass.
+    st = with_hosts(new_state(), *(f"n{i}" for i in range(250)))
+    steps = []
+    while True:
+        ch = st.expire_hosts(T0 + 31, most=100)
+        steps.append(len(rows_of(ch, "hosts")))
+        if not st.expiry_more:
+            break
+    assert steps == [100, 100, 50] and not any(h["available"] for h in st.hosts.values())
+
+
 def test_closing_a_host_and_resource_values() -> None:
     st = with_hosts(new_state(), "n1")
     ch = st.host_control("n1", "close", "disk")

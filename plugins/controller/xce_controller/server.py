@@ -66,7 +66,7 @@ from xce_controller.pushes import (
 from xce_controller.ridfilter import RidFilter
 from xce_controller.settings import ControllerSettings, parse_listen
 from xce_controller.standby import Follower, clean_width, load_rest
-from xce_controller.state import Changes, ClusterState, Event
+from xce_controller.state import EXPIRE_BATCH, Changes, ClusterState, Event
 from xce_controller.storage import Inflight, StorageGuard
 from xce_controller.store import KINDS, Row, SQLiteStore, Write
 from xce_controller.subscribe import Subscription
@@ -86,6 +86,7 @@ CLEAN_BATCH = 5000  # most finished jobs one cleaner pass removes
 HOUSEKEEPING_INTERVAL = 5.0  # seconds between two store housekeeping writes
 RECENT_SECONDS = 30.0  # how long a result committed during a store lookup is kept for it
 SWEEP_PARTS = 16  # idempotency-filter partitions swept per host-expiry pass
+EXPIRE_STEPS = 10  # host-expiry steps (EXPIRE_BATCH hosts each, a loop pass each) per period
 ACCEPT_BATCH = 512  # most connections accepted per wake-up of the accept loop
 AUTH_THREADS = 16  # handshakes verifying a blocking credential (munge) at once
 ABANDONED_REPORT_INTERVAL = 5.0  # seconds between reports of handshakes clients gave up on
@@ -734,25 +735,37 @@ class Controller:
         while True:
             await anyio.sleep(period)
             if self.storage.writable():  # a host that cannot be marked durably stays as it is
-                ch = self.state.expire_hosts(now())
-                lost = [row[1] for row in ch.rows if row[0] == "jobs"]
-                for row in ch.rows:
-                    if row[0] == "hosts":
-                        logger.warning(
-                            "controller {}: host {} sent no heartbeat for {:g} s; marked "
-                            "unavail (its worker's re-join makes it ok again)",
-                            self.address, row[1], self.settings.conf.host_timeout)
-                if lost:
-                    logger.warning(
-                        "controller {}: job(s) {} on unavail hosts are UNKWN: RUN again when "
-                        "their worker re-joins with them alive, else {} after {:g} s",
-                        self.address, ", ".join(map(str, lost[:20])) + (" ..." if len(lost) > 20 else ""),
-                        self.settings.conf.lost_job_action, self.settings.conf.lost_job_timeout)
-                self.apply_internal(ch, "expire hosts")
+                # In bounded steps, each its own loop pass: when a join storm delays thousands
+                # of heartbeats at once, one pass over all of them held the loop long enough
+                # for the standbys to fence this primary as hung (then the next one).
+                for _ in range(EXPIRE_STEPS):
+                    if not self._expire_host_step():
+                        break
+                    await anyio.lowlevel.checkpoint()
                 self._expire_lost_jobs()
                 self._expire_events()
                 self._expire_revocations()
             self.rids.sweep(time.time() - self.settings.idem_ttl, SWEEP_PARTS)
+
+    def _expire_host_step(self) -> bool:
+        """One bounded step of host expiry (:meth:`ClusterState.expire_hosts`); whether it
+        looked at a full batch (more may be due)."""
+        ch = self.state.expire_hosts(now(), EXPIRE_BATCH)
+        lost = [row[1] for row in ch.rows if row[0] == "jobs"]
+        for row in ch.rows:
+            if row[0] == "hosts":
+                logger.warning(
+                    "controller {}: host {} sent no heartbeat for {:g} s; marked "
+                    "unavail (its worker's re-join makes it ok again)",
+                    self.address, row[1], self.settings.conf.host_timeout)
+        if lost:
+            logger.warning(
+                "controller {}: job(s) {} on unavail hosts are UNKWN: RUN again when "
+                "their worker re-joins with them alive, else {} after {:g} s",
+                self.address, ", ".join(map(str, lost[:20])) + (" ..." if len(lost) > 20 else ""),
+                self.settings.conf.lost_job_action, self.settings.conf.lost_job_timeout)
+        self.apply_internal(ch, "expire hosts")
+        return self.state.expiry_more
 
     def _expire_revocations(self) -> None:
         """Revocations whose tokens have all expired leave the list (one bounded batch, from

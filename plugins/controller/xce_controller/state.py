@@ -44,7 +44,7 @@ from xcecore.wire import ErrorCode, RemoteError
 Record = dict[str, Any]
 # (table, key, record or None to delete); a ``meta`` row's value is any JSON value.
 Row = tuple[str, Any, Job | Record | int | float | str | None]
-EXPIRE_BATCH = 1000  # hosts one expiry pass may look at
+EXPIRE_BATCH = 100  # hosts one expiry pass may look at (one loop pass: a storm's expiries in steps)
 
 
 @dataclass(slots=True)
@@ -122,6 +122,7 @@ class ClusterState:
         self.roles: dict[str, int] = {}  # role -> members
         self.last_seen: dict[str, float] = {}  # host -> last worker heartbeat/join
         self.seen = TimeBuckets[str](max(0.01, conf.host_timeout / 8))
+        self.expiry_more = False  # the last expire_hosts looked at a full batch
         self.lost = TimeBuckets[int](max(0.01, (conf.lost_job_timeout or 60.0) / 8))
         self.next_jobid = 1
         self.array_batch: set[int] | None = None  # arrays whose record one write settles once
@@ -391,7 +392,9 @@ class ClusterState:
         hosts filed in buckets older than that are looked at."""
         ch = Changes()
         limit = now - self.conf.host_timeout
-        for name in self.seen.due(limit, most):
+        due = self.seen.due(limit, most)
+        self.expiry_more = len(due) >= most  # a full batch: more may be due (the caller steps)
+        for name in due:
             host = self.hosts.get(name)
             seen = self.last_seen.get(name)
             if host is None or seen is None:
