@@ -440,11 +440,14 @@ class Fanout:
         # connection id -> its worker's host: removal is O(1), not a scan of every worker
         # (a join storm of N workers removed-before-adding N times: O(N^2) with a scan).
         self._worker_of: dict[int, str] = {}
+        # connection id -> subscriber, of those that are not workers (a handful), kept as they
+        # come and go: building it from ``subs`` cost O(workers) per join in a join storm
+        self._others: dict[int, Subscriber] = {}
 
     @property
     def members(self) -> dict[int, Subscriber]:
-        """Subscribers that are not workers (by connection id)."""
-        return {cid: s for cid, s in self.subs.items() if s.worker_host is None}
+        """Subscribers that are not workers (by connection id; do not modify)."""
+        return self._others
 
     def add(self, cid: int, sub: Subscriber) -> None:
         self.remove(cid)
@@ -455,6 +458,8 @@ class Fanout:
                 self.remove(old[0])
             self.workers[host] = (cid, sub)
             self._worker_of[cid] = host
+        else:
+            self._others[cid] = sub
         self.subs[cid] = sub
         for kind, scope in sub.sub.scopes:
             if scope in HOSTED:
@@ -465,6 +470,7 @@ class Fanout:
 
     def remove(self, cid: int) -> None:
         sub = self.subs.pop(cid, None)
+        self._others.pop(cid, None)
         host = self._worker_of.pop(cid, None)
         if host is not None:
             entry = self.workers.get(host)
