@@ -172,6 +172,12 @@ def run_size(n: int, nprocs: int, root: Path, window: float, spread: float,
             usage = cpu_window(pids, window)
             rtts = [x for s in sims for x in json.loads(s.readline(60).partition(" ")[2] or "[]")]
             st = cli.call("status")
+            if not ctl.alive():  # its CPU would read 0: not a figure of anything
+                res["error"] = ("the first primary died during the join storm or the steady "
+                                "window (fenced by a standby: see primaries_fenced); no steady or "
+                                "re-join figures")
+                log(PART, f"{n}: {res['error']}")
+                return res
             ctl_cpu = usage["controller"]["cpu_cores"]
             sim_cpu = sum(v["cpu_cores"] for k, v in usage.items() if k != "controller")
             rss = usage["controller"]["rss_mib"] * 2**20
