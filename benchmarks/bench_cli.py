@@ -102,6 +102,7 @@ def main() -> None:
         results.update(time_commands(each(f" ({opts.jobs} more pending jobs)", "jobs"), env, opts.runs))
     finally:
         cluster.close()
+        shutil.rmtree(root, ignore_errors=True)  # the cluster's directory: every run made one
         if opts.venv is None:
             shutil.rmtree(venv.parent, ignore_errors=True)
     load = (round(load_start, 1), round(os.getloadavg()[0], 1))
