@@ -6,10 +6,7 @@ that fails on demand (an I/O error, through the store hook) and against a real, 
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +25,7 @@ from xce_controller.state import ClusterConf, ClusterState
 from xce_controller.store import SQLiteStore, Write
 
 from xcecore.testing import wait_for
+from xcecore.testing.disks import fill, tmpfs
 
 pytestmark = pytest.mark.timeout(120)
 QUEUES = ({"name": "normal", "priority": 30}, {"name": "priority", "priority": 43})
@@ -199,39 +197,6 @@ async def test_a_failing_store_rolls_back_refuses_writes_and_recovers(tmp_path: 
 
 
 # -- a real full file system ---------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted on ``path`` (needs root), unmounted on exit."""
-    if os.geteuid() != 0:
-        pytest.fail("this test mounts a tmpfs for the state directory: it needs root (CI runs as root)")
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], check=True)
-
-
-def fill(path: Path) -> int:
-    """Write ``path`` until the file system is full; the bytes written."""
-    chunk = b"\0" * 65536
-    written = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            try:
-                written += os.write(fd, chunk)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                if len(chunk) == 1:
-                    return written
-                chunk = chunk[: len(chunk) // 2]
-    finally:
-        os.close(fd)
 
 
 class Writers:

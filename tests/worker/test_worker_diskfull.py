@@ -5,10 +5,8 @@ whose job finishes while its state directory is full."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,40 +16,9 @@ from test_worker_cluster import admin, host_up, job_state, run_job, start_worker
 from xce_worker.spool import Journal
 
 from xcecore.testing import LocalCluster, wait_for
+from xcecore.testing.disks import fill, tmpfs
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted on ``path`` (needs root), unmounted on exit."""
-    if os.geteuid() != 0:
-        pytest.fail("this test mounts a tmpfs to fill it: it needs root (CI runs as root)")
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], check=True)
-
-
-def fill(path: Path) -> int:
-    """Write ``path`` until its file system is full; the bytes written."""
-    chunk, written = b"\0" * 65536, 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            try:
-                written += os.write(fd, chunk)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                if len(chunk) == 1:
-                    return written
-                chunk = chunk[: len(chunk) // 2]
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture
