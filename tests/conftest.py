@@ -1,5 +1,5 @@
 """Suite-wide: job cgroups that a test's workers could not remove themselves are removed;
-one-shot commands' settings cache is in the session's temp tree.
+one-shot commands' settings cache is in the session's temp tree; Hypothesis has no per-example deadline.
 
 A worker removes its job groups as jobs end and its own directories when it stops; one that
 a test SIGKILLs with jobs running cannot. Each worker lists its group directories in
@@ -16,6 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis's default 200 ms deadline per example is a timing assertion: a first example
+# that builds a validator on a loaded machine failed it ("Unreliable test timings"). Tests
+# bound time only to catch hangs (pytest-timeout does).
+settings.register_profile("xce", deadline=None)
+settings.load_profile("xce")
 
 
 @pytest.fixture(autouse=True, scope="session")
