@@ -159,34 +159,7 @@ _SLURM_FIELDS: Final = {
     "-G": "gpus", "--gpus": "gpus", "--gres": "gres", "-a": "array", "--array": "array",
     "-d": "depend", "--dependency": "depend",
 }
-_SLURM_IGNORED: Final = {"--mail-type", "--mail-user"}
-
-
-def _lsf(line: _Line, out: Directives, mem_unit: str) -> None:
-    while (item := line.next_option()) is not None:
-        opt, inline = item
-        if opt == "-x":
-            out.exclusive = True
-            continue
-        if opt in _LSF_IGNORED:
-            if _LSF_IGNORED[opt]:
-                line.value(opt, inline)
-            out.warnings.append(f"line {line.lineno}: #{line.family} {opt} (mail) is ignored")
-            continue
-        name = _LSF_FIELDS.get(opt)
-        if name is None:
-            raise line.err(f"{opt}: not a supported option (see docs/operator.md, Job scripts)")
-        value = line.value(opt, inline)
-        if name == "ntasks":
-            out.ntasks = _count(value, line, opt)
-        elif name == "mem_limit":
-            out.mem_limit = _checked(line, parse_mem, value, mem_unit, what=opt)
-        elif name == "run_limit":
-            out.run_limit = _checked(line, parse_run_limit, value, what=opt)
-        elif name == "env":
-            out.env = _checked(line, parse_env_option, value, what=opt)
-        else:
-            setattr(out, name, value)
+_SLURM_IGNORED: Final = {"--mail-type": True, "--mail-user": True}  # option -> takes a value
 
 
 def _slurm_path(text: str, line: _Line, opt: str) -> str:
@@ -218,39 +191,96 @@ def _add_gpus(out: Directives, n: int) -> None:
     out.resreq = f"{out.resreq} {part}" if out.resreq else part
 
 
-def _slurm(line: _Line, out: Directives) -> None:
+def _gres(out: Directives, value: str, line: _Line, opt: str) -> None:
+    m = re.fullmatch(r"gpu(?::[A-Za-z0-9_.-]+)?:(\d+)", value)
+    if m is None:
+        raise line.err(f"{opt} {value!r}: only gpu[:type]:N is supported")
+    _add_gpus(out, _count(m.group(1), line, opt))
+
+
+_Setter = Callable[[Directives, str, _Line, str, str], None]
+"""How a field takes an option's value: ``(out, value, line, option, mem_unit)``."""
+
+
+def _set_ntasks(out: Directives, v: str, line: _Line, opt: str, unit: str) -> None:
+    out.ntasks = _count(v, line, opt)
+
+
+def _set_mem(out: Directives, v: str, line: _Line, opt: str, unit: str) -> None:
+    out.mem_limit = _checked(line, parse_mem, v, unit, what=opt)
+
+
+def _set_env(out: Directives, v: str, line: _Line, opt: str, unit: str) -> None:
+    out.env = _checked(line, parse_env_option, v, what=opt)
+
+
+def _set_run_limit(out: Directives, v: str, line: _Line, opt: str, unit: str) -> None:
+    out.run_limit = _checked(line, parse_run_limit, v, what=opt)
+
+
+def _set_slurm_time(out: Directives, v: str, line: _Line, opt: str, unit: str) -> None:
+    out.run_limit = _checked(line, parse_slurm_time, v, what=opt)
+
+
+def _set_slurm_path(field: str) -> _Setter:
+    def put(out: Directives, v: str, line: _Line, opt: str, unit: str) -> None:
+        setattr(out, field, _slurm_path(v, line, opt))
+    return put
+
+
+class _Family:
+    """One directive family's options: what each sets, which are ignored (and whether they
+    take a value), the exclusive-host flag, how a field takes its value (a plain string
+    when it has no setter), and the unit of a bare memory number (None: the caller's)."""
+
+    __slots__ = ("exclusive", "fields", "ignored", "mem_unit", "setters")
+
+    def __init__(self, fields: dict[str, str], ignored: dict[str, bool],
+                 exclusive: tuple[str, Callable[[str | None, _Line, str], bool]],
+                 setters: dict[str, _Setter], mem_unit: str | None) -> None:
+        self.fields, self.ignored, self.exclusive = fields, ignored, exclusive
+        self.setters, self.mem_unit = setters, mem_unit
+
+
+_LSF: Final = _Family(
+    _LSF_FIELDS, _LSF_IGNORED, ("-x", lambda inline, line, opt: True),
+    {"ntasks": _set_ntasks, "mem_limit": _set_mem, "run_limit": _set_run_limit, "env": _set_env},
+    None)
+_SLURM: Final = _Family(
+    _SLURM_FIELDS, _SLURM_IGNORED,
+    ("--exclusive", lambda inline, line, opt: _checked(line, parse_exclusive, inline, what=opt)),
+    {"ntasks": _set_ntasks, "mem_limit": _set_mem, "run_limit": _set_slurm_time,
+     "stdout": _set_slurm_path("stdout"), "stderr": _set_slurm_path("stderr"),
+     "stdin": _set_slurm_path("stdin"),
+     "env": lambda out, v, line, opt, unit: setattr(out, "env", _slurm_export(v, line, opt)),
+     "gpus": lambda out, v, line, opt, unit: _add_gpus(out, _count(v, line, opt)),
+     "gres": lambda out, v, line, opt, unit: _gres(out, v, line, opt)},
+    "MB")
+
+
+def _options(line: _Line, out: Directives, family: _Family, mem_unit: str) -> None:
+    """Apply one directive line's options to ``out`` by ``family``'s table."""
+    unit = family.mem_unit or mem_unit
+    flag, exclusive = family.exclusive
     while (item := line.next_option()) is not None:
         opt, inline = item
-        if opt == "--exclusive":
-            out.exclusive = _checked(line, parse_exclusive, inline, what=opt)
+        if opt == flag:
+            out.exclusive = exclusive(inline, line, opt)
             continue
-        if opt in _SLURM_IGNORED:
-            line.value(opt, inline)
-            out.warnings.append(f"line {line.lineno}: #SBATCH {opt} (mail) is ignored")
+        if opt in family.ignored:
+            if family.ignored[opt]:
+                line.value(opt, inline)
+            out.warnings.append(f"line {line.lineno}: #{line.family} {opt} (mail) is ignored")
             continue
-        name = _SLURM_FIELDS.get(opt)
+        name = family.fields.get(opt)
         if name is None:
             raise line.err(f"{opt}: not a supported option (see docs/operator.md, Job scripts)")
         value = line.value(opt, inline)
-        if name == "ntasks":
-            out.ntasks = _count(value, line, opt)
-        elif name == "mem_limit":
-            out.mem_limit = _checked(line, parse_mem, value, "MB", what=opt)
-        elif name == "run_limit":
-            out.run_limit = _checked(line, parse_slurm_time, value, what=opt)
-        elif name in ("stdout", "stderr", "stdin"):
-            setattr(out, name, _slurm_path(value, line, opt))
-        elif name == "env":
-            out.env = _slurm_export(value, line, opt)
-        elif name == "gpus":
-            _add_gpus(out, _count(value, line, opt))
-        elif name == "gres":
-            m = re.fullmatch(r"gpu(?::[A-Za-z0-9_.-]+)?:(\d+)", value)
-            if m is None:
-                raise line.err(f"{opt} {value!r}: only gpu[:type]:N is supported")
-            _add_gpus(out, _count(m.group(1), line, opt))
-        else:
+        setter = family.setters.get(name)
+        if setter is None:
             setattr(out, name, value)
+        else:
+            setter(out, value, line, opt, unit)
 
 
 _DIRECTIVE: Final = re.compile(r"#(XCE|BSUB|SBATCH)(?=\s|$)(.*)\Z")
@@ -277,8 +307,5 @@ def parse_script(text: str, *, mem_unit: str = DEFAULT_MEM_UNIT) -> Directives:
         except ValueError as exc:
             raise JobSpecError(f"line {lineno}: #{family}: {exc}") from None
         line = _Line(family, lineno, words)
-        if family == "SBATCH":
-            _slurm(line, out)
-        else:
-            _lsf(line, out, mem_unit)
+        _options(line, out, _SLURM if family == "SBATCH" else _LSF, mem_unit)
     return out
