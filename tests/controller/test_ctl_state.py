@@ -463,6 +463,22 @@ def test_force_dispatch_overrides_closed_hosts_and_full_slots() -> None:
     assert st.jobs[other].state == "RUN"
 
 
+def test_a_reported_time_is_kept_within_what_the_controller_knows() -> None:
+    """A worker's clock hours off gives no job a start in the future or an end before its
+    start; a time within the bounds (a report delivered late) is kept."""
+    st = with_hosts(new_state(), "n1")
+    ahead = running(st)
+    st.notify("n1", {"jobid": ahead, "event": "start", "pid": 1, "time": T0 + 3600}, T0 + 5)
+    assert st.jobs[ahead].start_time == T0 + 5  # not in the future
+    st.notify("n1", {"jobid": ahead, "event": "finish", "exit_status": 0, "time": T0 - 3600}, T0 + 9)
+    assert st.jobs[ahead].end_time == T0 + 5  # not before its start
+    late = running(st)
+    st.notify("n1", {"jobid": late, "event": "start", "pid": 2, "time": T0 - 99}, T0 + 10)
+    assert st.jobs[late].start_time == st.jobs[late].submit_time == T0  # not before its submission
+    st.notify("n1", {"jobid": late, "event": "finish", "exit_status": 0, "time": T0 + 20}, T0 + 60)
+    assert st.jobs[late].end_time == T0 + 20  # within the bounds: the moment it happened
+
+
 def test_reports_of_the_worker_move_the_job() -> None:
     st = with_hosts(new_state(), "n1", "n2")
     jobid = running(st)

@@ -156,6 +156,18 @@ RECORD_FIELDS: Final = frozenset(STORED)
 """Names a submission may not use for its own fields (they are the record's)."""
 
 
+def reported_time(told: float | None, floor: float | None, now: float) -> float:
+    """When a worker's report says its event happened (its ``time``, the worker's clock),
+    bounded by what the controller knows: never later than ``now`` and never earlier than
+    ``floor`` (the job's submission for a start, its start for an end). A worker whose clock
+    runs hours off can then give no job a start in the future or an end before its start;
+    within the bounds its time is kept, so a report delivered after an outage keeps the
+    moment it happened. ``told`` None: now."""
+    if told is None:
+        return now
+    return min(max(told, floor), now) if floor is not None else min(told, now)
+
+
 def job_from_row(spec: bytes, data: bytes) -> Job:
     """A job from its two stored blobs."""
     job = Job(spec, *orjson.loads(data))

@@ -32,7 +32,7 @@ from typing import Any, cast
 from xce_controller import arrays, depends, tasks
 from xce_controller.buckets import TimeBuckets
 from xce_controller.events import EventLog
-from xce_controller.jobs import EMPTY, Job, JobTable, is_exclusive, make_alloc, new_spec
+from xce_controller.jobs import EMPTY, Job, JobTable, is_exclusive, make_alloc, new_spec, reported_time
 from xce_controller.revocations import EXPIRE_BATCH as REVOKE_BATCH
 from xce_controller.revocations import TABLE as REVOCATIONS
 from xce_controller.revocations import Revocations
@@ -675,7 +675,9 @@ class ClusterState:
             ch.result = job
             return ch
         keys = self.jobs.keys(job)
-        when = args.get("time", now)  # the worker's clock at the event, if it says
+        # the worker's clock at the event, if it says, within what the controller knows
+        when = reported_time(args.get("time"), job.start_time if event in ("finish", "fail")
+                             and job.start_time is not None else job.submit_time, now)
         if event == "alive" and st in ACTIVE:  # re-adopted by its worker; once is enough
             if st != "UNKWN":
                 ch.result = job

@@ -30,7 +30,7 @@ import hashlib
 import hmac
 from typing import Any, Protocol
 
-from xce_controller.jobs import Job
+from xce_controller.jobs import Job, reported_time
 from xcecore.protocol import ACTIVE, FINISHED
 from xcecore.schema.limits import TASK_COMMANDS_MAX, TASKS_MAX
 from xcecore.wire import ErrorCode, RemoteError
@@ -200,7 +200,9 @@ def notify(st: ClusterState, ch: Changes, host: str, job: Job, args: dict[str, A
     """``task_start`` / ``task_finish`` / ``task_fail`` from the worker of ``host``, into
     ``ch``."""
     rec = _task(job, host, args["task"])
-    event, when = args["event"], args.get("time", now)
+    event = args["event"]
+    when = reported_time(args.get("time"), rec.get("start_time") if event != "task_start"
+                         else job.submit_time, now)
     ch.result = job
     if rec["state"] in TASK_ENDED:
         return  # re-delivered after a failover, or ended by its host's loss
