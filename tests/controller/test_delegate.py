@@ -125,3 +125,12 @@ def test_front_ends_serve_nothing_and_must_name_a_user(xce_cluster: Any) -> None
         with pytest.raises(RemoteError) as anon:
             c.call("history.jobs", {}, deadline=30)
         assert anon.value.code == "INVALID" and "user" in anon.value.message
+
+
+def test_a_member_that_does_not_answer_within_delegate_timeout_fails_the_call(xce_cluster: Any) -> None:
+    cl: LocalCluster = xce_cluster(1, extra_config="[controller]\ndelegate_timeout = 0.5\n")
+    with member(cl, "historian", ["history.jobs"]) as (_, hooks), front(cl, "apiserver") as c:
+        with pytest.raises(RemoteError) as late:
+            c.call("history.jobs", {"user": "alice"}, deadline=30)
+        assert late.value.code == "UNAVAILABLE" and "0.5 s" in late.value.message, late.value
+        assert hooks.calls.get(timeout=30)["op"] == "history.jobs"  # it was forwarded, not answered

@@ -11,7 +11,8 @@ authorizes from that, never from the arguments), and the member's ``delegate_rep
 relayed to the caller as the call's reply.
 
 Bounds: at most :data:`MAX_INFLIGHT` calls waiting on one member (more: UNAVAILABLE), a reply
-no larger than the caller's frame limit, and a timeout (:data:`TIMEOUT`) after which the
+no larger than the caller's frame limit, and a timeout (``[controller] delegate_timeout``,
+default 10 s) after which the
 caller gets UNAVAILABLE and a late answer is dropped. A member that disconnects fails its
 waiting calls at once. Nothing here is durable: after a failover members re-join and declare
 again, and a call in flight is retried by the client like any read.
@@ -32,12 +33,11 @@ from loguru import logger
 
 from xce_controller.authz import FRONT_ENDS, Policy
 from xce_controller.ops import WORKER, Caller
+from xce_controller.settings import DELEGATE_TIMEOUT
 from xcecore import wire
 from xcecore.schema.delegated import DELEGATE_REPLY, compile_delegated
 from xcecore.wire import ErrorCode, RemoteError
 
-TIMEOUT = 10.0
-"""Seconds a delegated call waits for its member's answer."""
 MAX_INFLIGHT = 256
 """Calls waiting on one serving member at once."""
 SCHEMAS = compile_delegated()
@@ -66,8 +66,9 @@ class Delegates:
 
     def __init__(self, conns: dict[int, Any], policy: Callable[[], Policy],
                  max_frame: Callable[[], int], spawn: Callable[[Callable[[], Any]], None],
-                 address: Callable[[], str]) -> None:
+                 address: Callable[[], str], timeout: float = DELEGATE_TIMEOUT) -> None:
         self._conns = conns
+        self.timeout = timeout  # seconds a call waits for its member's answer
         self._policy = policy
         self._max_frame = max_frame
         self._spawn = spawn
@@ -167,7 +168,7 @@ class Delegates:
                                                      f"{MAX_INFLIGHT} calls waiting; try again")
         identity = {"user": user, "admin": policy.is_admin(user), "role": caller.role,
                     "identity": caller.identity}
-        call = _Call(next(self._ids), req.op, conn.cid, req.id, member.cid, time.monotonic() + TIMEOUT)
+        call = _Call(next(self._ids), req.op, conn.cid, req.id, member.cid, time.monotonic() + self.timeout)
         data = orjson.dumps({"call": call.id, "op": req.op, "args": args, "caller": identity})
         if not member.outbox.push("delegate", data, None):
             raise RemoteError(ErrorCode.UNAVAILABLE, f"{req.op}: the member serving it is not "
@@ -242,8 +243,8 @@ class Delegates:
                 if call is not None:
                     self._forget(call)
                     logger.warning("controller {}: {} not answered within {:g} s by its member; "
-                                   "the caller gets UNAVAILABLE", self._address(), call.op, TIMEOUT)
+                                   "the caller gets UNAVAILABLE", self._address(), call.op, self.timeout)
                     self._fail(call, f"{call.op}: the member serving it did not answer within "
-                                     f"{TIMEOUT:g} s; try again")
+                                     f"{self.timeout:g} s; try again")
         finally:
             self._sweeping = False

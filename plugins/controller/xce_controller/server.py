@@ -216,7 +216,8 @@ class Controller:
         self._writer_done = anyio.Event()
         self._fenced: str | None = None  # why this primary may no longer acknowledge
         self.delegates = Delegates(self.conns, lambda: self.policy,
-                                   lambda: self.settings.max_frame, self.spawn, lambda: self.address)
+                                   lambda: self.settings.max_frame, self.spawn, lambda: self.address,
+                                   settings.delegate_timeout)
 
     # -- life cycle ---------------------------------------------------------------------------
 

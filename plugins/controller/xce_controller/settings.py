@@ -37,6 +37,8 @@ LOST_JOB_ACTIONS = ("requeue", "exit")
 IDEM_TTL = 86400.0
 """Seconds an idempotency key's result is kept (the default: one day)."""
 HANDSHAKE_TIMEOUT = 10.0
+DELEGATE_TIMEOUT = 10.0
+"""Seconds a delegated call waits for its member's answer (``[controller] delegate_timeout``)."""
 """Seconds a client may take to finish its handshake (not configurable)."""
 MAX_UNSENT_BYTES = 32 * 1024 * 1024
 """Bytes of replies and pushes a connection may have waiting to be sent (the default)."""
@@ -89,6 +91,7 @@ class ControllerSettings:
     max_unsent_bytes: int = MAX_UNSENT_BYTES  # reading stops at half, a member is dropped past it
     stall_timeout: float = 30.0  # a connection that takes no byte this long with frames waiting
     frame_timeout: float = 10.0  # a frame begun must be whole within this
+    delegate_timeout: float = DELEGATE_TIMEOUT  # a delegated call's wait for its member
     storage_retry: float = 1.0  # seconds between probes of a store that cannot commit
     hung_timeout: float = DEFAULT_HUNG_TIMEOUT  # 0: standbys never fence a hung primary
     change_retention: int = CHANGE_RETENTION  # changes the retention window holds
@@ -187,7 +190,8 @@ def check_controller_section(section: dict[str, Any]) -> None:
     queues = check_queues(section["queues"])
     if section["default_queue"] not in {q["name"] for q in queues}:
         raise ValueError(f"controller.default_queue {section['default_queue']!r} is not a configured queue")
-    for key in ("host_timeout", "idem_ttl", "stall_timeout", "frame_timeout", "storage_retry"):
+    for key in ("host_timeout", "idem_ttl", "stall_timeout", "frame_timeout", "storage_retry",
+                "delegate_timeout"):
         if not section[key] > 0:  # also refuses NaN
             raise ValueError(f"controller.{key} must be > 0, got {section[key]!r}")
     for key in ("max_subscriber_queue", "max_inflight", "max_unsent_bytes", "change_retention"):
@@ -261,6 +265,10 @@ SECTION = ConfigSection(
             "dropped"),
         "frame_timeout": Field(
             _NUM, 10.0, "seconds a frame may take to arrive in full once its first byte has"),
+        "delegate_timeout": Field(
+            _NUM, DELEGATE_TIMEOUT, "seconds a call the controller forwards to a member that "
+            "serves it (the accounting role's history.*) waits for its answer; then the caller "
+            "gets UNAVAILABLE"),
         "storage_retry": Field(
             _NUM, 1.0, "seconds between probes of a state store that cannot commit (writes are "
             "refused with STORAGE meanwhile)"),
@@ -342,6 +350,7 @@ def settings_from_config(config: Config, auth: AuthMethod) -> ControllerSettings
         max_unsent_bytes=int(c["max_unsent_bytes"]),
         stall_timeout=float(c["stall_timeout"]),
         frame_timeout=float(c["frame_timeout"]),
+        delegate_timeout=float(c["delegate_timeout"]),
         storage_retry=float(c["storage_retry"]),
         hung_timeout=float(c["hung_timeout"]),
         change_retention=int(c["change_retention"]),
