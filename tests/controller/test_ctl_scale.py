@@ -138,8 +138,9 @@ def test_the_idempotency_filter_keeps_under_100_bytes_a_remembered_write() -> No
     assert grown / n <= 100, f"{grown / n:.1f} bytes per remembered write"
     assert f.nbytes() / n <= 16
     assert f.may_contain("client-3:3000") and not f.may_contain("client-3:never")
+    assert f.time_of("client-3:3000") == 1_003.0 and f.time_of("client-3:never") is None
     f.add("client-3:3000", 5_000.0)  # a repeat keeps one entry, the newer time
-    assert len(f) == n
+    assert len(f) == n and f.time_of("client-3:3000") == 5_000.0
     # The sweep forgets what is older than the TTL, a few partitions at a time.
     gone = sum(f.sweep(1_100.0, 512) for _ in range(8))
     assert gone == 100_000 - 1 and len(f) == n - gone

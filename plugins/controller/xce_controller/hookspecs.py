@@ -110,8 +110,13 @@ class Store(Protocol):
         """The committed ``(data, spec)`` of each ``(table, key)``, or None; any thread."""
         ...
 
-    def lookup(self, rid: str) -> bytes | None:
-        """The stored result (JSON) of idempotency key ``rid``, or None; any thread."""
+    def lookup(self, rid: str, near: float | None = None) -> bytes | None:
+        """The stored result (JSON) of idempotency key ``rid``, or None; any thread.
+        ``near``: the time the caller remembered the key as committed at (the write's
+        ``committed_at`` if the store set it, else the caller's clock after the commit; a
+        key loaded or followed from the store: the time the store gave), to the second;
+        None when the caller does not know it (a store that files keys by time then
+        searches every key it keeps)."""
         ...
 
     def close(self) -> None:

@@ -72,6 +72,17 @@ class RidFilter:
         i = bisect_left(hashes, h)
         return i < len(hashes) and hashes[i] == h
 
+    def time_of(self, rid: str) -> float | None:
+        """The second ``rid`` was remembered as committed at, or None when the filter does
+        not know it (or is not ready): what a store that files keys by time looks it up by."""
+        if not self.ready:
+            return None
+        h = hash(rid)
+        p = h & _MASK
+        hashes = self._hashes[p]
+        i = bisect_left(hashes, h)
+        return float(self._times[p][i]) if i < len(hashes) and hashes[i] == h else None
+
     def sweep(self, older_than: float, parts: int) -> int:
         """Forget keys committed before ``older_than`` in the next ``parts`` partitions (the
         sweep goes round); returns how many were forgotten."""

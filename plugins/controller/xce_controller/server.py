@@ -692,7 +692,7 @@ class Controller:
                 self.committed_rev = max(self.committed_rev, w.rev)
             if w.rid is not None:
                 self.pending.pop(w.rid, None)
-                self.rids.add(w.rid, t)
+                self.rids.add(w.rid, w.committed_at or t)
                 if recent is not None:
                     recent[w.rid] = (t, w.result)
             w.extra.gate.open()
@@ -1254,7 +1254,8 @@ class Controller:
             return
         self._lookups += 1
         try:
-            found = await anyio.to_thread.run_sync(self.store.lookup, rid)
+            found = await anyio.to_thread.run_sync(self.store.lookup, rid,
+                                                    self.rids.time_of(rid))
         except Exception:  # the store cannot say: the request is refused, never applied
             logger.opt(exception=True).error("controller {}: cannot look idempotency key {} up "
                                              "in the state store", self.address, label(rid))

@@ -102,6 +102,9 @@ class Write:
     # Free for the caller (the controller keeps its waiters and pushes here).
     extra: Any = None
     epoch: int = 0  # set by :meth:`SQLiteStore.submit`
+    # Set by a store that files idempotency keys by time (etcd): the time it filed this
+    # write's key under, which the caller remembers and passes to ``lookup``; 0: its clock.
+    committed_at: float = 0.0
     # Housekeeping, in bounded batches: forget idempotency keys stored before this time, and
     # the removal records at or below this rev.
     expire_before: float | None = None
@@ -242,8 +245,9 @@ class SQLiteStore:
         with self._reading() as db:
             return storeread.read_images(db, keys)
 
-    def lookup(self, rid: str) -> bytes | None:
-        """The stored result (JSON) of idempotency key ``rid``, or None; any thread."""
+    def lookup(self, rid: str, near: float | None = None) -> bytes | None:
+        """The stored result (JSON) of idempotency key ``rid``, or None; any thread
+        (``near``, the time the caller remembers it by, is not needed here)."""
         with self._reading() as db:
             row = db.execute("SELECT result FROM idem WHERE rid = ?", (rid,)).fetchone()
         return None if row is None else bytes(row[0])
