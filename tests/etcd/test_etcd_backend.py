@@ -156,10 +156,10 @@ def test_batches_split_within_the_txn_limits_and_a_too_large_write_is_refused(
         writes = [Write([row(100 * i + k) for k in range(4)], rid=f"w{i}", rev=i + 1)
                   for i in range(10)]
         batches = commit(store, writes)
-        assert [w for b in batches for w in b] == writes and len(batches) > 1
+        assert [w for b in batches for w in b] == writes and len(batches) >= 4
         for b in batches:  # each transaction: whole writes within the limit (a job is one
-            # key, and its idempotency key; the chain key and meta/rev are two more)
-            assert sum(len(w.rows) + 1 for w in b) <= 14
+            # key; the group of idempotency keys, the chain key and meta/rev are three more)
+            assert sum(len(w.rows) for w in b) <= 13 and len(b) <= 3
         big = Write([row(5000 + k) for k in range(20)], rid="big", rev=11)
         after = Write([row(9999)], rid="after", rev=12)
         (failed,) = commit(store, [big, after])
@@ -329,11 +329,45 @@ def test_the_store_protocol_on_etcd_head_jobs_images_and_expiry(etcd_one: EtcdCl
         commit(store, [Write([("jobs", 7, None, None)], rid="rm7", rev=15)])
         assert a.client.range(store.key("jobs", 7), store.key("jobs", 8))[0] == []
         assert sorted(store.load_jobs(store.head().max_jobid, 60.0).jobs) == [12]
-        # housekeeping drops the keys stored before its time, and only those
-        cut = time.time() + 1
-        commit(store, [Write([], expire_before=cut)])
-        assert store.expired == 3 and store.lookup("r7") is None
+        # the keyed writes' results, by the second each write was filed under, and without
+        at = writes[0].committed_at
+        assert at == int(at) and abs(at - time.time()) < 30
+        result7 = orjson.dumps({"jobid": 7})
+        assert store.lookup("r7", at) == result7 and store.lookup("r7") == result7
+        assert store.lookup("never", at) is None and store.lookup("never") is None
+        # housekeeping drops the groups of the seconds before its time, and only those
+        commit(store, [Write([], expire_before=at)])  # (their second is not before it)
+        fresh = EtcdStore(a.client, a.settings, a)  # (no lookup cache)
+        assert fresh.lookup("r7", at) == result7 and fresh.lookup("r12", at) is not None
+        commit(store, [Write([], expire_before=time.time() + 1)])
+        fresh = EtcdStore(a.client, a.settings, a)
+        assert fresh.lookup("r7", at) is None and fresh.lookup("r7") is None
+        assert a.client.range(store.idem_prefix, store.idem_prefix + b"\xff")[0] == []
         assert load(store) == ([12], set())
+
+
+def test_a_transactions_idempotency_keys_are_one_etcd_key(etcd_one: EtcdCluster) -> None:
+    """One put per transaction for all its keys (not one per key), each key found by the
+    second the store filed it under; what a cold load and a standby's snapshot read back."""
+    with candidate(etcd_one, "a") as a:
+        win(a)
+        store = EtcdStore(a.client, a.settings, a)
+        store.open()
+        writes = [job(i) for i in range(1, 41)]
+        done = commit(store, writes)
+        assert sum(len(b) for b in done) == 40
+        groups, _ = a.client.range(store.idem_prefix, store.idem_prefix + b"\xff")
+        assert len(groups) == store.commits  # one group per transaction
+        for w in writes:
+            assert store.lookup(w.rid or "", w.committed_at) == w.result
+        # a lookup for a second that holds no group (or a key in none) finds nothing
+        assert store.lookup("r1", writes[0].committed_at + 10) is None
+        assert store.lookup("r41", writes[0].committed_at) is None
+        assert load(store)[1] == {f"r{i}" for i in range(1, 41)}
+        keys: list[tuple[str, float]] = []
+        got = EtcdStore(a.client, a.settings, a).snapshot(100, 60.0, time.time() - 60,
+                                                         lambda rid, ts: keys.append((rid, ts)))
+        assert got is not None and sorted(keys) == sorted((w.rid, w.committed_at) for w in writes)
 
 
 def update(i: int, state: str, rev: int) -> Write:

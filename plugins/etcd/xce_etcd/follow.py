@@ -28,7 +28,7 @@ from xce_controller.jobs import Job, job_from_row
 from xce_controller.storeread import Delta
 
 from xce_etcd.client import Compacted, EtcdClient, EtcdUnavailable, Event, OutcomeUnknown, prefix_end
-from xce_etcd.layout import job_of, stamped
+from xce_etcd.layout import group_rids, job_of, second_of, stamped
 
 IDLE = 10.0  # seconds a watch may be silent before it is opened again (a frozen member)
 
@@ -174,8 +174,10 @@ def delta_of(events: Iterable[Event], state_prefix: bytes, idem_prefix: bytes, s
                     rev, blob = stamped(ev.value)
                     records[kind][name_s] = orjson.loads(blob)
                     changes.append(Change(rev, kind, name_s, False))
-        elif key.startswith(idem_prefix) and not ev.deleted:
-            idem.append((key[len(idem_prefix):].decode(), float(ev.value.partition(b" ")[0])))
+        elif key.startswith(idem_prefix) and not ev.deleted:  # (a deleted one expired)
+            second = second_of(key[len(idem_prefix):])
+            if second is not None:
+                idem.extend((rid.decode(), float(second)) for rid in group_rids(ev.value))
     changes.extend(Change(rev, kind, key, True) for kind, key, rev in removed)
     changes.sort(key=lambda c: c.rev)
     rev = max([since, int(meta.get("rev", b"0")), *(c.rev for c in changes)])

@@ -5,9 +5,18 @@ Keys (``P`` is ``[etcd] prefix``): ``P/s/<table>/<key>`` holds a record (tables 
 <fields JSON>\n<submission JSON>``, in one key because etcd's cost of a transaction grows
 with its operations far more than with its bytes; ``meta``: its JSON, ``meta/rev`` the
 highest committed rev), a job's key is its id in 20 digits (so keys sort by id);
-``P/i/<rid>`` an idempotency
-key's result (``<unix time> <result JSON>``), ``P/store_id`` the store's random id, ``P/w``
-the chain key (below), ``P/leader`` the election's key.
+``P/i/<second>/<group>`` the idempotency keys of one transaction and their results
+(:mod:`xce_etcd.layout`: one operation per transaction, not one per key), ``P/store_id``
+the store's random id, ``P/w`` the chain key (below), ``P/leader`` the election's key.
+
+Idempotency lookups. The group's second (the transaction's commit time, to the second) is
+what the controller remembers per key (``Write.committed_at``; a load and a standby's follow
+give it too), and a lookup reads the groups of that second and the two around it (one range
+read; the last few seconds read are kept, so the retries that follow a failover, all of the
+last second or two, cost one read, not one each). A lookup without a time (a cold load still
+reading the keys) searches every group. Expiry deletes every group of the seconds before
+``idem_ttl`` in one range delete inside a housekeeping transaction; a key is never deleted
+before its second is older than the TTL (its commit was at or after that second).
 
 A primary's cold load is :meth:`head`, :meth:`load_jobs`, :meth:`load_idem` (no retention
 window: :meth:`load_window` gives an empty one whose floor is the loaded rev, so members
@@ -76,20 +85,31 @@ from xce_etcd.client import (
     Put,
     TxnResult,
     absent,
-    delete_op,
     mod_revision_is,
     prefix_end,
     put_op,
 )
 from xce_etcd.election import EtcdElection
 from xce_etcd.follow import Watcher, delta_of, read_until
-from xce_etcd.layout import CHAIN, JOB_DIGITS, job_of, job_value, record_of
+from xce_etcd.layout import (
+    CHAIN,
+    JOB_DIGITS,
+    group_name,
+    group_results,
+    group_rids,
+    group_value,
+    job_of,
+    job_value,
+    record_of,
+    second_bound,
+    second_of,
+)
 from xce_etcd.settings import EtcdSettings
 
 _STOP = object()
 _T = TypeVar("_T")
 OP_OVERHEAD = 32  # bytes an operation costs in the request besides its (base64) fields
-EXPIRE_PAGE = 2000  # idempotency keys one housekeeping write looks at
+LOOKUP_CACHE = 8  # seconds of idempotency groups a lookup keeps, newest read first
 
 
 class TooLarge(Exception):
@@ -165,9 +185,10 @@ class EtcdStore:
         self.revision = 0  # etcd's revision after the last commit (the store's rev)
         self.commits = 0
         self.epoch = 0
-        self.expired = 0  # idempotency keys dropped by housekeeping
+        self._groups = 0  # idempotency groups this store named (a group's id: token, count)
+        self._looked: dict[int, tuple[float, dict[bytes, bytes]]] = {}  # second -> (read at, keys)
+        self._lookup_lock = threading.Lock()  # one etcd read at a time for lookups
         self._head_rev = 0  # the rev head() read (a cold load's window floor)
-        self._expire_from = self.idem_prefix  # housekeeping's cursor over the keys
         self.rev_key = self.key("meta", "rev")
         self._jobs_prefix = self.state_prefix + b"jobs/"
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -283,17 +304,22 @@ class EtcdStore:
         """Call ``add(rid, ts)`` for each idempotency key stored at or after ``since``; the
         older ones are deleted (guarded, in bounded transactions)."""
         idem, _ = self._retried(lambda: self.client.scan(self.idem_prefix))
-        old: list[bytes] = []
+        n = self._add_groups(idem, since, add)
+        self._prune(since)
+        return n
+
+    def _add_groups(self, groups: list[KV], since: float, add: Callable[[str, float], None]) -> int:
+        """``add(rid, second)`` for each key of ``groups`` whose second is not before
+        ``since``'s; how many."""
         n = 0
         skip = len(self.idem_prefix)
-        for kv in idem:
-            ts = float(kv.value.partition(b" ")[0])
-            if ts < since:
-                old.append(kv.key)
-            else:
-                add(kv.key[skip:].decode(), ts)
-                n += 1
-        self._prune(old)
+        floor = int(since)
+        for kv in groups:
+            second = second_of(kv.key[skip:])
+            if second is not None and second >= floor:
+                for rid in group_rids(kv.value):
+                    add(rid.decode(), float(second))
+                    n += 1
         return n
 
     def load_events(self, limit: int) -> list[bytes]:
@@ -326,11 +352,7 @@ class EtcdStore:
                 logger.warning("controller {}: standby: cannot read the state from etcd ({}); "
                                "trying again", self.election.advertise, exc)
             return None
-        skip = len(self.idem_prefix)
-        for kv in idem:
-            ts = float(kv.value.partition(b" ")[0])
-            if ts >= idem_since:
-                add_idem(kv.key[skip:].decode(), ts)
+        self._add_groups(idem, idem_since, add_idem)
         self._follow_from = revision + 1
         return head, table
 
@@ -384,31 +406,17 @@ class EtcdStore:
             return None
         return delta_of(events, self.state_prefix, self.idem_prefix, rev)
 
-    def _prune(self, keys: list[bytes]) -> None:
-        step = max(1, self.settings.max_txn_ops - 1)
-        for i in range(0, len(keys), step):
-            try:
-                self.client.txn(self.guard(), [delete_op(k) for k in keys[i:i + step]])
-            except (EtcdError, EtcdUnavailable, OutcomeUnknown) as exc:
-                logger.warning("etcd store {}: cannot prune old idempotency keys ({}); kept for "
-                               "now", self.settings.prefix, exc)
-                return
+    def _expiry(self, before: float) -> Delete:
+        """The range delete of every idempotency group of the seconds before ``before``'s."""
+        return Delete(self.idem_prefix, self.idem_prefix + second_bound(int(before)))
 
-    def _expire(self, before: float) -> None:
-        """Housekeeping: look at the next :data:`EXPIRE_PAGE` idempotency keys after the
-        cursor (wrapping around) and delete those stored before ``before``: bounded work per
-        housekeeping write, and every key is looked at once per sweep."""
+    def _prune(self, before: float) -> None:
+        """Delete the groups :meth:`_expiry` names (guarded; a load's, outside the writer)."""
         try:
-            kvs, _ = self.client.range(self._expire_from, prefix_end(self.idem_prefix),
-                                       limit=EXPIRE_PAGE)
+            self.client.txn(self.guard(), [self._expiry(before)])
         except (EtcdError, EtcdUnavailable, OutcomeUnknown) as exc:
-            logger.warning("etcd store {}: cannot read idempotency keys to expire ({}); next "
-                           "time", self.settings.prefix, exc)
-            return
-        self._expire_from = kvs[-1].key + b"\0" if len(kvs) == EXPIRE_PAGE else self.idem_prefix
-        old = [kv.key for kv in kvs if float(kv.value.partition(b" ")[0]) < before]
-        self._prune(old)
-        self.expired += len(old)
+            logger.warning("etcd store {}: cannot delete old idempotency keys ({}); the "
+                           "housekeeping does it later", self.settings.prefix, exc)
 
     def committed(self, keys: Iterable[tuple[str, Any]]) -> Images:
         """The committed ``(data, spec)`` of each ``(table, key)`` (None: no such record;
@@ -426,16 +434,69 @@ class EtcdStore:
                 out[(table, key)] = (one.value if table == "meta" else record_of(one.value), None)
         return out
 
-    def lookup(self, rid: str) -> bytes | None:
-        """The stored result of idempotency key ``rid``, or None."""
-        got = self.client.get(self.idem_prefix + rid.encode())
-        return None if got is None else got.value.partition(b" ")[2]
+    def lookup(self, rid: str, near: float | None = None) -> bytes | None:
+        """The stored result of idempotency key ``rid``, or None: from the groups of
+        ``near``'s second and the two around it (module docstring), every group when
+        ``near`` is None; any thread."""
+        key = rid.encode()
+        if near is None:
+            return self._search(key)
+        seconds = range(int(near) - 1, int(near) + 2)
+        asked = time.monotonic()
+        with self._lookup_lock:
+            found, complete = self._cached(key, seconds, asked)
+            if found is not None or complete:
+                return found
+            start = self.idem_prefix + second_bound(seconds[0])
+            kvs, _ = self.client.scan(start, end=self.idem_prefix + second_bound(seconds[-1] + 1))
+            read: dict[int, dict[bytes, bytes]] = {s: {} for s in seconds}
+            skip = len(self.idem_prefix)
+            for kv in kvs:
+                second = second_of(kv.key[skip:])
+                if second in read:
+                    read[second].update(group_results(kv.value))
+            at = time.monotonic()
+            for s, results in read.items():
+                self._looked[s] = (at, results)
+            while len(self._looked) > LOOKUP_CACHE:
+                del self._looked[min(self._looked)]
+            return read[int(near)].get(key) or read[seconds[0]].get(key) or read[seconds[-1]].get(key)
+
+    def _cached(self, key: bytes, seconds: range, asked: float) -> tuple[bytes | None, bool]:
+        """``key``'s result from the groups read before, and whether those reads cover every
+        second of ``seconds`` and came after ``asked`` (then a miss is final)."""
+        complete = True
+        for s in seconds:
+            got = self._looked.get(s)
+            if got is None:
+                complete = False
+                continue
+            at, results = got
+            if (found := results.get(key)) is not None:
+                return found, True
+            complete = complete and at >= asked
+        return None, complete
+
+    def _search(self, key: bytes) -> bytes | None:
+        """``key``'s result from every group (newest first), page by page."""
+        end = prefix_end(self.idem_prefix)
+        while True:
+            kvs, _ = self.client.range(self.idem_prefix, end, limit=256, last_first=True)
+            for kv in kvs:
+                if second_of(kv.key[len(self.idem_prefix):]) is None:
+                    continue
+                found = group_results(kv.value).get(key)
+                if found is not None:
+                    return found
+            if len(kvs) < 256:
+                return None
+            end = kvs[-1].key
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def ops_of(self, w: Write, now: float | bytes) -> dict[bytes, Op]:
-        """The write's operations by key (a key written twice: the last one). ``now``: the
-        commit time, or its stamp as :meth:`chunks` makes it once for every write."""
+    def ops_of(self, w: Write) -> dict[bytes, Op]:
+        """The write's record operations by key (a key written twice: the last one), and
+        housekeeping's expiry; not its idempotency key (its transaction's group has it)."""
         ops: dict[bytes, Op] = {}
         stamp = b"%d " % w.rev
         jobs = self._jobs_prefix
@@ -451,23 +512,35 @@ class EtcdStore:
                 ops[k] = Put(k, job_value(stamp, data, spec))
             else:
                 ops[k] = Put(k, stamp + data)
-        if w.rid is not None:
-            k = self.idem_prefix + w.rid.encode()
-            ops[k] = Put(k, (now if isinstance(now, bytes) else b"%.3f " % now) + w.result)
+        if w.expire_before is not None:  # (below the group of this transaction's second)
+            ops[self.idem_prefix] = self._expiry(w.expire_before)
         return ops
 
     def chunks(self, writes: list[Write], now: float) -> list[tuple[list[Write], list[Op]]]:
-        """``writes`` split into transactions within the limits, each write whole in one."""
-        limit_ops = self.settings.max_txn_ops - 2  # the chain key and meta/rev are two more
+        """``writes`` split into transactions within the limits, each write whole in one;
+        each transaction's idempotency keys in one group of ``now``'s second (the writes'
+        ``committed_at``)."""
+        limit_ops = self.settings.max_txn_ops - 3  # the chain key, meta/rev, the group
         limit_bytes = self.settings.max_request_bytes - 1024
+        second = int(now)
         out: list[tuple[list[Write], list[Op]]] = []
         cur: list[Write] = []
         ops: dict[bytes, Op] = {}
+        entries: list[tuple[bytes, bytes]] = []
         size = 0
-        stamp = b"%.3f " % now
+
+        def close() -> None:
+            if entries:
+                self._groups += 1
+                name = group_name(second, f"{self.election.token:x}.{self._groups}")
+                ops[self.idem_prefix + name] = Put(self.idem_prefix + name, group_value(entries))
+            out.append((cur, list(ops.values())))
+
         for w in writes:
-            mine = self.ops_of(w, stamp)
+            mine = self.ops_of(w)
             mine_size = sum(op_size(op) for op in mine.values())
+            if w.rid is not None:
+                mine_size += 4 * (len(w.rid) + len(w.result) + 4) // 3  # its group lines
             if len(mine) > limit_ops or mine_size > limit_bytes:
                 raise TooLarge(f"one write has {len(mine)} operations, {mine_size} bytes; the "
                                f"limits are {limit_ops} and {limit_bytes} ([etcd] max_txn_ops, "
@@ -475,13 +548,16 @@ class EtcdStore:
             merged = len(ops) + sum(1 for k in mine if k not in ops)  # (not a set union: a
             # union per write would be quadratic in the writes of a transaction)
             if cur and (merged > limit_ops or size + mine_size > limit_bytes):
-                out.append((cur, list(ops.values())))
-                cur, ops, size = [], {}, 0
+                close()
+                cur, ops, entries, size = [], {}, [], 0
             cur.append(w)
             ops.update(mine)  # a key written again: one operation, the last write's
+            if w.rid is not None:
+                entries.append((w.rid.encode(), w.result))
+                w.committed_at = float(second)
             size += mine_size
         if cur:
-            out.append((cur, list(ops.values())))
+            close()
         return out
 
     def submit(self, write: Write) -> None:
@@ -592,9 +668,6 @@ class EtcdStore:
             self.revision = res.revision
             self.commits += 1
             self.election.committed_at = time.monotonic()  # (the standbys saw it: no beat)
-            for w in writes:
-                if w.expire_before is not None:  # housekeeping (removal records: none here)
-                    self._expire(w.expire_before)
             on_done(writes)
         return False
 
