@@ -101,3 +101,78 @@ def test_events_survive_a_failover_on_etcd(etcd_one: EtcdCluster, xce_cluster, x
     promo = next(e for e in after if e["kind"] == "promotion" and e["primary"] == cluster.address(new))
     assert promo["seq"] > max(kept_seq for kept_seq in (e["seq"] for e in before))
     assert promo["old_primary"] == cluster.address(old)
+
+
+def test_pipelined_writes_in_flight_across_a_sigkill_are_each_applied_once(
+        etcd_one: EtcdCluster, xce_cluster, xce_client) -> None:
+    """64 submissions in flight when the primary is SIGKILLed: every acknowledged one is
+    there once, and no submission is there twice (a write that committed but whose reply
+    was lost is found by its idempotency key, in its transaction's group, on the new
+    primary: the client sends it again with the same key)."""
+    import anyio
+
+    from xcecore.client import Client
+    from xcecore.runtime import client_config, load
+
+    cluster: LocalCluster = xce_cluster(3, extra_config=config(etcd_one, "/once"))
+    primary = cluster.wait_primary(30)
+    for i, p in cluster.candidates.items():
+        if i != primary:
+            wait_for(lambda p=p: "standby: loaded" in p.text(), 60, what=f"{p.name}'s snapshot")
+    _, cfg = load(cluster.config_path)
+    acked: dict[str, int] = {}
+    total, lanes = 1200, 64
+
+    async def run() -> None:
+        async with Client(client_config(cfg, "cli@once"), role="cli") as c:
+            await c.connect()
+            names = iter(f"p{k}" for k in range(total))
+
+            async def lane() -> None:
+                for name in names:
+                    got = await c.call("jobsubmit", {"command": "true", "name": name},
+                                       deadline=60)
+                    acked[name] = got["jobid"]
+                    if len(acked) == 300:  # writes in flight on every lane now
+                        cluster.candidates[primary].kill()
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(lanes):
+                    tg.start_soon(lane)
+
+    anyio.run(run)
+    new = cluster.wait_primary(30, exclude=primary)
+    assert len(acked) == total
+    c = xce_client(cluster, "cli", join=False)
+    jobs = all_jobs(c)
+    by_name: dict[str, list[int]] = {}
+    for j in jobs:
+        by_name.setdefault(j["name"], []).append(j["jobid"])
+    doubled = {n: ids for n, ids in by_name.items() if len(ids) > 1}
+    assert not doubled, f"submissions applied twice: {list(doubled.items())[:5]}"
+    assert all(by_name.get(n) == [i] for n, i in acked.items())
+    assert "promoted to primary (hot standby" in cluster.candidates[new].text()
+
+
+def test_a_keyed_write_is_found_after_a_whole_cluster_restart(
+        etcd_one: EtcdCluster, xce_cluster, xce_client) -> None:
+    """Every candidate SIGKILLed and started again (etcd keeps the state): a write sent again
+    with the key of one that committed before gets that one's result, not a new job; a new
+    key makes a new job."""
+    cluster: LocalCluster = xce_cluster(2, extra_config=config(etcd_one, "/again"))
+    c = xce_client(cluster, "cli", join=False)
+    first = {f"k{i}": c.call("jobsubmit", {"command": "true", "name": f"k{i}"}, rid=f"rid-k{i}",
+                             deadline=30)["jobid"] for i in range(20)}
+    for p in cluster.candidates.values():
+        p.kill()
+    for i in cluster.candidates:
+        cluster.start_candidate(i)
+    cluster.wait_primary(60)
+    c = xce_client(cluster, "cli", join=False)
+    again = {n: c.call("jobsubmit", {"command": "true", "name": n}, rid=f"rid-{n}",
+                       deadline=30)["jobid"] for n in first}
+    assert again == first
+    new = c.call("jobsubmit", {"command": "true", "name": "new"}, rid="rid-new", deadline=30)
+    assert new["jobid"] > max(first.values())
+    names = [j["name"] for j in all_jobs(c)]
+    assert sorted(names) == sorted([*first, "new"])
