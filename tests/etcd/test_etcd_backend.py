@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -364,10 +365,16 @@ def test_a_transactions_idempotency_keys_are_one_etcd_key(etcd_one: EtcdCluster)
         assert store.lookup("r1", writes[0].committed_at + 10) is None
         assert store.lookup("r41", writes[0].committed_at) is None
         assert load(store)[1] == {f"r{i}" for i in range(1, 41)}
+        # housekeeping in the same transaction as keyed writes: its range delete ends below
+        # their group (etcd refuses a put inside a delete range of the same transaction)
+        more = [job(50), Write([], expire_before=time.time() - 5), job(51)]
+        (batch,) = commit(store, more)
+        assert all(w.error is None for w in batch) and store.lookup("r51", more[2].committed_at)
         keys: list[tuple[str, float]] = []
         got = EtcdStore(a.client, a.settings, a).snapshot(100, 60.0, time.time() - 60,
                                                          lambda rid, ts: keys.append((rid, ts)))
-        assert got is not None and sorted(keys) == sorted((w.rid, w.committed_at) for w in writes)
+        assert got is not None and sorted(keys) == sorted(
+            (w.rid, w.committed_at) for w in [*writes, more[0], more[2]])
 
 
 def update(i: int, state: str, rev: int) -> Write:
@@ -555,3 +562,81 @@ def test_revocations_are_a_table_of_the_etcd_store_too(etcd_one: EtcdCluster) ->
         assert delta is not None and delta.revocations == {"u:bob": other}
         assert delta.removed == [("revocations", "t:tok-1", 2)]
         standby.close()
+
+
+class StallingProxy:
+    """A TCP forwarder on loopback to one etcd member: :meth:`stall` makes the connections
+    open now stop forwarding what the member sends (they stay open, silent, as a stream
+    that stopped delivering); connections made after it forward as usual."""
+
+    def __init__(self, port: int) -> None:
+        self.target = ("127.0.0.1", port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self._stalled: list[threading.Event] = []
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self.server.accept()
+            except OSError:
+                return
+            up = socket.create_connection(self.target)
+            stalled = threading.Event()
+            self._stalled.append(stalled)
+            self._socks += [down, up]
+            threading.Thread(target=self._pipe, args=(down, up, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(up, down, stalled), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, stalled: threading.Event | None) -> None:
+        try:
+            while data := src.recv(65536):
+                while stalled is not None and stalled.is_set():
+                    time.sleep(0.01)  # holds what it read: the client sees nothing more
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def stall(self) -> None:
+        for e in self._stalled:
+            e.set()
+
+    def close(self) -> None:
+        self.server.close()
+        for s in self._socks:
+            s.close()
+
+
+def test_a_watch_that_stops_delivering_is_opened_again_from_its_last_revision(
+        etcd_one: EtcdCluster) -> None:
+    """A standby's watch whose stream goes silent (here: a real TCP connection that stops
+    forwarding the member's bytes) is opened again, from the revision after its last event,
+    once it has been silent for its idle time: every event arrives, once, in order."""
+    from xce_etcd.follow import Watcher
+
+    proxy = StallingProxy(int(etcd_one.endpoints[0].rsplit(":", 1)[1]))
+    watching = EtcdClient([proxy.url], transport="gateway")
+    writer = EtcdClient(etcd_one.endpoints, transport="gateway")
+    w: Watcher | None = None
+    try:
+        start = writer.put(b"/st/first", b"0")
+        w = Watcher(watching, b"/st/", start + 1, "t", idle=1.0)
+        revs = [writer.put(b"/st/k%d" % i, b"v") for i in range(5)]
+        wait_for(lambda: w is not None and w.next > revs[-1], 30, what="the first events")
+        assert w.opened == 1
+        proxy.stall()
+        revs += [writer.put(b"/st/k%d" % i, b"v") for i in range(5, 10)]
+        wait_for(lambda: w is not None and w.next > revs[-1], 30,
+                 what="the events after the stream stopped")
+        events, _, compacted = w.take_all()
+        assert [e.key for e in events] == [b"/st/k%d" % i for i in range(10)] and not compacted
+        assert [e.revision for e in events] == revs and w.opened == 2
+    finally:
+        if w is not None:
+            w.stop()
+        proxy.close()
+        watching.close()
+        writer.close()

@@ -297,6 +297,11 @@ class EtcdClient:
         self.grpc.prefer(index)
         return True
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._http.is_closed
+
     def close(self) -> None:
         """Close every connection."""
         self._http.close()

@@ -30,15 +30,25 @@ from xce_controller.storeread import Delta
 from xce_etcd.client import Compacted, EtcdClient, EtcdUnavailable, Event, OutcomeUnknown, prefix_end
 from xce_etcd.layout import group_rids, job_of, second_of, stamped
 
-IDLE = 10.0  # seconds a watch may be silent before it is opened again (a frozen member)
+SILENT_TTLS = 2.0
+"""Lease TTLs a standby's watch may be silent before it is opened again from the revision
+after its last event. A live primary is never that silent: it commits, or it puts its beat
+key every quarter TTL while idle (:mod:`xce_etcd.election`); so a silent watch is a primary
+gone (opening it again costs one request) or a stream that stopped delivering (a frozen
+member, or a gateway stream that went quiet with the member still serving: seen 2 times in 13
+runs of a 60-write test, the cause not found), which would otherwise hold back everything the
+standby should follow until its promotion's catch-up."""
 
 
 class Watcher:
     """A thread that watches ``prefix`` from revision ``start`` and buffers the events."""
 
     def __init__(self, client: EtcdClient, prefix: bytes, start: int, who: str,
-                 on_events: Callable[[list[Event]], None] | None = None) -> None:
+                 on_events: Callable[[list[Event]], None] | None = None, *,
+                 idle: float = 2.0) -> None:
         self.client = client
+        self.idle = idle  # seconds of silence after which the watch is opened again
+        self.opened = 0  # watches etcd answered the creation of (tests read it)
         self.on_events = on_events  # called with every response's events (the election's)
         self.live = False  # the stream is open (etcd answered its creation)
         self.prefix = prefix
@@ -55,9 +65,12 @@ class Watcher:
         complained = 0.0
         while not self._stop.is_set():
             try:
-                for events in self.client.watch(self.prefix, prefix_end(self.prefix), self.next, IDLE):
+                for events in self.client.watch(self.prefix, prefix_end(self.prefix), self.next,
+                                                self.idle):
                     if self._stop.is_set():
                         return
+                    if not self.live:
+                        self.opened += 1
                     self.live = True
                     if self.on_events is not None:  # (an empty list: the watch is open)
                         self.on_events(events)
@@ -75,17 +88,27 @@ class Watcher:
                     self.compacted = exc.compact_revision
                     self._cv.notify_all()
                 return
-            except RuntimeError:  # the client was closed (the candidate stops)
-                self.live = False
-                return
             except (OutcomeUnknown, EtcdUnavailable) as exc:
                 self.live = False
                 now = time.monotonic()
-                if "silent" not in str(exc) and "ReadTimeout" not in str(exc) and now - complained > 5:
+                if "ReadTimeout" in str(exc):
+                    logger.debug("controller {}: standby: etcd watch silent for {:g} s; watching "
+                                 "again from revision {}", self.who, self.idle, self.next)
+                elif now - complained > 5:
                     complained = now
                     logger.warning("controller {}: standby: etcd watch broke ({}); watching again "
                                    "from revision {}", self.who, exc, self.next)
                 self._stop.wait(0.05)
+            except Exception as exc:
+                self.live = False
+                if self.client.closed:  # the candidate stops
+                    return
+                # Anything else (a bug, an answer this client cannot read): a thread that
+                # ended here would leave the standby following nothing, silently.
+                logger.opt(exception=True).error(
+                    "controller {}: standby: etcd watch failed ({}: {}); watching again from "
+                    "revision {}", self.who, type(exc).__name__, exc, self.next)
+                self._stop.wait(0.5)
 
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` s until events are buffered (or the watch fell behind)."""
@@ -101,7 +124,7 @@ class Watcher:
             return out, self.next, self.compacted
 
     def stop(self) -> None:
-        """End the thread (within its current read: the stream's idle timeout at most)."""
+        """End the thread (within its current read: :attr:`idle` at most)."""
         self.live = False
         self._stop.set()
 

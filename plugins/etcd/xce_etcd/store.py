@@ -90,7 +90,7 @@ from xce_etcd.client import (
     put_op,
 )
 from xce_etcd.election import EtcdElection
-from xce_etcd.follow import Watcher, delta_of, read_until
+from xce_etcd.follow import SILENT_TTLS, Watcher, delta_of, read_until
 from xce_etcd.layout import (
     CHAIN,
     JOB_DIGITS,
@@ -359,7 +359,8 @@ class EtcdStore:
     def _watcher_now(self) -> Watcher:
         if self._watcher is None:
             self._watcher = Watcher(self.client, self.cluster_prefix, self._follow_from,
-                                    self.election.advertise, self.election.watch_events)
+                                    self.election.advertise, self.election.watch_events,
+                                    idle=SILENT_TTLS * self.settings.lease_ttl)
         return self._watcher
 
     def _watch_live(self) -> bool:
