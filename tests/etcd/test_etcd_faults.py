@@ -147,7 +147,7 @@ def test_a_whole_cluster_restart_keeps_the_state(setup: EtcdBed) -> None:
     ids = []
     with s.bed.client(s.cluster, s.cli, "cli", name="w") as c:
         for i in range(30):
-            ids.append(c.call("jobsubmit", {"command": "true", "name": f"r{i}"},
+            ids.append(c.call("jobsubmit", {"command": "true", "name": f"r{i}"}, rid=f"rid-r{i}",
                               deadline=30)["jobid"])
     for p in s.cluster.candidates.values():
         p.kill()
@@ -160,8 +160,13 @@ def test_a_whole_cluster_restart_keeps_the_state(setup: EtcdBed) -> None:
     s.cluster.wait_primary(60)
     with s.bed.client(s.cluster, s.cli, "cli", name="w2") as c:
         jobs = {j["jobid"]: j for j in all_jobs(c)}
+        # the same writes again, with their keys: their results, no new job
+        again = [c.call("jobsubmit", {"command": "true", "name": f"r{i}"}, rid=f"rid-r{i}",
+                        deadline=30)["jobid"] for i in range(30)]
         more = c.call("jobsubmit", {"command": "true", "name": "after"}, deadline=30)["jobid"]
-    assert set(ids) <= set(jobs) and more > max(ids)
+        total = len(all_jobs(c))
+    assert set(ids) <= set(jobs) and again == ids and more > max(ids)
+    assert total == len(jobs) + 1
 
 
 def test_a_seeded_run_of_random_faults_loses_nothing(xce_faultbed: FaultBed, tmp_path: Path) -> None:

@@ -116,7 +116,9 @@ class Store(Protocol):
         ``committed_at`` if the store set it, else the caller's clock after the commit; a
         key loaded or followed from the store: the time the store gave), to the second;
         None when the caller does not know it (a store that files keys by time then
-        searches every key it keeps)."""
+        searches every key it keeps). Such a store says so with a true ``lookup_by_time``
+        attribute: a cold primary then holds a keyed request until it has loaded the keys'
+        times, rather than have the store search every key for each one."""
         ...
 
     def close(self) -> None:

@@ -1252,6 +1252,11 @@ class Controller:
         if not isinstance(rid, str) or not rid or rid in self.pending or \
                 not self.rids.may_contain(rid):
             return
+        loading = self.loading
+        if loading is not None and not self.rids.ready and getattr(self.store, "lookup_by_time", False):
+            await loading.wait()  # (a store that files keys by time: the loaded keys' times)
+            if not self.rids.may_contain(rid):
+                return
         self._lookups += 1
         try:
             found = await anyio.to_thread.run_sync(self.store.lookup, rid,

@@ -13,8 +13,9 @@ Idempotency lookups. The group's second (the transaction's commit time, to the s
 what the controller remembers per key (``Write.committed_at``; a load and a standby's follow
 give it too), and a lookup reads the groups of that second and the two around it (one range
 read; the last few seconds read are kept, so the retries that follow a failover, all of the
-last second or two, cost one read, not one each). A lookup without a time (a cold load still
-reading the keys) searches every group. Expiry deletes every group of the seconds before
+last second or two, cost one read, not one each). A lookup without a time searches every group,
+newest first (``lookup_by_time`` makes a cold primary hold keyed requests until it has loaded
+the keys' times instead, so this is for other callers). Expiry deletes every group of the seconds before
 ``idem_ttl`` in one range delete inside a housekeeping transaction; a key is never deleted
 before its second is older than the TTL (its commit was at or after that second).
 
@@ -167,6 +168,8 @@ class _Ahead:
 
 class EtcdStore:
     """The controller's ``Store`` on etcd (see the module docstring)."""
+
+    lookup_by_time = True  # lookup() needs a key's second (the controller waits for a load's)
 
     def __init__(self, client: EtcdClient, settings: EtcdSettings, election: EtcdElection) -> None:
         self.client = client
