@@ -937,8 +937,9 @@ def etcd_section(fo: dict[str, Any] | None, stop: dict[str, Any] | None, tp: dic
                                  f"{fmt(st.get('max'), 0)} | {v['runs']} | {'' if how else aims.get(key, '')} |")
         lines += ["", "Every submission is acknowledged after the guarded etcd transaction that holds it "
                   "committed (one round trip; the lease check is local); concurrent submissions share "
-                  "one transaction (group commit). A submission is two etcd operations (the job, its "
-                  "idempotency key) and each transaction two more. The store sends its transactions "
+                  "one transaction (group commit). A submission is one etcd operation (its job) and "
+                  "each transaction three more (`meta/rev`, the chain key, one key holding every "
+                  "idempotency key of the transaction and its result). The store sends its transactions "
                   "over etcd's gRPC API (`[etcd] transport`, default `grpc`; everything else goes "
                   "through the JSON gateway): the 'etcd alone' rows show what the gateway costs etcd "
                   "(JSON in and out, base64, a second internal gRPC hop). The write path (docs/"
