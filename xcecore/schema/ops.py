@@ -447,7 +447,8 @@ class NotifyJobFields(TypedDict):
     Every report may carry ``time``, the worker's clock when it happened (it becomes the
     job's ``start_time`` / ``end_time``, so a report delivered after an outage keeps the true
     time; bounded by the controller's clock: never later than its now, never before the job's
-    submission for a start or its start for an end). ``finish`` and ``fail`` may carry the final ``usage`` and an ``exit_reason``
+    submission for a start or its start for an end). ``finish`` and ``fail`` may carry the final
+    ``usage`` and an ``exit_reason``
     (``xcecore.jobspec.EXIT_REASONS``); a ``finish`` whose reason is not ``done`` is EXIT
     whatever its status, with the reason in words: ``memory limit exceeded``, ``run limit
     reached``, ``killed``, ``killed by signal 9``, ``exit code 3`` (without a reason, a
