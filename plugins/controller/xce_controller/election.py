@@ -7,11 +7,12 @@ temporary file and renamed, so a reader never sees half an address), and every c
 registers itself in ``<state_dir>/candidates/`` so ``status`` can list them.
 
 A primary that is alive but makes no progress (SIGSTOPped, a stalled event loop, a frozen VM)
-keeps the lock. So the primary also beats (:meth:`FileLockElection.heartbeat`, from its event
-loop) and a waiting standby watches the beats: after ``hung_timeout`` without one it fences the
-primary — a fence mark, then SIGKILL of the verified lock holder — and the kernel hands it the
-lock. All of that works on one host only; see :mod:`xce_controller.fencing` for how, and why a
-standby on another host refuses to fence.
+keeps the lock. So the primary also beats (:meth:`FileLockElection.heartbeat`, from a thread
+while its event loop makes progress: :mod:`xce_controller.beat`) and a waiting standby watches
+the beats: after ``hung_timeout`` without one it fences the primary — a fence mark, then
+SIGKILL of the verified lock holder — and the kernel hands it the lock. All of that works on
+one host only; see :mod:`xce_controller.fencing` for how, and why a standby on another host
+refuses to fence.
 
 A site replaces this through the ``xce_controller_election`` hook with any object offering the
 same methods.
@@ -69,8 +70,10 @@ class Election(Protocol):
     """How often the primary calls :meth:`heartbeat` (seconds)."""
 
     def heartbeat(self) -> None:
-        """Primary only: show the standbys that it makes progress (called from the event loop,
-        so a stalled loop stops the beats). Must not block, and must not fail on a full disk."""
+        """Primary only: show the standbys that it makes progress. Called from the primary's
+        beat thread (:class:`xce_controller.beat.LoopBeat`), and only while its event loop
+        serves work, so a stalled loop stops the beats; a backend may take an ``at`` keyword,
+        the monotonic time of that progress. Must not block, and must not fail on a full disk."""
 
     def still_primary(self) -> str | None:
         """Primary only, before every acknowledgement: None while it may acknowledge writes,
@@ -198,13 +201,18 @@ class FileLockElection:
         self._held = True
         self.heartbeat()
 
-    def heartbeat(self) -> None:
-        """Overwrite the record in place with the next beat (no new blocks, no fsync)."""
+    def heartbeat(self, at: float | None = None) -> None:
+        """Overwrite the record in place with the next beat (no new blocks, no fsync).
+
+        ``at``: the moment (CLOCK_MONOTONIC, ``time.monotonic()`` on Linux) of the progress this
+        beat reports; default now. Called from one thread at a time (the beat thread, or the
+        thread that took the lock before the beat thread starts)."""
         if not self._held or self._beats is None:
             return
         self._seq += 1
         rec = BeatRecord(self._me, self._lock_id[0], self._lock_id[1], self._term, self._seq,
-                         fencing.mono(), time.time(), self.beat_interval, self.advertise)
+                         fencing.mono() if at is None else at, time.time(), self.beat_interval,
+                         self.advertise)
         try:
             self._beats.write_beat(rec)
         except OSError as exc:  # never seen on a page-cache overwrite; say so once if it is

@@ -1,6 +1,7 @@
 """The file backend's heartbeat record, hang detection and fencing (one host only).
 
-The primary renews a record in ``<state_dir>/primary.beat`` from its event loop; a standby
+The primary renews a record in ``<state_dir>/primary.beat`` while its event loop makes progress
+(from a thread that watches the loop's progress stamp: :mod:`xce_controller.beat`); a standby
 that sees no progress for ``hung_timeout`` fences the primary before it can take the lock:
 it writes a fence mark into the same file, then SIGKILLs the process that holds the lock.
 

@@ -23,7 +23,6 @@ import dataclasses
 import gc
 import importlib
 import itertools
-import math
 import os
 import socket
 import struct
@@ -40,6 +39,7 @@ from loguru import logger
 
 from xce_controller import members, sync
 from xce_controller.authz import Policy
+from xce_controller.beat import LoopBeat
 from xce_controller.changes import ChangeRing, VolatileLog
 from xce_controller.delegate import SCHEMAS as DELEGATED_SCHEMAS
 from xce_controller.delegate import Delegates
@@ -210,8 +210,7 @@ class Controller:
         self.commits = CommitStats()
         self._cids = itertools.count(1)
         self.abandoned = 0  # handshakes the client gave up on, since the last report
-        self._beat_due = math.inf  # when the next election beat is due (_beat sets it)
-        self._beat_every = 0.1
+        self._loop_beat = LoopBeat()  # the loop's progress; beats once primary (_beat)
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer_done = anyio.Event()
         self._fenced: str | None = None  # why this primary may no longer acknowledge
@@ -385,39 +384,31 @@ class Controller:
         await won.wait()
 
     async def _beat(self) -> None:
-        """Renew the primary's heartbeat from the event loop, from the moment it holds the lock.
-
-        On the loop on purpose: a loop that stalls (or a process that is stopped) stops
-        beating, and a standby fences it after ``hung_timeout``; a beat is one in-place write.
-        """
+        """Beat from the moment this candidate holds the lock: a thread beats while the loop
+        makes progress (:class:`~xce_controller.beat.LoopBeat`: a busy loop is not a hung one,
+        a blocked, deadlocked or stopped one still stops beating); this timer is the progress
+        of an idle loop, and checks that this primary may still acknowledge."""
         election = self.election
         assert election is not None
-        interval = self._beat_every = election.beat_interval
-        while True:
-            self._beat_due = time.monotonic() + interval
-            election.heartbeat()
-            # Also while idle: a primary whose election says it may no longer acknowledge
-            # (an etcd lease it cannot prove live, a fence mark) gives the role up now.
-            if self.role == "primary" and self._fenced is None and election.still_primary() is not None:
-                self._may_acknowledge(0)
-            await anyio.sleep(interval)
+        interval = election.beat_interval
+        beat = self._loop_beat
+        beat.name = self.address
+        beat.start(election, interval)
+        try:
+            while True:
+                beat.progress()
+                # Also while idle: a primary whose election says it may no longer acknowledge
+                # (an etcd lease it cannot prove live, a fence mark) gives the role up now.
+                if self.role == "primary" and self._fenced is None and election.still_primary() is not None:
+                    self._may_acknowledge(0)
+                await anyio.sleep(interval)
+        finally:
+            beat.stop()
 
     def _progress(self) -> None:
-        """The loop serves a connection: beat now if a beat is due (:meth:`_beat` beats on a
-        timer, which a loop pass does not reach before it ends).
-
-        A join storm makes passes long: every handshake answer that arrived at once is served
-        in one. With 10,000 workers joining on a loaded 2-core machine a pass took over
-        ``hung_timeout``, the standbys took the busy primary for hung and fenced it, the next
-        primary got the same storm and was fenced in turn. A loop that serves connections makes
-        progress, which is what a beat says (``Election.heartbeat``); one that is stopped or
-        blocked in a call serves none and still stops beating.
-        """
-        if time.monotonic() >= self._beat_due:
-            election = self.election
-            if election is not None and self.role == "primary":
-                self._beat_due = time.monotonic() + self._beat_every
-                election.heartbeat()
+        """The loop served something (a connection, a message, a writer's wake-up): what the
+        beat thread reports to the standbys (:mod:`xce_controller.beat`). One clock read."""
+        self._loop_beat.progress()
 
     async def _promote(self) -> None:
         assert self.election is not None and self._tg is not None
@@ -1037,7 +1028,7 @@ class Controller:
                                            None if self.settings.tls is not None else sock)
             if caller is None:
                 return
-            outbox = Outbox(limits=self.limits, total=self.unsent)
+            outbox = Outbox(limits=self.limits, total=self.unsent, progress=self._progress)
             conn = Connection(next(self._cids), caller, peer, outbox, sock)  # sock: for abort()
             caller.cid = conn.cid
             self.conns[conn.cid] = conn
@@ -1086,7 +1077,7 @@ class Controller:
 
     async def _write_loop(self, conn: Connection, stream: ByteStream) -> None:
         try:
-            await conn.outbox.run_writer(stream)
+            await conn.outbox.run_writer(stream, None if self.settings.tls is not None else conn.sock)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             conn.close()
         except Stalled as exc:
@@ -1227,8 +1218,8 @@ class Controller:
             paused = self.storage.paused
             if paused is not None:  # a rollback is under way: it must see no new change
                 await paused.wait()
+            self._progress()
             if self.role == "primary":
-                self._progress()
                 await self._prepare(msg)
             self.handle_message(conn, msg)
             self._recalled.clear()
