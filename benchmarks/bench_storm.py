@@ -133,7 +133,7 @@ def settle_after_restart(bc: BenchCluster) -> None:
 
 
 def run_size(n: int, nprocs: int, root: Path, window: float, spread: float,
-             kills: int = 1, event_loop: str = "auto") -> dict[str, Any]:
+             kills: int = 1, event_loop: str = "auto", heartbeat: float = HEARTBEAT) -> dict[str, Any]:
     """One size: join storm, steady state, primary SIGKILL and re-join storm."""
     import psutil
 
@@ -146,20 +146,27 @@ def run_size(n: int, nprocs: int, root: Path, window: float, spread: float,
         bc.start()
         ctl = bc.cluster.candidates[0]
         time.sleep(1.0)
-        rss0 = psutil.Process(ctl.pid).memory_info().rss
+        first = psutil.Process(ctl.pid)
+        rss0 = first.memory_info().rss
+        cpu0 = sum(first.cpu_times()[:2])
         per = math.ceil(n / nprocs)
         t0 = time.time()
         for k in range(nprocs):
             count = min(per, n - k * per)
-            sims.append(SimProc(root, bc.cluster.config_path, k * per, count, spread))
+            sims.append(SimProc(root, bc.cluster.config_path, k * per, count, spread, heartbeat))
         ready = [s.readline(JOIN_TIMEOUT + 60) for s in sims]
+        # The first primary's CPU for the join storm, per joined worker (None: it died in it)
+        ctl_cpu_join = sum(first.cpu_times()[:2]) - cpu0 if ctl.alive() else None
         joined = sum(int(r.split()[1]) for r in ready if r.startswith("ready"))
         cpu = sum(float(r.split()[3]) for r in ready if r.startswith("ready") and len(r.split()) > 3)
         res["join_storm"] = {"joined": joined, "seconds_to_all_joined": round(time.time() - t0, 2),
                              "per_process_ready": ready,
                              # CPU the worker processes spent (start-up, connect, join, heartbeats)
                              # until ready, per worker: what simulating one joining worker costs.
-                             "sim_cpu_ms_per_worker": round(cpu / n * 1e3, 2)}
+                             "sim_cpu_ms_per_worker": round(cpu / n * 1e3, 2),
+                             "controller_cpu_ms_per_worker": (
+                                 round(ctl_cpu_join / joined * 1e3, 2)
+                                 if ctl_cpu_join is not None and joined else None)}
         log(PART, f"{n}: {joined} joined in {res['join_storm']['seconds_to_all_joined']} s ({ready})")
         if joined < n:
             res["error"] = f"only {joined} of {n} workers joined"
@@ -186,12 +193,12 @@ def run_size(n: int, nprocs: int, root: Path, window: float, spread: float,
                 "controller_cpu_cores": ctl_cpu,
                 "controller_rss_mib": usage["controller"]["rss_mib"],
                 "controller_rss_per_worker_kib": round((rss - rss0) / n / 1024, 2),
-                "heartbeats_per_s_expected": round(n / HEARTBEAT),
-                "controller_cpu_us_per_heartbeat": round(ctl_cpu / (n / HEARTBEAT) * 1e6, 1),
+                "heartbeats_per_s_expected": round(n / heartbeat),
+                "controller_cpu_us_per_heartbeat": round(ctl_cpu / (n / heartbeat) * 1e6, 1),
                 "heartbeat_rtt_ms": stats(rtts, 2),
                 "sim_processes": {k: v for k, v in usage.items() if k != "controller"},
                 "sim_cpu_cores_total": round(sim_cpu, 2),
-                "sim_cpu_us_per_heartbeat": round(sim_cpu / (n / HEARTBEAT) * 1e6, 1),
+                "sim_cpu_us_per_heartbeat": round(sim_cpu / (n / heartbeat) * 1e6, 1),
                 "keeps_up_on_one_core": bool(ctl_cpu < 1.0 and st["members"] == n),
             }
             log(PART, f"{n}: steady controller CPU {ctl_cpu} cores, "
@@ -352,12 +359,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="[cluster] event_loop of every process; 'asyncio' writes storm-asyncio.*")
     ap.add_argument("--kills", type=int, default=3,
                     help="primary SIGKILLs per size (the killed one restarts between them)")
+    ap.add_argument("--heartbeat", type=float, default=HEARTBEAT,
+                    help=f"the workers' heartbeat interval (default {HEARTBEAT:g} s, the shape the "
+                         "targets were set with; 2 is the product's default [client] "
+                         "heartbeat_interval, written to storm-hb2.json)")
     args = ap.parse_args(argv)
     quiet_logs()
     sizes = [200, 1000] if args.quick else [int(x) for x in args.sizes.split(",")]
     window = 5.0 if args.quick else args.window
     limit = raise_fd_limit()
-    result: dict[str, Any] = {**meta(), "heartbeat_s": HEARTBEAT, "liveness_timeout_s": LIVENESS,
+    result: dict[str, Any] = {**meta(), "heartbeat_s": args.heartbeat, "liveness_timeout_s": LIVENESS,
                               "connect_timeout_s": CONNECT_TIMEOUT,
                               "backoff_base_s": BACKOFF_BASE, "backoff_cap_s": BACKOFF_CAP,
                               "host_timeout_s": HOST_TIMEOUT,
@@ -369,12 +380,15 @@ def main(argv: list[str] | None = None) -> int:
             nprocs = max(1, min(args.procs, math.ceil(n / 500)))
             try:
                 result["sizes"][str(n)] = run_size(n, nprocs, Path(tmp) / f"n{n}", window, args.spread,
-                                                   1 if args.quick else args.kills, args.event_loop)
+                                                   1 if args.quick else args.kills, args.event_loop,
+                                                   args.heartbeat)
             except Exception as exc:  # report what failed and go on with the next size
                 log(PART, f"{n}: failed: {type(exc).__name__}: {exc}")
                 result["sizes"][str(n)] = {"workers": n, "error": f"{type(exc).__name__}: {exc}"}
             time.sleep(2.0)
     part = PART if args.event_loop == "auto" else f"{PART}-{args.event_loop}"
+    if args.heartbeat != HEARTBEAT:
+        part += f"-hb{args.heartbeat:g}"
     result["event_loop"] = args.event_loop
     result["plot"] = f"{part}.png" if plot(result["sizes"], RESULTS / f"{part}.png") else None
     ok = [int(k) for k, v in result["sizes"].items() if v.get("rejoin", {}).get("all_rejoined")]

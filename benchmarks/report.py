@@ -103,7 +103,7 @@ MINE = ("failover", "storm", "throughput", "failfast", "hotpaths", "flood", "res
         "failover-etcd", "failover-stop-etcd", "etcd", "chaos-etcd",
         "failover-stop-liveness1-etcd", "failover-poweroff-etcd", "failover-freeze-etcd",
         "stream", "events", "tasks", "revoke", "metrics")
-SHOWN_IN_MINE = ("storm-asyncio",)  # read by storm_section, not listed again
+SHOWN_IN_MINE = ("storm-asyncio", "storm-hb2")  # read by storm_section, not listed again
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -237,6 +237,10 @@ def storm_section(d: dict[str, Any] | None) -> list[str]:
          lambda v: v.get("join_storm", {}).get("seconds_to_all_joined")),
         ("join storm: worker processes' CPU per worker until ready (ms)",
          lambda v: v.get("join_storm", {}).get("sim_cpu_ms_per_worker")),
+        ("join storm: the first primary's CPU per joined worker (ms)",
+         lambda v: v.get("join_storm", {}).get("controller_cpu_ms_per_worker")),
+        ("join storm: primaries fenced by a standby (a busy primary taken for hung)",
+         lambda v: len(v["primaries_fenced"]) if "primaries_fenced" in v else None),
         ("steady: controller CPU (cores, 1 = one core)", lambda v: v.get("steady", {}).get("controller_cpu_cores")),
         ("steady: controller CPU per heartbeat (µs)",
          lambda v: v.get("steady", {}).get("controller_cpu_us_per_heartbeat")),
@@ -274,6 +278,7 @@ def storm_section(d: dict[str, Any] | None) -> list[str]:
         lines.append(f"| {label} | " + " | ".join(fmt(x, 2) for x in vals) + " |")
     lines += ["", f"Largest size whose workers all re-joined: {fmt(d.get('largest_size_fully_rejoined'))}.", ""]
     lines += _loop_comparison(d)
+    lines += _default_heartbeat(d)
     if d.get("plot"):
         lines += ["![re-join curve](results/storm.png)", ""]
     return lines
@@ -298,6 +303,28 @@ def _loop_comparison(d: dict[str, Any]) -> list[str]:
             f"{fmt(mine['rejoin_rounds']['median_seconds_to_all_rejoined'], 2)} s above; controller "
             f"{fmt(v['steady']['controller_cpu_us_per_heartbeat'], 1)} µs per heartbeat against "
             f"{fmt(mine['steady']['controller_cpu_us_per_heartbeat'], 1)} µs.")
+    return [*out, ""] if out else []
+
+
+def _default_heartbeat(d: dict[str, Any]) -> list[str]:
+    """One line per size also run at the product's default 2 s heartbeat
+    (``results/storm-hb2.json``, ``bench_storm.py --heartbeat 2``)."""
+    path = RESULTS / "storm-hb2.json"
+    if not path.exists():
+        return []
+    other = json.loads(path.read_text())
+    out = []
+    for size, v in other.get("sizes", {}).items():
+        join, steady = v.get("join_storm", {}), v.get("steady", {})
+        rounds = v.get("rejoin_rounds", {})
+        out.append(
+            f"- {int(size):,} workers at the product's default heartbeat of "
+            f"{other.get('heartbeat_s')} s (`[client] heartbeat_interval`; {provenance(other)}): "
+            f"{fmt(join.get('joined'))} joined in {fmt(join.get('seconds_to_all_joined'), 2)} s; "
+            f"steady controller CPU {fmt(steady.get('controller_cpu_cores'), 2)} cores, "
+            f"{fmt(steady.get('controller_cpu_us_per_heartbeat'), 1)} µs per heartbeat; all "
+            f"re-joined after {fmt(rounds.get('median_seconds_to_all_rejoined'), 2)} s"
+            + (f"; {v['error']}" if v.get("error") else "") + ".")
     return [*out, ""] if out else []
 
 
