@@ -122,3 +122,35 @@ def _is_primary(address: str) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+class _Recorder:
+    """An election that records its beats (the beat thread's only contact with it)."""
+
+    def __init__(self) -> None:
+        self.beats: list[float] = []
+
+    def heartbeat(self, at: float | None = None) -> None:
+        assert at is not None
+        self.beats.append(at)
+
+
+def test_the_beat_thread_beats_only_after_progress_and_stamps_it() -> None:
+    from xce_controller.beat import LoopBeat
+
+    election = _Recorder()
+    beat = LoopBeat("test")
+    beat.start(election, 0.01)
+    try:
+        wait_for(lambda: election.beats, 5, what="the first beat (the stamp of the start)")
+        first = len(election.beats)
+        # No progress: no beat, however long the thread runs.
+        seen = time.monotonic()
+        wait_for(lambda: time.monotonic() - seen > 0.2, 5, interval=0.01, what="a quiet spell")
+        assert len(election.beats) == first
+        beat.progress()
+        stamp = beat.last
+        wait_for(lambda: len(election.beats) > first, 5, what="a beat after progress")
+        assert election.beats[first] == stamp  # the moment of the progress, not the thread's
+    finally:
+        beat.stop()
