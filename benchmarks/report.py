@@ -294,6 +294,16 @@ def _loop_comparison(d: dict[str, Any]) -> list[str]:
     for size, v in other.get("sizes", {}).items():
         mine = d["sizes"].get(size, {})
         if not v.get("rejoin_rounds") or not mine.get("rejoin_rounds"):
+            if v.get("join_storm") and mine.get("join_storm"):  # a join storm that did not finish
+                a, b = v["join_storm"], mine["join_storm"]
+                out.append(
+                    f"- {int(size):,} workers on the standard asyncio event loop instead of uvloop "
+                    f"(`[cluster] event_loop = \"asyncio\"`; {provenance(other)}): "
+                    f"{fmt(a.get('joined'))} joined in {fmt(a.get('seconds_to_all_joined'), 2)} s, "
+                    f"the first primary's CPU {fmt(a.get('controller_cpu_ms_per_worker'), 2)} ms per "
+                    f"joined worker, against {fmt(b.get('joined'))} in "
+                    f"{fmt(b.get('seconds_to_all_joined'), 2)} s and "
+                    f"{fmt(b.get('controller_cpu_ms_per_worker'), 2)} ms above.")
             continue
         out.append(
             f"- {int(size):,} workers on the standard asyncio event loop instead of uvloop "
