@@ -19,8 +19,8 @@ grows its memory without bound.
 
 from __future__ import annotations
 
-import math
 import struct
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -140,7 +140,8 @@ def frame(body: bytes) -> bytes:
 
 def reply_frame(id: int | None, result_json: bytes) -> bytes:
     """A success reply whose result is already encoded (stored idempotent results)."""
-    return frame(b'{"id":' + orjson.dumps(id) + b',"ok":true,"result":' + result_json + b"}")
+    body = b'{"id":%b,"ok":true,"result":%b}' % (orjson.dumps(id), result_json)
+    return _LEN.pack(len(body)) + body
 
 
 class Stalled(Exception):
@@ -175,7 +176,13 @@ class Outbox:
         # (xce_controller.beat), also in a loop pass that only sends.
         self._progress = progress or _nothing
         self.limits = limits or Limits(max_pushes=max_pushes, max_replies=max_replies)
-        self._send, self._recv = anyio.create_memory_object_stream[_Item](math.inf)
+        # The frames, in order, and the writer's wake-up while there are none (a deque and an
+        # event made only when it waits: an anyio memory stream cost a checked send and a
+        # receive per frame). ``_open``: frames are still taken (until close, or the writer's end).
+        self._queue: deque[_Item] = deque()
+        self._open = True
+        self._closed = False
+        self._ready: anyio.Event | None = None
         self.seq = 0
         self.queued_pushes = 0
         self.queued_replies = 0
@@ -276,15 +283,23 @@ class Outbox:
             self.unsent -= sent
             item.size -= sent
             item.data, item.gate, item.alt = data[sent:], None, None
-        try:
-            self._send.send_nowait(item)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # the connection is closing; nobody will read it
+        if not self._open:
+            return  # the connection is closing; nobody will read it
+        self._queue.append(item)
+        ready = self._ready
+        if ready is not None:
+            self._ready = None
+            ready.set()
 
     def close(self) -> None:
         """No more frames: the writer sends what is queued and returns."""
         self._sock = None  # nothing more goes out directly either
-        self._send.close()
+        self._open = False
+        self._closed = True  # the writer sends what is queued, then returns
+        ready = self._ready
+        if ready is not None:
+            self._ready = None
+            ready.set()
 
     def full(self) -> bool:
         """At a bound: too many replies unsent, or too many bytes (stop reading requests)."""
@@ -338,15 +353,18 @@ class Outbox:
         every attribute of the stream twice): a server that knows it passes it.
         Raises :class:`Stalled` when the peer stops taking data (the caller drops it).
         """
-        recv = self._recv
+        queue = self._queue
         self._sock = raw_socket(stream) if sock is raw_socket else sock
         try:
             while True:
                 self._busy = False
-                try:
-                    item = await recv.receive()
-                except anyio.EndOfStream:
-                    return
+                if not queue:
+                    if self._closed:
+                        return
+                    ready = self._ready = anyio.Event()
+                    await ready.wait()
+                    continue
+                item = queue.popleft()
                 self._progress()
                 self._busy = True
                 buf: list[bytes] = []
@@ -366,17 +384,15 @@ class Outbox:
                         buf.append(data)
                         taken.append(item)
                         size += len(data)
-                    if size >= _FLUSH_BYTES:
+                    if size >= _FLUSH_BYTES or not queue:
                         break
-                    try:
-                        item = recv.receive_nowait()
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
+                    item = queue.popleft()
                 if buf:
                     await self._flush(stream, buf, taken)
         finally:
             self._sock = None
-            recv.close()
+            self._open = False  # frames queued from now on are dropped
+            queue.clear()
 
     def _resolve(self, item: _Item) -> bytes | None:
         """The bytes to send for ``item`` now that its gate (if any) resolved; None: none."""
@@ -516,6 +532,8 @@ class Fanout:
     def reaches(self, ev: Event) -> bool:
         """Whether :meth:`publish` would send ``ev`` to anyone now (an event nobody gets is
         not encoded: a job's record JSON costs more than its row)."""
+        if not self.subs:
+            return False
         name = ev.name
         if name in EVERYONE:
             return bool(self.subs)
