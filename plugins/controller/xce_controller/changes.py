@@ -71,17 +71,19 @@ class ChangeRing:
 
     def append(self, rev: int, kind: str, key: Any, removed: bool = False) -> None:
         """Record a change; revs must not decrease."""
-        cap = self.capacity
-        if self._n and rev < self.last:
-            raise ValueError(f"change rev {rev} is older than the last one ({self.last})")
-        if self._n == cap:  # full: the oldest gives way
+        cap, n, revs = self.capacity, self._n, self._revs
+        if n:  # (the newest entry's rev read here, not through ``last``: once per write)
+            newest = revs[(self._start + n - 1) % cap]
+            if rev < newest:
+                raise ValueError(f"change rev {rev} is older than the last one ({newest})")
+        if n == cap:  # full: the oldest gives way
             old = self._start
-            self.floor = max(self.floor, self._revs[old])
+            self.floor = max(self.floor, revs[old])
             self._keys[old] = None
             self._start = (old + 1) % cap
             self._n -= 1
         i = (self._start + self._n) % cap
-        self._revs[i] = rev
+        revs[i] = rev
         self._kinds[i] = _CODE[kind] | (REMOVED if removed else 0)
         self._keys[i] = key
         self._n += 1

@@ -311,17 +311,22 @@ class JobTable:
             raise ValueError(f"job {jid} is already in the table")
         self.jobs[jid] = job
         self.all.add(jid)
-        self.by_state[job.state].add(jid)
+        state, queue = job.state, job.queue
+        self.by_state[state].add(jid)
         _index(self.by_user, job.user, jid)
-        _index(self.by_queue, job.queue, jid)
+        _index(self.by_queue, queue, jid)
         if job.name:
             _index(self.by_name, job.name, jid)
-        of = job.array_of()
+        array = job.array
+        of = None if array is None else array.get("of")
         if of is not None:
+            assert array is not None
             _index(self.by_array, of, jid)
-            self.elements[(of, job.array["index"])] = jid  # type: ignore[index]
-        self._count(job.queue, job.state, 1)
-        self._place(jid, (), False, job)
+            self.elements[(of, array["index"])] = jid
+        counts, key = self.counts, (queue, state)
+        counts[key] = counts.get(key, 0) + 1  # (never 0 after an addition)
+        if job.alloc:  # a submission has none: nothing to place
+            self._place(jid, (), False, job)
         if job.pend_reason is not None and job.state in PENDING:
             self.reasons.add(jid)
         if job.waiting is not None and job.state in PENDING:

@@ -723,15 +723,19 @@ class Controller:
             # how much of the client's wait was this primary's, how much its reconnection.
             self.promotion["first_keyed_commit_ms"] = (t - self.since) * 1000
         recent = self._recent if self._lookups else None
+        pending, remember = self.pending, self.rids.add
+        top = self.committed_rev
         for w in batch:
-            if w.rev:
-                self.committed_rev = max(self.committed_rev, w.rev)
-            if w.rid is not None:
-                self.pending.pop(w.rid, None)
-                self.rids.add(w.rid, w.committed_at or t)
+            if w.rev > top:
+                top = w.rev
+            rid = w.rid
+            if rid is not None:
+                pending.pop(rid, None)
+                remember(rid, w.committed_at or t)
                 if recent is not None:
-                    recent[w.rid] = (t, w.result)
+                    recent[rid] = (t, w.result)
             w.extra.gate.open()
+        self.committed_rev = top
         self.storage.committed()
 
     def spawn(self, fn: Callable[[], Any]) -> None:
@@ -1268,14 +1272,34 @@ class Controller:
                 await paused.wait()
             self._progress()
             if self.role == "primary":
-                await self._prepare(msg)
+                rid = self._to_prepare(msg)
+                if rid is not None:
+                    await self._prepare(msg, rid)
             self.handle_message(conn, msg)
-            self._recalled.clear()
+            if self._recalled:
+                self._recalled.clear()
 
-    async def _prepare(self, msg: dict[str, Any]) -> None:
+    def _to_prepare(self, msg: dict[str, Any]) -> str | None:
+        """Whether a request needs :meth:`_prepare` before it is handled: the idempotency key
+        to look up ("" for none), or None when it needs nothing (nearly every request: it is
+        handled without the cost of an awaited call)."""
+        op = msg.get("op")
+        rid = msg.get("rid")
+        if op == "outcome":
+            args = msg.get("args")
+            rid = args.get("rid") if isinstance(args, dict) else None
+        if not isinstance(rid, str) or not rid or rid in self.pending or \
+                not self.rids.may_contain(rid):
+            rid = ""
+        if rid or op == "reconfig" or self.loading is not None:
+            return rid
+        return None
+
+    async def _prepare(self, msg: dict[str, Any], rid: str) -> None:
         """Before a request is handled (its connection's next one waits, others do not):
         wait for the jobs if it needs them and they are still loading, and fetch from the
-        store, off the loop, the result of an idempotency key the filter may know."""
+        store, off the loop, the result of idempotency key ``rid`` (from :meth:`_to_prepare`:
+        "" for none) that the filter may know."""
         op = msg.get("op")
         if op == "reconfig":
             await self._reload()
@@ -1284,13 +1308,8 @@ class Controller:
             spec = OPS.get(op) if isinstance(op, str) else None
             if spec is not None and spec.needs_jobs:
                 await loading.wait()
-        rid = msg.get("rid")
-        if op == "outcome":
-            args = msg.get("args")
-            rid = args.get("rid") if isinstance(args, dict) else None
-        if not isinstance(rid, str) or not rid or rid in self.pending or \
-                not self.rids.may_contain(rid):
-            return
+        if not rid or rid in self.pending or not self.rids.may_contain(rid):
+            return  # (asked again: a copy of the key may have come in while this one waited)
         loading = self.loading
         if loading is not None and not self.rids.ready and getattr(self.store, "lookup_by_time", False):
             await loading.wait()  # (a store that files keys by time: the loaded keys' times)

@@ -45,6 +45,7 @@ Record = dict[str, Any]
 # (table, key, record or None to delete); a ``meta`` row's value is any JSON value.
 Row = tuple[str, Any, Job | Record | int | float | str | None]
 EXPIRE_BATCH = 100  # hosts one expiry pass may look at (one loop pass: a storm's expiries in steps)
+NO_HOSTS: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -250,7 +251,8 @@ class ClusterState:
     def _job_changed(self, ch: Changes, job: Job, was: str, extra_hosts: Iterable[str] = ()) -> None:
         """A changed job: its row, and its push to those who see it (``was``: its state
         before the change)."""
-        hosts = job.hosts() | frozenset(extra_hosts)
+        # (No host, no extra host -- a submission, a pending job's change: the shared empty set.)
+        hosts = (job.hosts() | frozenset(extra_hosts)) if job.alloc or extra_hosts else NO_HOSTS
         ch.rows.append(("jobs", job.jobid, job))
         ch.events.append(Event("job", job, hosts, job.state in UNFINISHED or was in UNFINISHED))
         if job.array is not None and "of" in job.array:  # an array's element: its array follows
