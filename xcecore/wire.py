@@ -219,7 +219,10 @@ def parse_request(msg: dict[str, Any]) -> Request:
     if not isinstance(rid_, int) or isinstance(rid_, bool):
         raise RemoteError(ErrorCode.INVALID, "request 'id' must be an integer")
     op = msg.get("op")
-    if not isinstance(op, str) or not 0 < len(op) <= OP_MAX or CONTROL.search(op):
+    # ``isprintable()`` first: it is False for every character CONTROL matches (tested), and
+    # a quarter of the regular expression's cost, for the names and keys of every request.
+    if not isinstance(op, str) or not 0 < len(op) <= OP_MAX or \
+            not (op.isprintable() or not CONTROL.search(op)):
         raise RemoteError(ErrorCode.INVALID, f"request 'op' must be a name of 1-{OP_MAX} "
                                              "characters without control characters")
     args = msg.get("args", {})
@@ -236,7 +239,7 @@ def parse_request(msg: dict[str, Any]) -> Request:
                                                       "string": WIRE.string, "key": WIRE.key}})
     key = msg.get("rid")
     if key is not None and (not isinstance(key, str) or not 0 < len(key) <= RID_MAX
-                            or CONTROL.search(key)):
+                            or not (key.isprintable() or not CONTROL.search(key))):
         raise RemoteError(ErrorCode.INVALID, f"request 'rid' must be a string of 1-{RID_MAX} "
                                              "characters without control characters")
     return Request(rid_, op, args, key)

@@ -82,6 +82,24 @@ def test_parse_request_rejects(msg: dict[str, object], needle: str) -> None:
     assert needle in err.value.message
 
 
+def test_printable_names_hold_no_control_character() -> None:
+    """parse_request accepts an op or rid that ``isprintable()`` without its CONTROL search:
+    sound only if no character CONTROL matches is printable (every code point checked)."""
+    from xcecore.schema.limits import CONTROL
+
+    matched = [c for c in map(chr, range(0x110000)) if CONTROL.match(c)]
+    assert len(matched) == 0x20 + 0x21 and not any(c.isprintable() for c in matched)
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "x\ty", "\x7f", "k\x85", "\x9f"])
+def test_parse_request_refuses_control_characters(bad: str) -> None:
+    for msg, needle in (({"id": 1, "op": bad}, "'op'"), ({"id": 1, "op": "x", "rid": bad}, "'rid'")):
+        with pytest.raises(wire.RemoteError, match=needle):
+            wire.parse_request(msg)
+    # a name that is not printable for another reason (a line separator) is still accepted
+    assert wire.parse_request({"id": 1, "op": "x\u2028", "rid": "k\u2028"}).rid == "k\u2028"
+
+
 def test_parse_request_ok() -> None:
     req = wire.parse_request(wire.request(3, "jobsubmit", {"a": 1}, rid="k1"))
     assert (req.id, req.op, req.args, req.rid) == (3, "jobsubmit", {"a": 1}, "k1")
