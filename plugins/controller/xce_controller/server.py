@@ -988,10 +988,12 @@ class Controller:
                     ev.data["rev"] = rev
             result = encode(ch.result)
             rows = encode_rows(ch.rows, encoded)
+        events: list[tuple[Event, bytes]] = []
         if ch.events:
             self.volatile.note(ch.events)  # before encoding: the pushes carry their vseq
-        fanout = self.fanout  # an event nobody gets now is not encoded
-        events = encode_events([ev for ev in ch.events if fanout.reaches(ev)], encoded)
+            fanout = self.fanout  # an event nobody gets now is not encoded
+            if fanout.subs:
+                events = encode_events([ev for ev in ch.events if fanout.reaches(ev)], encoded)
         gate: Gate | None
         if rows:
             assert result is not None
@@ -1001,17 +1003,21 @@ class Controller:
                 if table in KINDS:
                     ring.append(rev, table, key, data is None)
             gate = Gate()
-            rows += self._event_rows()  # the events it recorded: in the same write (one commit)
+            if self.state.events.pending:  # the events it recorded: in the same write (one commit)
+                rows += self._event_rows()
             w = Write(rows, rid, result, rev, extra=Inflight(gate, op, caller))
             self.store.submit(w)
             self.unstable.append(w)
             if rid is not None:
                 self.pending[rid] = (result, gate)
             self.last_gate = gate
-        gate = self.open_gate()
+            # (the last write's gate: open_gate() without its call)
+        else:
+            gate = self.open_gate()
         if events:
             self.fanout.publish(events, gate)
-        self._save_events()
+        if self.state.events.pending:
+            self._save_events()
         return gate, result
 
     def apply_internal(self, ch: Changes, what: str) -> None:
@@ -1384,7 +1390,8 @@ class Controller:
             self.delegates.call(conn, req)
             return
         if req.rid is not None:
-            stored = self._stored(req.rid)
+            # (nothing recalled or recent, the common case: no result can be stored for it)
+            stored = self._stored(req.rid) if self._recalled or self._recent else None
             if stored == LOOKUP_FAILED:
                 self._reply_error(conn, req.id, RemoteError(
                     ErrorCode.STORAGE, f"{req.op}: not applied: the controller cannot read the "
