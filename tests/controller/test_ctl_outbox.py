@@ -79,6 +79,41 @@ async def test_a_closed_outbox_writes_nothing_directly():
         await listener.aclose()
 
 
+async def test_close_sends_what_was_queued_then_the_writer_returns():
+    """Frames queued before close() all go out, in order (behind a gate that opens later);
+    frames after it, or after the writer's end, are dropped without an error."""
+    server, client, listener = await _pair()
+    reader = BufferedByteReceiveStream(client)
+    box = Outbox(max_pushes=100, max_replies=100)
+    gate = Gate()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(box.run_writer, server)
+            box.reply(wire.encode({"id": 1}), gate)
+            for i in range(2, 50):
+                box.reply(wire.encode({"id": i}), None)
+            assert box.push("job", b'{"j":1}', None)
+            box.close()
+            box.reply(wire.encode({"id": 99}), None)  # after close: dropped
+            assert box.push("job", b'{"j":2}', None)  # (taken, never sent)
+            gate.open()
+        # the group ended: the writer returned once the frames queued before close were sent
+        box.reply(wire.encode({"id": 100}), None)
+        await server.aclose()
+        got: list[Any] = []
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    msg = await wire.read_message(reader)
+                except (anyio.EndOfStream, anyio.IncompleteRead):
+                    break
+                got.append(msg.get("id", msg.get("data")))
+        assert got == [*range(1, 50), {"j": 1}]
+    finally:
+        await client.aclose()
+        await listener.aclose()
+
+
 async def test_a_failed_gate_sends_the_error_reply_and_withdraws_its_pushes():
     server, client, listener = await _pair()
     reader = BufferedByteReceiveStream(client)
