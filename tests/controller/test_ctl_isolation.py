@@ -233,3 +233,34 @@ async def test_a_poisoned_record_costs_requests_not_the_process(
             while ctl.state.hosts["p"]["resvals"] != {}:
                 await anyio.sleep(0.02)
         assert (await cli.ok("hostinfo"))["hosts"][0]["name"] == "p"
+
+
+@pytest.mark.parametrize("text", [b'"\\ud800"', b'"x\\udc00"', b'"\\udbff\\u0041"'])
+def test_the_decoder_yields_no_string_the_encoder_refuses(text: bytes) -> None:
+    """Why check_encodable need not encode arguments one level deep (isolation._FLAT): orjson
+    refuses a lone surrogate when decoding, so no decoded string fails to encode..."""
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(text)
+
+
+@pytest.mark.parametrize("number", [b"18446744073709551616", b"-9223372036854775809", b"1" * 400])
+def test_the_decoder_yields_no_integer_the_encoder_refuses(number: bytes) -> None:
+    """... and an integer beyond 64 bits decodes as a float (or not at all), which encodes."""
+    try:
+        value = orjson.loads(number)
+    except orjson.JSONDecodeError:
+        return
+    assert type(value) is float
+    orjson.dumps([[[[[[[[{"x": value}]]]]]]]])
+
+
+def test_check_encodable_passes_flat_arguments_and_refuses_deep_ones() -> None:
+    from xce_controller.isolation import check_encodable
+
+    from xcecore.wire import RemoteError
+
+    flat = orjson.loads(b'{"command":"sleep 1","ntasks":2,"x":1.5,"b":true,"n":null,'
+                        b'"big":18446744073709551615}')
+    check_encodable("jobsubmit", flat)  # one level: nothing can fail to encode
+    with pytest.raises(RemoteError, match="cannot be stored"):
+        check_encodable("join", orjson.loads(b'{"role":"worker","attrs":' + nested(250) + b"}"))
