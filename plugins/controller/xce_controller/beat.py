@@ -28,7 +28,6 @@ What is not: a loop that is busy but serving, however long its passes.
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -56,13 +55,7 @@ class LoopBeat:
         """Beat for ``election`` every ``interval`` while the stamp moves (a daemon thread:
         it never holds the process up at exit)."""
         beat: Callable[..., None] = election.heartbeat
-        try:
-            stamped = "at" in inspect.signature(beat).parameters
-        except (TypeError, ValueError):  # a builtin or a C callable: no stamp
-            stamped = False
-        # An election whose heartbeat takes no stamp (a plug-in's) is told "now" instead: its
-        # beat is then up to one interval later than the progress it reports.
-        self._beat = (lambda at: beat(at=at)) if stamped else (lambda at: beat())
+        self._beat = lambda at: beat(at=at)
         self.interval = interval
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="xce-primary-beat", daemon=True)

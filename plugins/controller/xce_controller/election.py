@@ -69,11 +69,13 @@ class Election(Protocol):
     beat_interval: float
     """How often the primary calls :meth:`heartbeat` (seconds)."""
 
-    def heartbeat(self) -> None:
+    def heartbeat(self, at: float | None = None) -> None:
         """Primary only: show the standbys that it makes progress. Called from the primary's
         beat thread (:class:`xce_controller.beat.LoopBeat`), and only while its event loop
-        serves work, so a stalled loop stops the beats; a backend may take an ``at`` keyword,
-        the monotonic time of that progress. Must not block, and must not fail on a full disk."""
+        serves work, so a stalled loop stops the beats. ``at`` is the ``time.monotonic()`` of
+        that progress (None: now); a beat records it, not its own clock, so a standby's
+        reasoning about when the loop last moved stays exact. Must not block, and must not fail
+        on a full disk."""
 
     def still_primary(self) -> str | None:
         """Primary only, before every acknowledgement: None while it may acknowledge writes,

@@ -374,9 +374,10 @@ class EtcdElection:
         """The registered candidates as last read (every second)."""
         return list(self._candidates)
 
-    def heartbeat(self) -> None:
-        """The event loop runs: the keeper may keep renewing."""
-        self._loop_beat = time.monotonic()
+    def heartbeat(self, at: float | None = None) -> None:
+        """The event loop made progress at ``at`` (monotonic; None: now): the keeper may keep
+        renewing."""
+        self._loop_beat = time.monotonic() if at is None else at
 
     def still_primary(self) -> str | None:
         """None while this candidate may acknowledge; else why not."""
